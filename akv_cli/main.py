@@ -1,0 +1,26 @@
+"""Entry point of the `akv` command.
+
+Each command group lives in its own module and registers itself on the app.
+Modules import heavy dependencies (torch, the engine) inside command bodies so
+that `akv --help` and `akv policy ...` stay fast.
+"""
+from __future__ import annotations
+
+import typer
+
+from akv_cli import bench, evolve, policy, runs, serve, tasks
+
+app = typer.Typer(
+    name="akv",
+    help="AKV: cache engineering for LLM agents, with self-refining cache policies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (policy, serve, tasks, evolve, runs, bench):
+    module.register(app)
+
+
+if __name__ == "__main__":
+    app()

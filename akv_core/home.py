@@ -1,0 +1,23 @@
+"""The one data folder for everything generated at set-up or run time.
+
+Task corpora, fetched code bases, databases and reports all live under
+`AKV_HOME` (default: `.akv/` in the working directory).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def akv_home() -> Path:
+    """Return the data folder, creating it if needed."""
+    home = Path(os.environ.get("AKV_HOME", ".akv")).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def data_path(*parts: str) -> Path:
+    """A path inside the data folder; parent folders are created."""
+    path = akv_home().joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,103 @@
+"""What a task suite offers the harness: tasks, live task environments and a scripted agent.
+
+A suite (localcomp, localswe) builds its data under the data folder once, lists its
+tasks per split, and opens a fresh environment for each task run. The harness drives an
+agent against that environment under a cache policy and a backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+Message = dict[str, Any]  # an OpenAI-format chat message
+
+
+class ToolError(Exception):
+    """A tool call the agent got wrong (unknown tool, bad arguments, missing document).
+
+    The harness turns it into the tool message's text so the agent can react; the run goes on.
+    """
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a suite. `meta` holds grading data and is never shown to an agent."""
+
+    id: str
+    suite: str
+    split: str
+    system: str
+    prompt: str
+    tools: tuple[Mapping[str, Any], ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def initial_messages(self) -> list[Message]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.prompt}]
+
+
+@dataclass(frozen=True)
+class Grade:
+    score: float  # 0.0 .. 1.0
+    detail: str
+
+
+class TaskEnv(Protocol):
+    """One live run of a task: fresh state, tools, grading."""
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """Run a tool; raise ToolError for a call the agent got wrong."""
+
+    def grade(self, answer: str | None) -> Grade:
+        """Grade the final answer (or the final state, for code repair)."""
+
+    def close(self) -> None:
+        """Release the environment's resources (temporary folders, processes)."""
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What an agent may see before its next step.
+
+    `messages` is the full text history as sent; `visible` marks, per message, whether the
+    model can still attend to it under the policy (False for kv-dropped messages). In text
+    mode the history itself is already edited (summaries, placeholders) and all is visible.
+    `response` is the backend's reply to this step's request (None for the replay backend).
+    """
+
+    task: Task
+    messages: Sequence[Message]
+    visible: Sequence[bool]
+    response: Message | None
+    step: int
+
+
+@dataclass(frozen=True)
+class AgentAction:
+    """The agent's next assistant message: tool calls to run, or a final answer."""
+
+    message: Message
+    final_answer: str | None = None
+
+
+class Agent(Protocol):
+    name: str
+
+    def act(self, view: AgentView) -> AgentAction:
+        """Choose the next assistant message from what is visible."""
+
+
+class Suite(Protocol):
+    name: str
+
+    def build(self, home: Path, seed: int = 0) -> None:
+        """Create the suite's data under `home` (idempotent; fast when already built)."""
+
+    def tasks(self, split: str) -> list[Task]:
+        """The tasks of a split; raises ValueError naming the known splits for an unknown one."""
+
+    def open(self, task: Task) -> TaskEnv:
+        """A fresh environment for one run of `task`."""
+
+    def scripted_agent(self, task: Task) -> Agent:
+        """The suite's deterministic non-LLM agent for `task`."""

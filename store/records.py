@@ -1,0 +1,102 @@
+"""Plain frozen records that leave the store; callers never hold ORM objects or sessions."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    name: str
+    config: Mapping[str, Any]
+    seed: int
+    status: str
+    status_detail: str | None
+    code_version: str
+    suite_version: str
+    created_at: datetime
+    finished_at: datetime | None
+    n_policies: int = 0
+    n_evaluations: int = 0
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a proposer hands the store: a candidate (parsed or not) and how it came about."""
+
+    proposer: str
+    raw_text: str | None
+    parent_ids: tuple[int, ...] = ()
+    generation: int = 0
+    text: str | None = None  # canonical text, set once it parsed and validated
+    hash: str | None = None
+    name: str | None = None
+    rejection_reason: str | None = None
+    prompt: str | None = None
+    response: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    id: int
+    run_id: int
+    hash: str | None
+    text: str | None
+    raw_text: str | None
+    name: str | None
+    generation: int
+    proposer: str
+    status: str
+    rejection_reason: str | None
+    parent_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    proposal_cost_usd: float
+    meta: Mapping[str, Any]
+    prompt: str | None = None
+    response: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or f"#{self.id}"
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's outcome, as the harness reports it."""
+
+    task_id: str
+    split: str
+    status: str
+    score: float
+    cost_usd: float
+    n_requests: int = 0
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EvaluationRecord:
+    policy_id: int
+    result: TaskResult
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    policy_id: int
+    role: str  # candidate | baseline
+    label: str
+    n_tasks: int
+    score_mean: float
+    cost_mean: float
+    stats: Mapping[str, Any]
+    non_dominated: bool
+    champion: bool
+    verdict: str

@@ -1,0 +1,140 @@
+"""The tables of an evolution run: runs, policies with their lineage, evaluations, validations.
+
+Table names carry an `akv_` prefix because optuna keeps its own tables (studies, trials, ...)
+in the same database.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersion(Base):
+    """One row per applied migration; the highest version is the schema's version."""
+
+    __tablename__ = "akv_schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    description: Mapped[str] = mapped_column(String(200))
+    applied_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Run(Base):
+    __tablename__ = "akv_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    # running -> finished | stopped (a failing proposer, a budget) | killed runs stay "running"
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    status_detail: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    code_version: Mapped[str] = mapped_column(String(100))
+    suite_version: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[Optional[datetime]] = mapped_column(nullable=True)
+
+    policies: Mapped[list["Policy"]] = relationship(back_populates="run")
+
+
+class Policy(Base):
+    """A candidate: proposed text, canonical text once parsed, lineage, proposal cost, fate."""
+
+    __tablename__ = "akv_policies"
+    __table_args__ = (UniqueConstraint("run_id", "hash", name="uq_policy_run_hash"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    # NULL for a rejected proposal (several may share a run); unique per run otherwise.
+    hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
+    text: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # canonical DSL
+    raw_text: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # as proposed
+    name: Mapped[Optional[str]] = mapped_column(String(100), nullable=True)  # builtins: their name
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    proposer: Mapped[str] = mapped_column(String(40))  # seed | baseline | llm | optuna | mutate
+    # proposed -> rejected | pruned (cascade) | evaluated
+    status: Mapped[str] = mapped_column(String(20), default="proposed")
+    rejection_reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    prompt: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    response: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    proposal_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # proposer detail (edit, trial)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="policies")
+    parent_links: Mapped[list["PolicyParent"]] = relationship(
+        foreign_keys="PolicyParent.child_id", order_by="PolicyParent.rank", cascade="all, delete-orphan"
+    )
+
+    @property
+    def parent_ids(self) -> list[int]:
+        return [link.parent_id for link in self.parent_links]
+
+
+class PolicyParent(Base):
+    """Lineage edge; a crossover child has two parents (rank 0 and 1)."""
+
+    __tablename__ = "akv_policy_parents"
+    child_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"), primary_key=True)
+    parent_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Evaluation(Base):
+    """One policy on one task of one split."""
+
+    __tablename__ = "akv_evaluations"
+    __table_args__ = (UniqueConstraint("policy_id", "task_id", "split", name="uq_eval_policy_task_split"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    split: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(40))
+    score: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    n_requests: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    wall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Validation(Base):
+    """Held-out summary of one policy (a candidate or a baseline) against the Standard baseline."""
+
+    __tablename__ = "akv_validations"
+    __table_args__ = (UniqueConstraint("run_id", "policy_id", name="uq_validation_run_policy"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(20))  # candidate | baseline
+    label: Mapped[str] = mapped_column(String(100))
+    n_tasks: Mapped[int] = mapped_column(Integer)
+    score_mean: Mapped[float] = mapped_column(Float)
+    cost_mean: Mapped[float] = mapped_column(Float)
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # deltas, CIs, p-values
+    non_dominated: Mapped[bool] = mapped_column(default=False)
+    champion: Mapped[bool] = mapped_column(default=False)
+    verdict: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Baseline(Base):
+    """Which stored policy plays which baseline role (standard, text_engineering, expert) in a run."""
+
+    __tablename__ = "akv_baselines"
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(40), primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"))

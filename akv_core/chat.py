@@ -1,0 +1,231 @@
+"""Chat rendering with provenance: which prompt tokens belong to which message.
+
+The engine and the replay simulator both need, for a whole history, the token
+ids and one span per message (drops hide spans; repositions move them). The
+model's chat template (jinja2) is rendered one message at a time, so message
+k's tokens never depend on later messages (prefix stability), and each
+message's ids are memoized by its content: re-rendering a growing history is a
+few dictionary look-ups per message.
+
+Templates without tool support (SmolLM2's) get tools the Hermes/Qwen way:
+declarations appended to the system message inside <tools></tools>, assistant
+calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the
+content, reasoning as <think>...</think> at the start of the content, and tool
+results as role "tool" messages. Templates that handle tools render them
+themselves. This module must not import torch.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from akv_core.model.locate import EMBEDDED_NAME, locate
+from akv_core.tokenizer import TokenizerFiles, load_tokenizer_files
+
+# A fixed first message: rendering [ANCHOR, m] minus [ANCHOR] gives m's text as a non-first message.
+_ANCHOR = {"role": "system", "content": "."}
+
+_TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_TOOLS_CLOSING = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>"
+)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that cannot be rendered message by message."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered history: ids, one [start, end) span per message, and the generation header."""
+
+    token_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    header_start: int
+
+
+@dataclass(frozen=True)
+class AssistantReply:
+    """Generated text split back into the OpenAI message fields."""
+
+    content: str
+    reasoning_content: str | None
+    tool_calls: tuple[dict, ...]
+
+
+class ChatTokenizer:
+    """The model's tokenizer plus its chat template, rendering with per-message spans."""
+
+    def __init__(self, files: TokenizerFiles) -> None:
+        if not files.chat_template:
+            raise ChatTemplateError("the model has no chat template")
+        self._tokenizer = files.tokenizer
+        self.eos_token_ids: tuple[int, ...] = files.eos_token_ids
+        self.native_tools = "tools" in files.chat_template
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = _raise_template_error
+        self._template = env.from_string(files.chat_template)
+        self._bos = files.bos_token or ""
+        self._memo: dict[tuple, tuple[int, ...]] = {}
+        self._header = self._segment([], add_generation_prompt=True)
+
+    @classmethod
+    def from_model(cls, name_or_path: str = EMBEDDED_NAME) -> ChatTokenizer:
+        """The tokenizer and template of `smollm2`, a GGUF file or a Hugging Face folder."""
+        return cls(load_tokenizer_files(locate(name_or_path)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of plain text; special-token strings in it are matched whole (as templates need)."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+               add_generation_prompt: bool = True) -> Rendered:
+        """Render a whole history; glue before a message belongs to that message's span."""
+        tools_key = json.dumps(tools, sort_keys=True) if tools else None
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for index, message in enumerate(messages):
+            first = index == 0
+            key = _message_key(message, first, tools_key)
+            piece = self._memo.get(key)
+            if piece is None:
+                piece = self._message_ids(message, first, tools)
+                self._memo[key] = piece
+            spans.append((len(ids), len(ids) + len(piece)))
+            ids.extend(piece)
+        header_start = len(ids)
+        if add_generation_prompt:
+            ids.extend(self._header)
+        return Rendered(tuple(ids), tuple(spans), header_start)
+
+    def count(self, message: Mapping) -> int:
+        """Tokens of one message as rendered after other messages (the policy TokenCounter protocol)."""
+        key = _message_key(message, False, None)
+        piece = self._memo.get(key)
+        if piece is None:
+            piece = self._memo[key] = self._message_ids(message, False, None)
+        return len(piece)
+
+    def render_text(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The whole history through the template in one go (the reference for per-message rendering)."""
+        return self._apply(self._prepare(messages, tools), tools, add_generation_prompt)
+
+    def parse_reply(self, text: str) -> AssistantReply:
+        """Split generated text into content, reasoning and tool calls (the inverse of rendering them)."""
+        reasoning = None
+        think = _THINK.match(text)
+        if think:
+            reasoning, text = think.group(1).strip(), text[think.end():]
+        calls = []
+        for number, match in enumerate(_TOOL_CALL.finditer(text)):
+            try:
+                call = json.loads(match.group(1))
+            except json.JSONDecodeError:
+                continue  # not a call the model finished; it stays in the content
+            if isinstance(call, dict) and isinstance(call.get("name"), str):
+                arguments = call.get("arguments", {})
+                calls.append({"id": f"call_{number}", "type": "function",
+                              "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)
+                                           if not isinstance(arguments, str) else arguments}})
+        content = _TOOL_CALL.sub("", text).strip() if calls else text
+        return AssistantReply(content, reasoning, tuple(calls))
+
+    # -- rendering one message ---------------------------------------------------------------
+
+    def _message_ids(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> tuple[int, ...]:
+        return tuple(self.encode(self._message_text(message, first, tools)))
+
+    def _message_text(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> str:
+        if first:
+            prepared = self._prepare([message], tools)
+            return self._apply(prepared, tools, False)
+        return self._segment([message], add_generation_prompt=False, tools=tools)
+
+    def _segment(self, messages: list[Mapping], add_generation_prompt: bool,
+                 tools: Sequence[Mapping] | None = None) -> str | tuple[int, ...]:
+        """Text the template adds after the anchor for `messages` (ids for the generation header)."""
+        base = self._apply([_ANCHOR], tools, False)
+        full = self._apply([_ANCHOR, *(_plain(m) if not self.native_tools else m for m in messages)],
+                           tools, add_generation_prompt)
+        if not full.startswith(base):
+            raise ChatTemplateError("the chat template is not prefix-stable: a message changes the text before it")
+        text = full[len(base):]
+        return tuple(self.encode(text)) if add_generation_prompt else text
+
+    def _prepare(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None) -> list[Mapping]:
+        """Messages as the template gets them: tools folded into the system text when it cannot take them."""
+        if self.native_tools:
+            return [dict(m) for m in messages]
+        plain = [_plain(m) for m in messages]
+        if tools:
+            declared = _TOOLS_PREAMBLE + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_CLOSING
+            if plain and plain[0]["role"] == "system":
+                plain[0] = {**plain[0], "content": plain[0]["content"] + "\n\n" + declared}
+            else:
+                plain.insert(0, {"role": "system", "content": declared})
+        return plain
+
+    def _apply(self, messages: list[Mapping], tools: Sequence[Mapping] | None, add_generation_prompt: bool) -> str:
+        extra: dict[str, Any] = {"tools": tools} if self.native_tools and tools else {}
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self._bos, **extra)
+
+
+def _raise_template_error(message: str) -> None:
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+def _text(content: Any) -> str:
+    """OpenAI content: a string, None, or a list of parts whose text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+
+
+def _message_key(message: Mapping, first: bool, tools_key: str | None) -> tuple:
+    calls = message.get("tool_calls")
+    return (first, message.get("role"), _text(message.get("content")), message.get("reasoning_content"),
+            json.dumps(calls, sort_keys=True) if calls else None, message.get("name"),
+            message.get("tool_call_id"), tools_key if first else None)
+
+
+def _plain(message: Mapping) -> dict:
+    """One message with reasoning and tool calls written into its content (Hermes/Qwen style)."""
+    content = _text(message.get("content"))
+    reasoning = message.get("reasoning_content")
+    if reasoning:
+        content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # arguments that are not JSON are shown as the string the client sent
+        block = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+        content = f"{content}\n<tool_call>\n{block}\n</tool_call>" if content else f"<tool_call>\n{block}\n</tool_call>"
+    return {"role": message.get("role", "user"), "content": content}

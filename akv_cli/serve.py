@@ -1,8 +1,74 @@
-"""`akv` commands of this group (filled in by the owning layer)."""
+"""`akv serve`: the OpenAI-compatible AKV server on the embedded model or your own."""
 from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
 
 import typer
 
 
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
+    app.command(name="serve")(serve)
+
+
+def serve(
+    model: str = typer.Option("smollm2", help="'smollm2' (embedded), a .gguf file, or a Hugging Face folder."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(30000, min=0, max=65535, help="Port to bind (0: any free port)."),
+    kv_tokens: int | None = typer.Option(None, min=1, help="KV pool size in tokens (default: the engine's)."),
+    max_running: int | None = typer.Option(None, min=1, help="Requests decoded together at most."),
+    device: Device = typer.Option(Device.auto, help="Where the model runs."),
+) -> None:
+    """Serve POST /v1/chat/completions with drop_message / reposition, plus /health, /v1/models, /metrics."""
+    # Heavy imports here so that `akv --help` stays fast.
+    from akv_core.model.locate import EMBEDDED_NAME, ModelNotFoundError, locate
+    from akv_core.server.app import create_app
+    from akv_core.server.runner import serve_forever
+
+    try:
+        located = locate(model)
+    except ModelNotFoundError as error:
+        typer.echo(f"akv serve: {error}", err=True)
+        raise typer.Exit(1) from None
+    chosen = _device(device)
+    typer.echo(f"loading {model} on {chosen} ...", err=True)
+    engine = _load_engine(model, chosen, kv_tokens, max_running)
+    name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
+    app = create_app(engine, name, aliases=frozenset({model}))
+    ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"))
+    if not ready:
+        typer.echo(f"akv serve: could not listen on {host}:{port} (is the port taken?)", err=True)
+        raise typer.Exit(1)
+
+
+def _device(device: Device) -> str:
+    import torch
+
+    if device is Device.auto:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device is Device.cuda and not torch.cuda.is_available():
+        typer.echo("akv serve: --device cuda was asked for but no CUDA device is available", err=True)
+        raise typer.Exit(1)
+    return device.value
+
+
+def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: int | None):  # noqa: ANN202
+    from akv_core import Engine
+
+    options = {"device": device}
+    if kv_tokens is not None:
+        options["kv_tokens"] = kv_tokens
+    if max_running is not None:
+        options["max_running"] = max_running
+    try:
+        return Engine.from_pretrained(model, **options)
+    except (FileNotFoundError, ValueError) as error:
+        typer.echo(f"akv serve: cannot load {model}: {error}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,172 @@
+"""The FastAPI application: routes, and the request lifecycle around the engine.
+
+A chat request is validated (400 naming the field), submitted to the engine,
+and its events are turned into one response or a stream of chunks. The engine
+request is cancelled whenever the handler stops early, client gone included,
+so its cache locks never outlive the connection.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from akv_core.server.assistant_output import AssistantOutputParser
+from akv_core.server.engine_loop import ClientGone, EngineLoop, Finished
+from akv_core.server.errors import APIError, install_error_handlers
+from akv_core.server.metrics import ServerMetrics
+from akv_core.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Choice,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    ResponseMessage,
+)
+from akv_core.server.streaming import ChunkStream, usage_info
+from akv_core.server.validation import generation_args
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
+    404: {"model": ErrorResponse, "description": "Unknown model."},
+}
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    model_name: str
+    aliases: frozenset[str]
+    metrics: ServerMetrics
+    started: int
+
+
+def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset()) -> FastAPI:
+    """An app serving `engine` under `model_name`; the engine loop runs while the app does."""
+    state = ServerState(EngineLoop(engine), model_name, aliases | {model_name},
+                        ServerMetrics(), int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.loop.start()
+        try:
+            yield
+        finally:
+            state.loop.stop()
+
+    app = FastAPI(title="AKV", version="0.1.0", lifespan=lifespan,
+                  summary="OpenAI-compatible chat completions with AKV cache operations.")
+    app.state.akv = state
+    install_error_handlers(app)
+    _add_routes(app, state)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        healthy = state.loop.alive
+        body = {"status": "ok" if healthy else "engine stopped", "model": state.model_name}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        card = ModelCard(id=state.model_name, created=state.started,
+                         max_model_len=getattr(state.loop.engine, "context_length", None))
+        return ModelList(data=[card])
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        text = state.metrics.render(state.loop.gauges())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses=ERROR_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        try:
+            return await _chat(state, body, request)
+        except APIError as error:
+            state.metrics.count_request("chat", "rejected")
+            raise error
+
+
+async def _chat(state: ServerState, body: ChatCompletionRequest, request: Request) -> Any:
+    if body.model not in state.aliases:
+        raise APIError(f"model: the model {body.model!r} does not exist; this server serves "
+                       f"{state.model_name!r}", param="model", status=404, code="model_not_found")
+    args = generation_args(body)
+    started = time.monotonic()
+    handle = state.loop.submit(args)
+    parser = AssistantOutputParser(parse_tool_calls=args.tools is not None)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = ChunkStream(state.model_name, parser, include_usage)
+        chunks = _stream(state, handle, request, stream, started)
+        return StreamingResponse(chunks, media_type="text/event-stream",
+                                 background=BackgroundTask(handle.cancel))
+    return await _complete(state, handle, request, parser, started)
+
+
+async def _complete(state: ServerState, handle: Any, request: Request,
+                    parser: AssistantOutputParser, started: float) -> JSONResponse:
+    first_token_at = None
+    finished: Finished | None = None
+    try:
+        async for event in state.loop.events(handle, request.is_disconnected):
+            if isinstance(event, Finished):
+                finished = event
+            else:
+                first_token_at = first_token_at or time.monotonic()
+                parser.feed(event.text)
+    except ClientGone:
+        state.metrics.count_request("chat", "disconnected")
+        return JSONResponse({}, status_code=499)
+    if finished is None:
+        raise RuntimeError("the engine ended a request without a final event")
+    _, message = parser.finish()
+    _record(state, finished, started, first_token_at)
+    response = ChatCompletionResponse(
+        model=state.model_name,
+        choices=[Choice(
+            message=ResponseMessage(content=message.content, tool_calls=message.tool_calls,
+                                    reasoning_content=message.reasoning),
+            finish_reason="tool_calls" if message.tool_calls else finished.finish_reason,
+        )],
+        usage=usage_info(finished.usage),
+    )
+    return JSONResponse(response.model_dump(exclude_none=True))
+
+
+async def _stream(state: ServerState, handle: Any, request: Request, stream: ChunkStream,
+                  started: float) -> AsyncIterator[str]:
+    first_token_at = None
+    yield stream.role_chunk()
+    try:
+        async for event in state.loop.events(handle, request.is_disconnected):
+            if isinstance(event, Finished):
+                _record(state, event, started, first_token_at)
+                for chunk in stream.final_chunks(event):
+                    yield chunk
+            else:
+                first_token_at = first_token_at or time.monotonic()
+                chunk = stream.delta_chunk(event.text)
+                if chunk:
+                    yield chunk
+    except ClientGone:
+        state.metrics.count_request("chat", "disconnected")
+
+
+def _record(state: ServerState, finished: Finished, started: float,
+            first_token_at: float | None) -> None:
+    now = time.monotonic()
+    state.metrics.count_request("chat", "ok")
+    state.metrics.count_tokens(finished.usage)
+    state.metrics.request_latency.observe(now - started)
+    state.metrics.time_to_first_token.observe((first_token_at or now) - started)

@@ -1,0 +1,253 @@
+"""Wire objects of the OpenAI-compatible chat API, with AKV's fields after OpenAI's.
+
+Field order follows the objects OpenAI's API sends and accepts; AKV extensions
+(`drop_message`, `reposition`, `drop_rule`, the extra usage counters,
+`reasoning_content`) come after them so that clients that print or diff
+objects see the familiar layout first.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+Index = Annotated[StrictInt, Field(ge=0)]
+
+
+# ---------------------------------------------------------------- request
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str = Field(description="JSON-encoded arguments, as OpenAI sends them.")
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of the history the client sends in full every time.
+
+    Extra keys are ignored on purpose: agents often echo a response message
+    back with OpenAI-only fields such as `refusal` or `annotations`.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class MessageDropRule(BaseModel):
+    """`drop_rule` spelled as a rule: the same semantics as `drop_message`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["message_drop"]
+    drop_messages: dict[str, list[Index]]
+
+
+class ThinkingDropRule(BaseModel):
+    """Drop the reasoning part of earlier assistant messages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["thinking_drop"]
+
+
+DropRule = Annotated[MessageDropRule | ThinkingDropRule, Field(discriminator="type")]
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions. Unknown top-level keys are rejected, as OpenAI does,
+    so that a misspelt AKV field (say `drop_messages`) is an error, not a silent no-op."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[ChatMessage]
+    model: str
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    max_completion_tokens: StrictInt | None = None
+    max_tokens: StrictInt | None = None
+    n: StrictInt | None = None
+    parallel_tool_calls: bool | None = None
+    presence_penalty: float | None = None
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[ToolDefinition] | None = None
+    top_logprobs: StrictInt | None = None
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+    # AKV extensions
+    drop_message: dict[str, list[Index]] | None = Field(
+        default=None,
+        description='After message K, drop the KV of the listed messages: {"3": [1, 2]}.',
+    )
+    reposition: list[Index] | None = Field(
+        default=None,
+        description="After each listed message, compact the retained positions to 0..r-1.",
+    )
+    drop_rule: DropRule | None = None
+
+
+# --------------------------------------------------------------- response
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    drop_skipped_tokens: int = 0
+    repos_tokens: int = 0
+    prefilled_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str = Field(default_factory=completion_id)
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[Choice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "akv"
+    # AKV extension: the context length a request must fit in.
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,147 @@
+"""A chat request turned into engine arguments, or a 400 that names the field.
+
+Pydantic has already checked the shapes; this module checks what needs more
+than one field or the length of the history: the AKV operations (through the
+cache layer's own validator, so the server and the replay simulator agree),
+token limits, and the OpenAI options this server does not implement.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from akv_core.cache.ops import OperationError, validate_operations
+from akv_core.server.errors import APIError
+from akv_core.server.protocol import ChatCompletionRequest, MessageDropRule, ThinkingDropRule
+
+_INDEX_KEY = re.compile(r"^[0-9]+$")
+
+
+@dataclass(frozen=True)
+class GenerationArgs:
+    """Everything `engine.submit` takes, already validated."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    drop_message: dict[str, list[int]] | None
+    reposition: list[int] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: list[str] | None
+
+
+def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
+    if not request.messages:
+        raise APIError("messages: the history must contain at least one message", param="messages")
+    _reject_unsupported(request)
+    drop_message, reposition = cache_operations(request)
+    tools = None
+    if request.tools and request.tool_choice != "none":
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+    return GenerationArgs(
+        messages=[_engine_message(message) for message in request.messages],
+        tools=tools,
+        drop_message=drop_message,
+        reposition=reposition,
+        max_tokens=_max_tokens(request),
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        seed=request.seed,
+        stop=_stop(request.stop),
+    )
+
+
+def cache_operations(
+    request: ChatCompletionRequest,
+) -> tuple[dict[str, list[int]] | None, list[int] | None]:
+    """`drop_message` / `drop_rule` and `reposition`, checked against the history."""
+    if request.drop_message is not None and request.drop_rule is not None:
+        raise APIError(
+            "drop_rule: send either drop_message or drop_rule, not both", param="drop_rule"
+        )
+    field, drops = "drop_message", request.drop_message
+    if isinstance(request.drop_rule, ThinkingDropRule):
+        raise APIError(
+            "drop_rule.type: thinking_drop is not supported by this engine yet "
+            "(it drops whole messages only); use message_drop or drop_message",
+            param="drop_rule.type",
+            code="unsupported_drop_rule",
+        )
+    if isinstance(request.drop_rule, MessageDropRule):
+        field, drops = "drop_rule.drop_messages", request.drop_rule.drop_messages
+    drops = _index_keys(drops, field)
+    try:
+        validate_operations(len(request.messages), drops, request.reposition)
+    except OperationError as error:
+        param = _rename(error.field, field)
+        raise APIError(f"{param}: {error.message}", param=param) from None
+    return drops, request.reposition
+
+
+def _index_keys(drops: dict[str, list[int]] | None, field: str) -> dict[str, list[int]] | None:
+    """Keys are message indices written as strings ("3"); integers arrive as strings in JSON."""
+    if drops is None:
+        return None
+    canonical: dict[str, list[int]] = {}
+    for key, indices in drops.items():
+        if not _INDEX_KEY.match(key):
+            raise APIError(
+                f"{field}: key {key!r} is not a message index (a non-negative integer)",
+                param=field,
+            )
+        index = str(int(key))
+        if index in canonical:
+            raise APIError(f"{field}: message {index} appears twice as a key", param=field)
+        canonical[index] = list(indices)
+    return canonical
+
+
+def _rename(engine_field: str, request_field: str) -> str:
+    """The cache layer names `drop_message`; the client may have sent `drop_rule`."""
+    if engine_field.startswith("drop_message"):
+        return request_field + engine_field[len("drop_message"):]
+    return engine_field
+
+
+def _max_tokens(request: ChatCompletionRequest) -> int | None:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = getattr(request, field)
+        if value is not None:
+            if value <= 0:
+                raise APIError(f"{field}: must be a positive integer, got {value}", param=field)
+            return value
+    return None
+
+
+def _stop(stop: str | list[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else stop
+    if any(not text for text in stops):
+        raise APIError("stop: stop sequences must be non-empty strings", param="stop")
+    return stops or None
+
+
+def _reject_unsupported(request: ChatCompletionRequest) -> None:
+    """OpenAI options that would silently change meaning if ignored."""
+    if request.n not in (None, 1):
+        raise APIError("n: only one choice per request is supported", param="n")
+    if request.logprobs or request.top_logprobs:
+        param = "logprobs" if request.logprobs else "top_logprobs"
+        raise APIError(f"{param}: log probabilities are not supported", param=param)
+    for field in ("frequency_penalty", "presence_penalty"):
+        if getattr(request, field):
+            raise APIError(f"{field}: penalties are not supported; send 0", param=field)
+    if request.logit_bias:
+        raise APIError("logit_bias: is not supported", param="logit_bias")
+
+
+def _engine_message(message: Any) -> dict[str, Any]:
+    """OpenAI message -> the plain dict the chat renderer reads (content as one string)."""
+    data = message.model_dump(exclude_none=True)
+    if message.content is not None:
+        data["content"] = message.text()
+    return data

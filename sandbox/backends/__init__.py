@@ -1,0 +1,88 @@
+"""Backends turn a request (history, tools, the policy's API fields) into a reply with usage.
+
+- `replay`: no model; the usage the server would report, from the same cache planner and
+  accounting code (`akv_core.cache.simulator`). Replies carry no message, so only agents whose
+  decisions do not depend on model text (the scripted ones) can run on it.
+- `embedded`: the `Engine` in-process (the embedded SmolLM2 by default).
+- a URL: any OpenAI-compatible endpoint, AKV fields sent through `extra_body`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+from sandbox.cost import Usage
+
+Message = dict[str, Any]
+
+
+class BackendError(Exception):
+    """A request the backend could not serve (unreachable endpoint, rejected request).
+
+    The harness records the task as an error with this message and the run goes on.
+    """
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """One chat request: the full history as sent plus the cache operations."""
+
+    messages: Sequence[Message]
+    tools: Sequence[Mapping[str, Any]] = ()
+    drop_message: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    reposition: Sequence[int] = ()
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int | None = None
+
+    def api_fields(self) -> dict[str, Any]:
+        """The AKV fields for the wire, empty ones left out."""
+        fields: dict[str, Any] = {}
+        if self.drop_message:
+            fields["drop_message"] = {k: list(v) for k, v in self.drop_message.items()}
+        if self.reposition:
+            fields["reposition"] = list(self.reposition)
+        return fields
+
+
+@dataclass(frozen=True)
+class BackendReply:
+    """The model's assistant message (None without a model) and the request's usage."""
+
+    message: Message | None
+    usage: Usage
+    finish_reason: str | None = None
+
+
+class Backend(Protocol):
+    name: str
+    generates: bool  # False when replies carry no model text (replay)
+
+    def start_task(self) -> None:
+        """Called before each task run (replay starts a fresh cache here)."""
+
+    def complete(self, request: BackendRequest) -> BackendReply:
+        """Serve one request; raise BackendError for a request that cannot be served."""
+
+    def close(self) -> None:
+        """Release resources (clients, the engine)."""
+
+
+BACKEND_KINDS = ("replay", "embedded")
+
+
+def open_backend(spec: str, model: str | None = None) -> Backend:
+    """`replay`, `embedded` or an http(s) URL; ValueError names what was expected otherwise."""
+    if spec == "replay":
+        from sandbox.backends.replay import ReplayBackend
+
+        return ReplayBackend()
+    if spec == "embedded":
+        from sandbox.backends.embedded import EmbeddedBackend
+
+        return EmbeddedBackend(model or "smollm2")
+    if spec.startswith(("http://", "https://")):
+        from sandbox.backends.http import HttpBackend
+
+        return HttpBackend(spec, model)
+    raise ValueError(f"unknown backend {spec!r}: expected replay, embedded or an http(s):// URL")

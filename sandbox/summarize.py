@@ -1,0 +1,156 @@
+"""Summaries for text-mode policies: the prompt for a real model, and the extractive stand-in.
+
+With a model backend the summary is a real call that writes it (billed as its own request).
+The replay backend has no model, so a deterministic extractive summarizer writes it instead:
+it splits the summarized messages into sentences, scores each by how fact-like it is (digits,
+capitalised names, document ids), and keeps the best-scoring ones, in their original order,
+until the token budget is spent. Facts that do not make the cut are gone from the history,
+which is exactly the loss a text-engineering policy risks.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+Message = dict[str, Any]
+
+SUMMARY_SYSTEM = (
+    "You compress an agent's working history. Write a dense summary that keeps every fact the agent "
+    "found (names, numbers, dates, document ids) and what it was looking for. No preamble."
+)
+SUMMARY_HEADER = "Summary of earlier messages:\n"
+
+_SENTENCE = re.compile(r"[^\n.!?]+[.!?]?")
+_FACTLIKE = re.compile(r"\d|\b[A-Z][a-z]+|\b[a-z]+[-_:]\d")
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message as plain text for a summary prompt: role, tool calls and content."""
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    calls = [
+        f"{call.get('function', {}).get('name')}({call.get('function', {}).get('arguments')})"
+        for call in message.get("tool_calls") or ()
+    ]
+    head = message.get("role", "user") + (f" [{message['name']}]" if message.get("name") else "")
+    return f"{head}: " + " ".join([*calls, content]).strip()
+
+
+def summary_request(task_prompt: str, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """The messages of the summarization call a model answers."""
+    body = "\n\n".join(message_text(m) for m in messages)
+    return [
+        {"role": "system", "content": SUMMARY_SYSTEM},
+        {"role": "user", "content": f"Task: {task_prompt}\n\nHistory to summarize:\n{body}"},
+    ]
+
+
+def extractive_summary(messages: Sequence[Mapping[str, Any]], budget_tokens: int,
+                       count_text: Callable[[str], int]) -> str:
+    """The most fact-like sentences of `messages`, in order, within `budget_tokens`."""
+    sentences = [s.strip() for m in messages for s in _SENTENCE.findall(message_text(m)) if s.strip()]
+    ranked = sorted(range(len(sentences)), key=lambda i: (-_score(sentences[i]), i))
+    kept: set[int] = set()
+    spent = count_text(SUMMARY_HEADER)
+    for index in ranked:
+        cost = count_text(sentences[index]) + 1  # +1 for the joining space
+        if spent + cost > budget_tokens:
+            continue  # a shorter sentence further down may still fit
+        kept.add(index)
+        spent += cost
+    return SUMMARY_HEADER + " ".join(sentences[i] for i in sorted(kept))
+
+
+def _score(sentence: str) -> float:
+    """Fact density: fact-like tokens per word, so short factual sentences beat long vague ones."""
+    words = max(1, len(sentence.split()))
+    return len(_FACTLIKE.findall(sentence)) / words
+
+
+class TextEditor:
+    """Applies a text-mode decision's edits to a history: summaries and omit placeholders.
+
+    A summary replaces its messages with one user message at the place of the first; an omitted
+    message keeps its role and ids with a placeholder as content. Tool calls and tool results
+    whose partner was summarized away are rewritten as plain text, so every request stays a
+    valid OpenAI conversation.
+    """
+
+    def __init__(self, task_prompt: str, backend: Any, counter: Any,
+                 bill: Callable[[int, Any, Message | None, Any], None]) -> None:
+        self.task_prompt, self.backend, self.counter, self.bill = task_prompt, backend, counter, bill
+
+    def apply(self, history: Sequence[Message], edits: Sequence[Any], step: int) -> list[Message]:
+        edited: list[Message | None] = list(history)
+        for edit in edits:
+            indices = sorted(set(_edit_indices(edit)))
+            if not indices:
+                continue
+            if _edit_kind(edit) == "omit":
+                for i in indices:
+                    edited[i] = _omitted(history[i], self.counter.count(history[i]))
+            else:
+                summary = self._summary([history[i] for i in indices], _edit_budget(edit), step)
+                edited[indices[0]] = {"role": "user", "content": summary}
+                for i in indices[1:]:
+                    edited[i] = None
+        return _paired([m for m in edited if m is not None])
+
+    def _summary(self, messages: Sequence[Message], budget: int, step: int) -> str:
+        """A real model call on generating backends; the extractive summarizer on replay."""
+        from sandbox.backends import BackendRequest
+
+        request = BackendRequest(messages=tuple(summary_request(self.task_prompt, messages)),
+                                 max_tokens=max(1, budget))
+        reply = self.backend.complete(request)
+        if reply.message is not None:
+            text = SUMMARY_HEADER + str(reply.message.get("content") or "").strip()
+            usage = reply.usage
+        else:
+            text = extractive_summary(messages, budget, lambda s: len(self.counter.encode(s)))
+            usage = reply.usage.with_completion(len(self.counter.encode(text)))
+        self.bill(step, request, reply.message if reply.message is not None else
+                  {"role": "assistant", "content": text}, usage)
+        return text
+
+
+def _edit_kind(edit: Any) -> str:
+    kind = getattr(edit, "kind", None) or getattr(edit, "action", None) or type(edit).__name__
+    return "omit" if "omit" in str(kind).lower() else "summarize"
+
+
+def _edit_indices(edit: Any) -> Sequence[int]:
+    for attr in ("messages", "indices", "message_ids"):
+        value = getattr(edit, attr, None)
+        if value is not None:
+            return [int(i) for i in value]
+    raise ValueError(f"text edit {edit!r} names no messages")
+
+
+def _edit_budget(edit: Any) -> int:
+    return int(getattr(edit, "budget", None) or getattr(edit, "budget_tokens", None) or 256)
+
+
+def _omitted(message: Message, tokens: int) -> Message:
+    placeholder = f"[omitted: {tokens} tokens]"
+    kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls", "reasoning_content")}
+    if message.get("tool_calls"):
+        kept["tool_calls"] = message["tool_calls"]  # the calls stay: their results still follow
+    return {**kept, "content": placeholder}
+
+
+def _paired(history: list[Message]) -> list[Message]:
+    """Rewrite tool calls without results, then tool results without calls, as plain text."""
+    result_ids = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
+    history = [
+        {"role": "assistant", "content": message_text(m)}
+        if m.get("tool_calls") and any(c.get("id") not in result_ids for c in m["tool_calls"]) else m
+        for m in history
+    ]
+    call_ids = {c.get("id") for m in history for c in m.get("tool_calls") or ()}
+    return [
+        {"role": "user", "content": f"[result of {m.get('name') or 'a tool'}]\n{m.get('content') or ''}"}
+        if m.get("role") == "tool" and m.get("tool_call_id") not in call_ids else m
+        for m in history
+    ]

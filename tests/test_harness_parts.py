@@ -1,0 +1,92 @@
+"""Harness parts that need no suite: the llm agent's reading of replies, the trajectory format,
+the extractive summarizer and the text editor (with the real chat tokenizer as counter)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sandbox.agents.llm import AgentSetupError, LLMAgent
+from sandbox.backends import BackendRequest
+from sandbox.backends.tokens import shared_tokenizer
+from sandbox.cost import Usage
+from sandbox.suite import AgentView, Task
+from sandbox.summarize import SUMMARY_HEADER, extractive_summary
+from sandbox.trajectory import Exchange, Trajectory, read_trajectory
+
+TASK = Task(id="t1", suite="none", split="train", system="You research.", prompt="Find the capital.", tools=())
+
+
+def _view(response: dict | None) -> AgentView:
+    return AgentView(TASK, TASK.initial_messages(), (True, True), response, step=3)
+
+
+def test_llm_agent_answers_when_the_model_calls_no_tool() -> None:
+    action = LLMAgent().act(_view({"role": "assistant", "content": "  Paris \n"}))
+    assert action.final_answer == "Paris"
+
+
+def test_llm_agent_parses_calls_written_as_text_and_gives_them_ids() -> None:
+    text = 'Let me look.<tool_call>{"name": "search", "arguments": {"query": "capital"}}</tool_call>'
+    action = LLMAgent().act(_view({"role": "assistant", "content": text}))
+    assert action.final_answer is None
+    (call,) = action.message["tool_calls"]
+    assert call["id"] == "call_3_0"
+    assert call["function"]["name"] == "search"
+    assert json.loads(call["function"]["arguments"]) == {"query": "capital"}
+    assert action.message["content"] == "Let me look."
+
+
+def test_llm_agent_keeps_a_malformed_text_call_for_the_harness_to_report() -> None:
+    action = LLMAgent().act(_view({"role": "assistant", "content": "<tool_call>{not json</tool_call>"}))
+    (call,) = action.message["tool_calls"]
+    assert call["function"]["name"] == ""
+
+
+def test_llm_agent_refuses_a_backend_without_a_model() -> None:
+    with pytest.raises(AgentSetupError, match="needs a model"):
+        LLMAgent().act(_view(None))
+
+
+def test_trajectory_file_rebuilds_every_full_request(tmp_path: Path) -> None:
+    trajectory = Trajectory({"task_id": "t1"})
+    history = TASK.initial_messages()
+    usage = Usage(10, 1, 4, 0, 0, 6)
+    for step in range(3):
+        request = BackendRequest(messages=tuple(history), drop_message={"2": [1]} if step == 2 else {},
+                                 reposition=(2,) if step == 2 else (), max_tokens=5)
+        trajectory.add(Exchange(step, "agent", request, None, usage, 0.0))
+        history = history + [{"role": "assistant", "content": f"step {step}"}]
+    summary = BackendRequest(messages=({"role": "user", "content": "summarize"},), max_tokens=9)
+    trajectory.add(Exchange(2, "summary", summary, {"role": "assistant", "content": "s"}, usage, 0.0))
+    path = tmp_path / "t1.jsonl"
+    trajectory.write(path)
+    header, recorded = read_trajectory(path)
+    assert header["task_id"] == "t1"
+    assert [r.purpose for r in recorded] == ["agent", "agent", "agent", "summary"]
+    assert [len(r.request.messages) for r in recorded] == [2, 3, 4, 1]
+    assert recorded[2].request.messages[-1] == {"role": "assistant", "content": "step 1"}
+    assert recorded[2].request.api_fields() == {"drop_message": {"2": [1]}, "reposition": [2]}
+    assert recorded[3].request.max_tokens == 9 and recorded[0].usage == usage
+    # deltas: the third request stores one new message, not the whole history
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[3]["shared"] == 3 and len(lines[3]["messages"]) == 1
+
+
+def test_extractive_summary_keeps_facts_within_the_budget_deterministically() -> None:
+    tokenizer = shared_tokenizer()
+    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    messages = [
+        {"role": "tool", "name": "get_document", "content":
+            "It is a nice place. The population of Avaland is 4721 people. People like it a lot. "
+            "Its capital Borvik was founded in 1312. Many say the weather is pleasant."},
+        {"role": "tool", "name": "get_document", "content": "Nothing much here. Doc doc-17 lists Zed at 88 m."},
+    ]
+    summary = extractive_summary(messages, 40, count)
+    assert summary.startswith(SUMMARY_HEADER)
+    assert count(summary) <= 40
+    assert "4721" in summary and "1312" in summary
+    assert "pleasant" not in summary  # vague sentences go first when the budget is tight
+    assert extractive_summary(messages, 40, count) == summary
+    assert count(extractive_summary(messages, 12, count)) <= 12

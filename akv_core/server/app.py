@@ -64,7 +64,8 @@ def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset
     app = FastAPI(title="AKV", version="0.1.0", lifespan=lifespan,
                   summary="OpenAI-compatible chat completions with AKV cache operations.")
     app.state.akv = state
-    install_error_handlers(app)
+    install_error_handlers(app, on_error=lambda request, status: state.metrics.count_request(
+        _endpoint(request), "rejected" if status < 500 else "failed"))
     _add_routes(app, state)
     return app
 
@@ -90,11 +91,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        try:
-            return await _chat(state, body, request)
-        except APIError as error:
-            state.metrics.count_request("chat", "rejected")
-            raise error
+        return await _chat(state, body, request)
+
+
+def _endpoint(request: Request) -> str:
+    return "chat" if request.url.path == "/v1/chat/completions" else "other"
 
 
 async def _chat(state: ServerState, body: ChatCompletionRequest, request: Request) -> Any:

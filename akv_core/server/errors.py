@@ -7,7 +7,7 @@ unknown model or path, 500 only for a bug of ours.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -90,15 +90,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(f"{param}: {message}" if param else message, param=param)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every error path through the OpenAI error format."""
+def install_error_handlers(app: FastAPI, on_error: Callable[[Request, int], None]) -> None:
+    """Route every error path through the OpenAI error format; `on_error` counts them."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        on_error(request, exc.status)
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        on_error(request, 400)
         return validation_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -110,8 +112,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError(message, status=exc.status_code, code=code).response()
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error while serving a request")
+        on_error(request, 500)
         return APIError(
             "internal server error", status=500, type="server_error", code="internal_error"
         ).response()

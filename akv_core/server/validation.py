@@ -7,16 +7,12 @@ token limits, and the OpenAI options this server does not implement.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from akv_core.cache.ops import OperationError, validate_operations
 from akv_core.server.errors import APIError
 from akv_core.server.protocol import ChatCompletionRequest, MessageDropRule, ThinkingDropRule
-
-_INDEX_KEY = re.compile(r"^[0-9]+$")
-
 
 @dataclass(frozen=True)
 class GenerationArgs:
@@ -72,31 +68,12 @@ def cache_operations(
         )
     if isinstance(request.drop_rule, MessageDropRule):
         field, drops = "drop_rule.drop_messages", request.drop_rule.drop_messages
-    drops = _index_keys(drops, field)
     try:
         validate_operations(len(request.messages), drops, request.reposition)
     except OperationError as error:
         param = _rename(error.field, field)
         raise APIError(f"{param}: {error.message}", param=param) from None
     return drops, request.reposition
-
-
-def _index_keys(drops: dict[str, list[int]] | None, field: str) -> dict[str, list[int]] | None:
-    """Keys are message indices written as strings ("3"); integers arrive as strings in JSON."""
-    if drops is None:
-        return None
-    canonical: dict[str, list[int]] = {}
-    for key, indices in drops.items():
-        if not _INDEX_KEY.match(key):
-            raise APIError(
-                f"{field}: key {key!r} is not a message index (a non-negative integer)",
-                param=field,
-            )
-        index = str(int(key))
-        if index in canonical:
-            raise APIError(f"{field}: message {index} appears twice as a key", param=field)
-        canonical[index] = list(indices)
-    return canonical
 
 
 def _rename(engine_field: str, request_field: str) -> str:

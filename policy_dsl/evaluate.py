@@ -1,0 +1,94 @@
+"""Triggers and selectors evaluated at one message boundary.
+
+A boundary is "right after message i". `Boundary` carries what the rules may look at there:
+the history view, i, the messages already dropped (kv) or edited (text) and the token totals.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+from policy_dsl import nodes as n
+from policy_dsl.history import HistoryView
+
+_COMPARE: dict[str, Callable[[int, int], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+}
+
+
+@dataclass
+class Boundary:
+    view: HistoryView
+    i: int
+    gone: set[int]        # dropped (kv) or already edited in this decision (text)
+    visible_tokens: int   # tokens of messages 0..i that attention still sees
+    history_tokens: int   # tokens of messages 0..i
+
+    def protected(self, j: int) -> bool:
+        return j in self.view.protected or j >= self.i
+
+
+def fires(trigger: n.Trigger, b: Boundary) -> bool:
+    """Whether `trigger` fires at boundary b."""
+    if isinstance(trigger, n.Every):
+        return b.view.event(trigger.unit, b.i) and b.view.count(trigger.unit, b.i) % trigger.n.value == 0
+    if isinstance(trigger, n.After):
+        return b.view.event(trigger.unit, b.i) and b.view.count(trigger.unit, b.i) == trigger.n.value
+    if isinstance(trigger, n.TokensAbove):
+        total = b.visible_tokens if trigger.measure == "visible" else b.history_tokens
+        return total > trigger.threshold.value
+    if isinstance(trigger, n.DropContextCalled):
+        return b.i in b.view.requests
+    if isinstance(trigger, n.AllOf):
+        return all(fires(p, b) for p in trigger.parts)
+    return any(fires(p, b) for p in trigger.parts)
+
+
+def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
+    """Whether message j (before boundary b) is picked by `selector`; protection is applied elsewhere."""
+    view = b.view
+    if isinstance(selector, n.AllMessages):
+        return True
+    if isinstance(selector, n.Role):
+        return view.roles[j] == selector.role
+    if isinstance(selector, n.ToolName):
+        return view.tool_names[j] == selector.name
+    if isinstance(selector, n.Age):
+        age = view.count(selector.unit, b.i) - view.count(selector.unit, j)
+        return _COMPARE[selector.op](age, selector.n.value)
+    if isinstance(selector, n.Size):
+        return _COMPARE[selector.op](view.tokens[j], selector.n.value)
+    if isinstance(selector, n.Contains):
+        return selector.text in view.texts[j]
+    if isinstance(selector, n.Requested):
+        return j in view.requests.get(b.i, ())
+    if isinstance(selector, n.Not):
+        return not matches(selector.part, j, b)
+    if isinstance(selector, n.And):
+        return all(matches(p, j, b) for p in selector.parts)
+    return any(matches(p, j, b) for p in selector.parts)
+
+
+def select_messages(target: n.Messages, b: Boundary, live: list[int],
+                    token_cost: Callable[[int], int]) -> list[int]:
+    """Messages the target picks at b, oldest first.
+
+    `live` lists messages 0..i not yet gone, in order. keep_last N spares the N most recent live
+    matches (the trigger message and protected ones count among them); until_visible takes picks
+    oldest first only while visible tokens exceed the target, each pick saving token_cost(j).
+    """
+    picked = [j for j in live if matches(target.selector, j, b)]
+    if target.keep_last is not None:
+        keep = target.keep_last.value
+        picked = picked[: max(len(picked) - keep, 0)]
+    picked = [j for j in picked if not b.protected(j)]
+    if target.until_visible is None:
+        return picked
+    goal, visible, chosen = target.until_visible.value, b.visible_tokens, []
+    for j in picked:
+        if visible <= goal:
+            break
+        chosen.append(j)
+        visible -= token_cost(j)
+    return chosen

@@ -1,0 +1,155 @@
+"""A read-only view of an OpenAI-format message history, with everything triggers and selectors ask.
+
+Every fact about message i is computed from messages 0..i only, which is what makes decisions
+cumulative: a longer history never changes what a prefix looked like.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from policy_dsl.counter import TokenCounter, message_text
+
+DROP_CONTEXT_TOOL = "drop_context"
+MAX_ARGUMENT_CHARS = 65_536  # larger drop_context arguments are ignored, not parsed
+SYSTEM_ROLES = ("system", "developer")
+
+
+class HistoryError(ValueError):
+    """The history is not a list of OpenAI-format messages; the message names the index."""
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    roles: tuple[str, ...]
+    tokens: tuple[int, ...]
+    texts: tuple[str, ...]
+    tool_names: tuple[str | None, ...]   # tool messages: the tool that answered
+    has_thinking: tuple[bool, ...]
+    batch_end: tuple[bool, ...]           # the last tool message answering one assistant message
+    tool_responses: tuple[int, ...]       # tool messages in 0..i
+    turns: tuple[int, ...]                # assistant messages in 0..i
+    tool_calls: tuple[int, ...]           # completed tool batches in 0..i
+    protected: frozenset[int]             # system prompt and first user message (the latest is added per boundary)
+    requests: Mapping[int, tuple[int, ...]]  # tool message -> ids its drop_context call asked to drop
+
+    def __len__(self) -> int:
+        return len(self.roles)
+
+    def count(self, unit: str, i: int) -> int:
+        """How many units (tool_calls, turns, tool_responses) happened in messages 0..i."""
+        if i < 0:
+            return 0
+        return {"tool_calls": self.tool_calls, "turns": self.turns, "tool_responses": self.tool_responses}[unit][i]
+
+    def event(self, unit: str, i: int) -> bool:
+        """Whether message i completes one unit."""
+        if unit == "tool_calls":
+            return self.batch_end[i]
+        return self.roles[i] == ("assistant" if unit == "turns" else "tool")
+
+
+def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -> HistoryView:
+    """Check the history's shape and precompute the per-message facts."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise HistoryError("history must be a list of messages")
+    roles: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise HistoryError(f"message {i}: expected an object with a string 'role'")
+        roles.append(m["role"])
+    tokens = tuple(_token_count(counter, m, i) for i, m in enumerate(messages))
+    tool_names, batch_end, requests = _tool_facts(messages, roles)
+    return HistoryView(
+        roles=tuple(roles),
+        tokens=tokens,
+        texts=tuple(message_text(m) for m in messages),
+        tool_names=tuple(tool_names),
+        has_thinking=tuple(bool(m.get("reasoning_content")) for m in messages),
+        batch_end=tuple(batch_end),
+        tool_responses=_running_count(r == "tool" for r in roles),
+        turns=_running_count(r == "assistant" for r in roles),
+        tool_calls=_running_count(batch_end),
+        protected=_protected(roles),
+        requests=requests,
+    )
+
+
+def _token_count(counter: TokenCounter, message: Mapping[str, Any], i: int) -> int:
+    value = counter.count(message)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HistoryError(f"message {i}: the token counter returned {value!r}; expected a count >= 0")
+    return value
+
+
+def _running_count(flags: Any) -> tuple[int, ...]:
+    total, out = 0, []
+    for flag in flags:
+        total += bool(flag)
+        out.append(total)
+    return tuple(out)
+
+
+def _protected(roles: list[str]) -> frozenset[int]:
+    protected = set()
+    for i, role in enumerate(roles):
+        if role not in SYSTEM_ROLES:
+            break
+        protected.add(i)
+    if "user" in roles:
+        protected.add(roles.index("user"))
+    return frozenset(protected)
+
+
+def _calls_of(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    calls = message.get("tool_calls")
+    return [c for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
+
+
+def _call_name(call: Mapping[str, Any]) -> str | None:
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
+    """Tool names, batch ends and drop_context requests, each decided from the prefix alone."""
+    tool_names: list[str | None] = []
+    batch_end: list[bool] = []
+    requests: dict[int, tuple[int, ...]] = {}
+    parent: int | None = None  # the assistant message the current run of tool messages answers
+    answered = 0
+    for i, m in enumerate(messages):
+        if roles[i] != "tool":
+            parent, answered = (i, 0) if roles[i] == "assistant" else (None, 0)
+            tool_names.append(None)
+            batch_end.append(False)
+            continue
+        answered += 1
+        calls = _calls_of(messages[parent]) if parent is not None else []
+        call = next((c for c in calls if c.get("id") == m.get("tool_call_id")), None)
+        name = m.get("name") if isinstance(m.get("name"), str) else (_call_name(call) if call else None)
+        tool_names.append(name)
+        # A batch ends once every call of its assistant message has an answer (orphans end at once).
+        batch_end.append(answered >= len(calls))
+        if name == DROP_CONTEXT_TOOL:
+            requests[i] = _requested_ids(call)
+    return tool_names, batch_end, requests
+
+
+def _requested_ids(call: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """Message ids from drop_context arguments {"message_ids": [...]}; anything malformed asks for nothing."""
+    function = call.get("function") if call else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if isinstance(arguments, str):
+        if len(arguments) > MAX_ARGUMENT_CHARS:
+            return ()
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return ()
+    ids = arguments.get("message_ids") if isinstance(arguments, Mapping) else None
+    if not isinstance(ids, list):
+        return ()
+    return tuple(sorted({x for x in ids if isinstance(x, int) and not isinstance(x, bool)}))

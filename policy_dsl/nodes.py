@@ -1,0 +1,256 @@
+"""The policy AST: frozen dataclasses, one per construct of the language.
+
+A policy is a mode, an ordered list of rules and one reposition rule:
+
+    Policy(mode, rules=(Rule(trigger, action), ...), reposition)
+
+Triggers (when a rule fires, evaluated at each message boundary):
+    Every(n, unit) / After(n, unit)        unit: "tool_calls" | "turns" | "tool_responses"
+    TokensAbove(measure, threshold)        measure: "visible" | "history"
+    DropContextCalled()                    the model called the drop_context tool
+    AllOf(parts) / AnyOf(parts)            two or more triggers
+
+Actions (what a rule does) and their targets:
+    Drop(target)  (kv)     Omit(target)  (text)     Summarize(target, budget)  (text)
+    Messages(selector, keep_last=None, until_visible=None)
+    Thinking(selector=None)                the reasoning part of assistant messages
+
+Selectors (which messages; protected messages are never selected):
+    AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
+    Not(part) And(parts) Or(parts)
+
+Reposition rules:
+    RepositionNever() RepositionEachDrop() RepositionEvery(n, unit)  unit: "drops" | "tool_calls"
+    RepositionGap(threshold)
+
+Every number is a `Num`; one with a range (`12 in 4..32`) is tunable. Source locations are kept
+for error messages but take no part in equality, so parse(format_policy(ast)) == ast.
+A mutation operator may build, drop or swap any of these nodes; `validate` says whether the
+result is a policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from policy_dsl.errors import Loc
+
+Mode = Literal["kv", "text"]
+Comparison = Literal[">", ">=", "<", "<="]
+COMPARISONS: tuple[str, ...] = (">", ">=", "<", "<=")
+COUNT_UNITS: tuple[str, ...] = ("tool_calls", "turns", "tool_responses")
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+REPOSITION_UNITS: tuple[str, ...] = ("drops", "tool_calls")
+
+
+def _loc() -> Loc | None:
+    return field(default=None, compare=False, repr=False)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Num:
+    """An integer, optionally tunable within lo..hi (both inclusive)."""
+
+    value: int
+    lo: int | None = None
+    hi: int | None = None
+    loc: Loc | None = _loc()
+
+    @property
+    def tunable(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+
+# ---- triggers ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Every:
+    n: Num
+    unit: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class After:
+    n: Num
+    unit: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class TokensAbove:
+    measure: Literal["visible", "history"]
+    threshold: Num
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class DropContextCalled:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class AllOf:
+    parts: tuple["Trigger", ...]
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    parts: tuple["Trigger", ...]
+    loc: Loc | None = _loc()
+
+
+Trigger = Union[Every, After, TokensAbove, DropContextCalled, AllOf, AnyOf]
+
+
+# ---- selectors ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AllMessages:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Role:
+    role: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class ToolName:
+    name: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Age:
+    op: str
+    n: Num
+    unit: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Size:
+    op: str
+    n: Num
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Contains:
+    text: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Requested:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Not:
+    part: "Selector"
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class And:
+    parts: tuple["Selector", ...]
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Or:
+    parts: tuple["Selector", ...]
+    loc: Loc | None = _loc()
+
+
+Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, Requested, Not, And, Or]
+
+
+# ---- targets and actions -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Messages:
+    selector: Selector
+    keep_last: Num | None = None
+    until_visible: Num | None = None
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Thinking:
+    selector: Selector | None = None
+    loc: Loc | None = _loc()
+
+
+Target = Union[Messages, Thinking]
+
+
+@dataclass(frozen=True)
+class Drop:
+    target: Target
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Omit:
+    target: Target
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Summarize:
+    target: Target
+    budget: Num
+    loc: Loc | None = _loc()
+
+
+Action = Union[Drop, Omit, Summarize]
+
+
+# ---- reposition --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RepositionNever:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class RepositionEachDrop:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class RepositionEvery:
+    n: Num
+    unit: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class RepositionGap:
+    threshold: Num
+    loc: Loc | None = _loc()
+
+
+RepositionRule = Union[RepositionNever, RepositionEachDrop, RepositionEvery, RepositionGap]
+
+
+# ---- the policy --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    trigger: Trigger
+    action: Action
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: str
+    rules: tuple[Rule, ...] = ()
+    reposition: RepositionRule = field(default_factory=RepositionNever)
+    loc: Loc | None = _loc()

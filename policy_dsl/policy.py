@@ -1,0 +1,187 @@
+"""CachePolicy: a compiled policy that turns a message history into a Decision.
+
+kv mode walks the history boundary by boundary from the start, firing rules on the state so far,
+so the decision for a prefix is contained unchanged in the decision for any extension.
+text mode looks at the latest boundary only: its edits are applied by the harness at once, and the
+next call sees the edited history.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from policy_dsl import nodes as n
+from policy_dsl.counter import ApproxTokenCounter, TokenCounter
+from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEdit
+from policy_dsl.evaluate import Boundary, fires, matches, select_messages
+from policy_dsl.history import HistoryView, view_history
+from policy_dsl.printer import format_policy
+from policy_dsl.validator import validate
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    name: str
+    ast: n.Policy
+    source: str  # canonical text
+
+    @property
+    def mode(self) -> str:
+        return self.ast.mode
+
+    def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
+        """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
+        view = view_history(history, counter or ApproxTokenCounter())
+        if self.ast.mode == "kv":
+            return _decide_kv(self.ast, view)
+        return _decide_text(self.ast, view, history, counter or ApproxTokenCounter())
+
+
+def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:
+    """Validate an AST and make it executable; raises PolicyError."""
+    validate(ast, filename=name)
+    return CachePolicy(name=name, ast=ast, source=format_policy(ast))
+
+
+# ---- kv ------------------------------------------------------------------------------------------
+
+def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
+    gone: set[int] = set()
+    live: list[int] = []
+    history_tokens = visible = positions = drop_events = 0
+    drop_message: dict[str, list[int]] = {}
+    reposition: list[int] = []
+    thinking_drop = False
+    for i in range(len(view)):
+        t = view.tokens[i]
+        history_tokens, visible, positions = history_tokens + t, visible + t, positions + t
+        live.append(i)
+        b = Boundary(view, i, gone, visible, history_tokens)
+        dropped_here: list[int] = []
+        for rule in policy.rules:
+            if not fires(rule.trigger, b):
+                continue
+            target = rule.action.target
+            if isinstance(target, n.Thinking):
+                thinking_drop = True
+                continue
+            picks = select_messages(target, b, live, lambda j: view.tokens[j])
+            for j in picks:
+                gone.add(j)
+                b.visible_tokens -= view.tokens[j]
+            if picks:
+                dropped_here += picks
+                live = [j for j in live if j not in gone]
+        visible = b.visible_tokens
+        if dropped_here:
+            drop_message[str(i)] = sorted(dropped_here)
+            drop_events += 1
+        if _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions - visible):
+            reposition.append(i)
+            positions = visible  # survivors now sit at 0..visible-1
+    return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
+
+
+def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: bool, drop_events: int,
+                 gap: int) -> bool:
+    """Whether to compact positions after message i; `gap` = positions freed by drops since the last one."""
+    if isinstance(rule, n.RepositionEachDrop):
+        return dropped
+    if isinstance(rule, n.RepositionEvery) and rule.unit == "drops":
+        return dropped and drop_events % rule.n.value == 0
+    if isinstance(rule, n.RepositionEvery):
+        # Compacting with no gap would be a no-op that still costs a cache record.
+        return view.batch_end[i] and view.tool_calls[i] % rule.n.value == 0 and gap > 0
+    if isinstance(rule, n.RepositionGap):
+        return gap > rule.threshold.value
+    return False
+
+
+# ---- text ----------------------------------------------------------------------------------------
+
+def _decide_text(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[str, Any]],
+                 counter: TokenCounter) -> Decision:
+    if len(view) == 0:
+        return Decision()
+    i = len(view) - 1
+    total = sum(view.tokens)
+    edited: set[int] = set()
+    b = Boundary(view, i, edited, total, total)
+    edits: list[TextEdit] = []
+    for rule in policy.rules:
+        if not fires(rule.trigger, b):
+            continue
+        action = rule.action
+        if isinstance(action.target, n.Thinking):
+            edits += _strip_thinking(action.target, b)
+        elif isinstance(action, n.Omit):
+            edits += _omit(action.target, b, counter)
+        else:
+            edits += _summarize(action.target, action.budget.value, b)
+        for e in edits:
+            edited.update(range(e.start, e.end + 1))
+    return Decision(text_edits=tuple(sorted(edits, key=lambda e: e.start)))
+
+
+def _strip_thinking(target: n.Thinking, b: Boundary) -> list[TextEdit]:
+    view = b.view
+    return [
+        TextEdit("strip_thinking", j, j)
+        for j in range(b.i)
+        if view.roles[j] == "assistant" and view.has_thinking[j] and j not in b.gone and not b.protected(j)
+        and (target.selector is None or matches(target.selector, j, b))
+    ]
+
+
+def _placeholder(view: HistoryView, j: int) -> str:
+    return f"{OMITTED_PREFIX}{view.roles[j]} message of {view.tokens[j]} tokens]"
+
+
+def _omit(target: n.Messages, b: Boundary, counter: TokenCounter) -> list[TextEdit]:
+    view = b.view
+    live = [j for j in range(b.i + 1) if j not in b.gone and not view.texts[j].startswith(OMITTED_PREFIX)]
+
+    def saving(j: int) -> int:
+        return view.tokens[j] - counter.count({"role": view.roles[j], "content": _placeholder(view, j)})
+
+    picks = select_messages(target, b, live, saving)
+    for j in picks:
+        b.visible_tokens -= saving(j)
+    return [TextEdit("omit", j, j, placeholder=_placeholder(view, j)) for j in picks]
+
+
+def _summarize(target: n.Messages, budget: int, b: Boundary) -> list[TextEdit]:
+    view = b.view
+    live = [j for j in range(b.i + 1) if j not in b.gone]
+    picks = select_messages(target, b, live, lambda j: view.tokens[j])
+    edits = []
+    for start, end in _whole_groups(_runs(picks), view):
+        already_summary = start == end and view.texts[start].startswith(SUMMARY_PREFIX)
+        if already_summary and view.tokens[start] <= budget:
+            continue
+        edits.append(TextEdit("summarize", start, end, budget_tokens=budget))
+        b.visible_tokens -= sum(view.tokens[start: end + 1]) - budget
+    return edits
+
+
+def _runs(picks: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for j in picks:
+        if runs and runs[-1][1] == j - 1:
+            runs[-1] = (runs[-1][0], j)
+        else:
+            runs.append((j, j))
+    return runs
+
+
+def _whole_groups(runs: list[tuple[int, int]], view: HistoryView) -> list[tuple[int, int]]:
+    """Trim runs so a summary never separates an assistant message from its tool responses."""
+    out = []
+    for start, end in runs:
+        while start <= end and view.roles[start] == "tool":
+            start += 1
+        while end >= start and end + 1 < len(view) and view.roles[end + 1] == "tool":
+            end -= 1
+        if start <= end:
+            out.append((start, end))
+    return out

@@ -1,0 +1,101 @@
+"""AST -> canonical text, and the canonical hash used for de-duplication.
+
+The canonical form is one statement per line, single spaces, plural units, JSON-quoted strings,
+parentheses around every nested and/or/not group, and no comments; parse(format_policy(a)) == a.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from policy_dsl import nodes as n
+
+_SINGULAR = {"tool_calls": "tool_call", "turns": "turn", "tool_responses": "tool_response"}
+
+
+def format_policy(policy: n.Policy) -> str:
+    """The canonical text of a policy (ends with a newline)."""
+    lines = [f"mode {policy.mode}"]
+    lines += [f"on {format_trigger(r.trigger)}: {format_action(r.action)}" for r in policy.rules]
+    if policy.mode == "kv":
+        lines.append(f"reposition {format_reposition(policy.reposition)}")
+    return "\n".join(lines) + "\n"
+
+
+def canonical_hash(policy: n.Policy) -> str:
+    """Hex SHA-256 of the canonical text: equal policies (up to layout and comments) share it."""
+    return hashlib.sha256(format_policy(policy).encode("utf-8")).hexdigest()
+
+
+def format_num(num: n.Num) -> str:
+    if num.lo is None or num.hi is None:
+        return str(num.value)
+    return f"{num.value} in {num.lo}..{num.hi}"
+
+
+def format_trigger(trigger: n.Trigger, nested: bool = False) -> str:
+    if isinstance(trigger, (n.AnyOf, n.AllOf)):
+        word = " or " if isinstance(trigger, n.AnyOf) else " and "
+        text = word.join(format_trigger(p, nested=True) for p in trigger.parts)
+        return f"({text})" if nested else text
+    if isinstance(trigger, n.Every):
+        if trigger.n == n.Num(1):
+            return f"each {_SINGULAR[trigger.unit]}"
+        return f"every {format_num(trigger.n)} {trigger.unit}"
+    if isinstance(trigger, n.After):
+        return f"after {format_num(trigger.n)} {trigger.unit}"
+    if isinstance(trigger, n.TokensAbove):
+        return f"{trigger.measure}_tokens > {format_num(trigger.threshold)}"
+    return "drop_context"
+
+
+def format_action(action: n.Action) -> str:
+    if isinstance(action, n.Drop):
+        return f"drop {format_target(action.target)}"
+    if isinstance(action, n.Omit):
+        return f"omit {format_target(action.target)}"
+    return f"summarize {format_target(action.target)} within {format_num(action.budget)} tokens"
+
+
+def format_target(target: n.Target) -> str:
+    if isinstance(target, n.Thinking):
+        return "thinking" if target.selector is None else f"thinking where {format_selector(target.selector)}"
+    text = format_selector(target.selector)
+    if target.keep_last is not None:
+        text += f" keep last {format_num(target.keep_last)}"
+    if target.until_visible is not None:
+        text += f" until visible_tokens <= {format_num(target.until_visible)}"
+    return text
+
+
+def format_selector(selector: n.Selector, nested: bool = False) -> str:
+    if isinstance(selector, (n.And, n.Or)):
+        word = " and " if isinstance(selector, n.And) else " or "
+        text = word.join(format_selector(p, nested=True) for p in selector.parts)
+        return f"({text})" if nested else text
+    if isinstance(selector, n.Not):
+        inner = format_selector(selector.part, nested=True)
+        return f"not {inner}"
+    if isinstance(selector, n.AllMessages):
+        return "all"
+    if isinstance(selector, n.Role):
+        return f"role {selector.role}"
+    if isinstance(selector, n.ToolName):
+        return f"tool {json.dumps(selector.name)}"
+    if isinstance(selector, n.Age):
+        return f"age {selector.op} {format_num(selector.n)} {selector.unit}"
+    if isinstance(selector, n.Size):
+        return f"tokens {selector.op} {format_num(selector.n)}"
+    if isinstance(selector, n.Contains):
+        return f"contains {json.dumps(selector.text)}"
+    return "requested"
+
+
+def format_reposition(rule: n.RepositionRule) -> str:
+    if isinstance(rule, n.RepositionEachDrop):
+        return "after each drop"
+    if isinstance(rule, n.RepositionEvery):
+        return f"every {format_num(rule.n)} {rule.unit}"
+    if isinstance(rule, n.RepositionGap):
+        return f"when gap > {format_num(rule.threshold)}"
+    return "never"

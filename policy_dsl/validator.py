@@ -1,0 +1,175 @@
+"""Semantic checks: numbers in range, names known, clauses that make sense together.
+
+Every check raises a PolicyValidationError located at the offending node, so a policy written by
+a model gets an answer it can act on.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Iterator
+
+from policy_dsl import nodes as n
+from policy_dsl.errors import PolicyValidationError, located
+
+TOKENS_MAX = 10_000_000
+COUNT_MAX = 100_000
+
+# (lowest, highest) accepted value of each numeric field, by node type and field name.
+BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
+    (n.Every, "n"): (1, COUNT_MAX),
+    (n.After, "n"): (1, COUNT_MAX),
+    (n.TokensAbove, "threshold"): (1, TOKENS_MAX),
+    (n.Age, "n"): (0, COUNT_MAX),
+    (n.Size, "n"): (0, TOKENS_MAX),
+    (n.Messages, "keep_last"): (0, COUNT_MAX),
+    (n.Messages, "until_visible"): (0, TOKENS_MAX),
+    (n.Summarize, "budget"): (16, TOKENS_MAX),
+    (n.RepositionEvery, "n"): (1, COUNT_MAX),
+    (n.RepositionGap, "threshold"): (1, TOKENS_MAX),
+}
+FIELD_WORDS = {
+    "n": "count", "threshold": "token threshold", "keep_last": "keep last", "until_visible": "visible-token target",
+    "budget": "summary budget",
+}
+
+
+def validate(policy: n.Policy, filename: str = "<policy>") -> None:
+    """Raise PolicyValidationError for the first problem found, in source order."""
+    checker = _Checker(filename)
+    if policy.mode not in ("kv", "text"):
+        raise checker.fail(f"unknown mode {policy.mode!r}; expected kv or text", policy)
+    checker.numbers(policy)
+    checker.names(policy)
+    if policy.mode == "kv":
+        checker.kv(policy)
+    else:
+        checker.text(policy)
+    checker.rules(policy)
+
+
+def numbers_with_bounds(node: object, path: str = "") -> Iterator[tuple[str, n.Num, tuple[int, int], object]]:
+    """Every Num below `node` with its stable path, its field bounds and its owner, in source order."""
+    if isinstance(node, tuple):
+        for i, item in enumerate(node):
+            yield from numbers_with_bounds(item, f"{path}[{i}]")
+        return
+    if not is_dataclass(node) or isinstance(node, n.Num):
+        return
+    for f in fields(node):
+        if f.name == "loc":
+            continue
+        value = getattr(node, f.name)
+        child = f"{path}.{f.name}" if path else f.name
+        if isinstance(value, n.Num):
+            yield child, value, BOUNDS[(type(node), f.name)], node
+        else:
+            yield from numbers_with_bounds(value, child)
+
+
+class _Checker:
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+
+    def fail(self, message: str, node: object) -> PolicyValidationError:
+        return located(PolicyValidationError, message, getattr(node, "loc", None), self.filename)  # type: ignore[return-value]
+
+    def numbers(self, policy: n.Policy) -> None:
+        for path, num, (low, high), owner in numbers_with_bounds(policy):
+            what = FIELD_WORDS.get(path.rsplit(".", 1)[-1], "number")
+            where = num.loc or getattr(owner, "loc", None)
+            if not isinstance(num.value, int) or isinstance(num.value, bool):
+                raise located(PolicyValidationError, f"{what} must be an integer", where, self.filename)
+            if not low <= num.value <= high:
+                raise located(PolicyValidationError, f"{what} {num.value} is out of range; expected {low}..{high}",
+                              where, self.filename)
+            if (num.lo is None) != (num.hi is None):
+                raise located(PolicyValidationError, f"{what} range needs both ends", where, self.filename)
+            if num.lo is not None and num.hi is not None:
+                if not low <= num.lo <= num.hi <= high:
+                    raise located(PolicyValidationError,
+                                  f"{what} range {num.lo}..{num.hi} is invalid; expected lo <= hi within {low}..{high}",
+                                  where, self.filename)
+                if not num.lo <= num.value <= num.hi:
+                    raise located(PolicyValidationError,
+                                  f"{what} {num.value} is outside its range {num.lo}..{num.hi}", where, self.filename)
+
+    def names(self, policy: n.Policy) -> None:
+        for node in _walk(policy):
+            if isinstance(node, (n.Every, n.After, n.Age)) and node.unit not in n.COUNT_UNITS:
+                raise self.fail(f"unknown unit {node.unit!r}; expected one of {', '.join(n.COUNT_UNITS)}", node)
+            if isinstance(node, n.RepositionEvery) and node.unit not in n.REPOSITION_UNITS:
+                raise self.fail(f"unknown unit {node.unit!r}; expected drops or tool_calls", node)
+            if isinstance(node, (n.Age, n.Size)) and node.op not in n.COMPARISONS:
+                raise self.fail(f"unknown comparison {node.op!r}; expected >, >=, < or <=", node)
+            if isinstance(node, n.Role) and node.role not in n.ROLES:
+                raise self.fail(f"unknown role {node.role!r}; expected one of {', '.join(n.ROLES)}", node)
+            if isinstance(node, (n.AnyOf, n.AllOf, n.And, n.Or)) and len(node.parts) < 2:
+                raise self.fail("and/or needs at least two parts", node)
+            if isinstance(node, (n.Contains, n.ToolName)):
+                text = node.text if isinstance(node, n.Contains) else node.name
+                if not isinstance(text, str) or not 1 <= len(text) <= 256:
+                    raise self.fail("pattern must be 1..256 characters", node)
+            if isinstance(node, n.TokensAbove) and node.measure not in ("visible", "history"):
+                raise self.fail(f"unknown measure {node.measure!r}; expected visible or history", node)
+
+    def kv(self, policy: n.Policy) -> None:
+        thinking_rule, message_rule = None, None
+        for rule in policy.rules:
+            action = rule.action
+            if not isinstance(action, n.Drop):
+                verb = "omit" if isinstance(action, n.Omit) else "summarize"
+                raise self.fail(f"{verb} needs mode text; mode kv can only drop", action)
+            if isinstance(action.target, n.Thinking):
+                if action.target.selector is not None:
+                    raise self.fail("in mode kv thinking is dropped for all assistant messages "
+                                    "(the API's thinking_drop rule); remove 'where ...'", action.target)
+                thinking_rule = thinking_rule or rule
+            else:
+                message_rule = message_rule or rule
+            if thinking_rule and message_rule:
+                later = max(thinking_rule, message_rule, key=policy.rules.index)
+                raise self.fail("thinking drops cannot be combined with message drops in mode kv "
+                                "(the API takes drop_rule or drop_message, not both)", later)
+        if thinking_rule and not isinstance(policy.reposition, n.RepositionNever):
+            raise self.fail("reposition needs message drops; this policy only drops thinking", policy.reposition)
+
+    def text(self, policy: n.Policy) -> None:
+        if not isinstance(policy.reposition, n.RepositionNever):
+            raise self.fail("reposition needs mode kv; mode text rewrites the history instead", policy.reposition)
+        for rule in policy.rules:
+            action = rule.action
+            if isinstance(action, n.Drop):
+                raise self.fail("drop needs mode kv; mode text can omit or summarize", action)
+            target = action.target
+            if isinstance(action, n.Summarize) and isinstance(target, n.Thinking):
+                raise self.fail("summarize takes messages; use 'omit thinking' to strip reasoning", target)
+            if isinstance(action, n.Summarize) and target.until_visible is not None:
+                raise self.fail("summarize cannot take 'until visible_tokens'; select the messages to summarize",
+                                target)
+
+    def rules(self, policy: n.Policy) -> None:
+        seen: dict[n.Rule, n.Rule] = {}
+        for rule in policy.rules:
+            if rule in seen:
+                first = seen[rule].loc
+                where = f" (same as line {first.line})" if first else ""
+                raise self.fail(f"duplicate rule{where}", rule)
+            seen[rule] = rule
+            uses_requested = any(isinstance(x, n.Requested) for x in _walk(rule.action))
+            if uses_requested and not any(isinstance(x, n.DropContextCalled) for x in _walk(rule.trigger)):
+                raise self.fail("'requested' selects the ids of a drop_context call; "
+                                "the rule's trigger must include drop_context", rule.action)
+
+
+def _walk(node: object) -> Iterator[object]:
+    """Every AST node below and including `node` (depth is bounded by the parser's nesting limit)."""
+    if isinstance(node, tuple):
+        for item in node:
+            yield from _walk(item)
+        return
+    if not is_dataclass(node):
+        return
+    yield node
+    for f in fields(node):
+        if f.name != "loc":
+            yield from _walk(getattr(node, f.name))

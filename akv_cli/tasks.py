@@ -1,8 +1,172 @@
-"""`akv` commands of this group (filled in by the owning layer)."""
+"""`akv tasks build|list` and `akv run`: task suites and runs of an agent under a policy."""
 from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
 
 import typer
 
+tasks_app = typer.Typer(help="Build and list the task suites.", no_args_is_help=True)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the root app."""
+    """Add `akv tasks ...` and `akv run` to the root app."""
+    app.add_typer(tasks_app, name="tasks")
+    app.command(name="run")(run)
+
+
+def _fail(message: str) -> None:
+    """One line on stderr and exit status 2: the user asked for something that does not exist."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _suite(name: str) -> Any:
+    from sandbox.suites import get_suite
+
+    try:
+        return get_suite(name)
+    except ValueError as err:
+        _fail(str(err))
+    except ImportError as err:
+        _fail(f"suite {name!r} is not available: {err}")
+
+
+@tasks_app.command("build")
+def build(suite: Optional[str] = typer.Option(None, help="Suite to build (default: every suite)."),
+          seed: int = typer.Option(0, help="Seed of the generated tasks.")) -> None:
+    """Create a suite's data under the data folder (idempotent)."""
+    from akv_core.home import akv_home
+    from sandbox.suites import suite_names
+
+    for name in [suite] if suite else suite_names():
+        started = time.perf_counter()
+        suite_obj = _suite(name)
+        suite_obj.build(akv_home(), seed)
+        typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s")
+
+
+@tasks_app.command("list")
+def list_tasks(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
+               split: str = typer.Option("train", help="Split: train or heldout."),
+               json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
+    """List the tasks of a split."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from akv_core.home import akv_home
+
+    suite_obj = _suite(suite)
+    suite_obj.build(akv_home(), 0)
+    try:
+        tasks = suite_obj.tasks(split)
+    except ValueError as err:
+        _fail(str(err))
+    if json_out:
+        typer.echo(json.dumps({"suite": suite, "split": split,
+                               "tasks": [{"id": t.id, "prompt": t.prompt} for t in tasks]}))
+        return
+    table = Table(title=f"{suite} / {split}: {len(tasks)} tasks")
+    table.add_column("id")
+    table.add_column("prompt", overflow="fold")
+    for task in tasks:
+        table.add_row(task.id, task.prompt if len(task.prompt) <= 160 else task.prompt[:157] + "...")
+    Console().print(table)
+
+
+def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
+        split: str = typer.Option("train", help="Split: train or heldout."),
+        policy: str = typer.Option(..., help="Built-in policy name or a .akvp file."),
+        agent: str = typer.Option("scripted", help="scripted (the suite's navigator) or llm."),
+        backend: str = typer.Option("replay", help="replay, embedded, or an OpenAI-compatible URL."),
+        model: Optional[str] = typer.Option(None, help="Model name (URL backend) or smollm2|PATH (embedded)."),
+        limit: Optional[int] = typer.Option(None, help="Run only the first N tasks."),
+        task: Optional[list[str]] = typer.Option(None, help="Run only this task id (repeatable)."),
+        prices: Optional[str] = typer.Option(None, help="Price table (default: the model's, else gpt-oss-120b)."),
+        max_steps: int = typer.Option(100, help="Agent requests per task before it gives up."),
+        seed: int = typer.Option(0, help="Seed for task building and sampling."),
+        json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout.")) -> None:
+    """Run an agent on a split's tasks under a cache policy and report score and cost."""
+    from akv_core.home import data_path
+    from sandbox.harness import RunLimits, run_tasks
+
+    suite_obj = _suite(suite)
+    out_dir = data_path("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{suite}-{split}-{_slug(policy)}")
+    with _Progress(json_out) as progress:
+        try:
+            report = run_tasks(suite_obj, split, policy, agent=agent, backend=backend, limit=limit,
+                               task_ids=task, seed=seed, out_dir=out_dir, progress=progress.task_done,
+                               model=model, prices=prices, limits=RunLimits(max_steps=max_steps),
+                               on_start=progress.start)
+        except ValueError as err:
+            _fail(str(err))
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+    else:
+        _print_report(report)
+
+
+def _slug(policy: str) -> str:
+    name = policy.replace("\\", "/").rsplit("/", 1)[-1]
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class _Progress:
+    """A rich progress bar on stderr; per-task rows go there too when stdout is reserved for JSON."""
+
+    def __init__(self, json_out: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.json_out = json_out
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console, transient=True)
+        self.bar_id = None
+
+    def __enter__(self) -> _Progress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def start(self, n_tasks: int) -> None:
+        self.bar_id = self.bar.add_task("tasks", total=n_tasks)
+
+    def task_done(self, result: Any) -> None:
+        if self.bar_id is not None:
+            self.bar.advance(self.bar_id)
+        line = (f"{result.task_id}  {result.status:<9} score={result.score:.2f}  "
+                f"requests={result.n_requests}  cost=${result.cost_usd:.6f}  {result.wall_s:.1f}s")
+        if result.reason:
+            line += f"  ({result.reason})"
+        self.bar.console.print(line, markup=False, highlight=False)
+
+
+def _print_report(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="results")
+    for column in ("task", "status", "score", "answer", "requests", "input", "cached", "repos",
+                   "drop-skipped", "output", "cost USD"):
+        table.add_column(column)
+    for r in report.results:
+        t = r.tokens
+        table.add_row(r.task_id, r.status, f"{r.score:.2f}", (r.answer or "")[:40], str(r.n_requests),
+                      str(t.input), str(t.cached), str(t.repos), str(t.drop_skipped), str(t.output),
+                      f"{r.cost_usd:.6f}")
+    console = Console()
+    console.print(table)
+    s = report.summary
+    console.print(
+        f"{s['policy']} on {s['suite']}/{s['split']} ({s['agent']} agent, {s['backend']} backend, "
+        f"{s['prices']} prices): {s['n_tasks']} tasks, mean score {s['mean_score']:.3f}, "
+        f"mean cost ${s['mean_cost_usd']:.6f}, total tokens {s['tokens']}", markup=False, highlight=False)
+    for task_id, reason in s["errors"].items():
+        console.print(f"error in {task_id}: {reason}", markup=False, highlight=False)
+    if s.get("out_dir"):
+        console.print(f"results and trajectories: {s['out_dir']}", markup=False, highlight=False)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping, Sequence
 
+from policy_dsl.decision import SUMMARY_PREFIX
+
 Message = dict[str, Any]
 
 SUMMARY_SYSTEM = (
     "You compress an agent's working history. Write a dense summary that keeps every fact the agent "
     "found (names, numbers, dates, document ids) and what it was looking for. No preamble."
 )
-SUMMARY_HEADER = "Summary of earlier messages:\n"
 
 _SENTENCE = re.compile(r"[^\n.!?]+[.!?]?")
 _FACTLIKE = re.compile(r"\d|\b[A-Z][a-z]+|\b[a-z]+[-_:]\d")
@@ -52,14 +53,14 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], budget_tokens: int
     sentences = [s.strip() for m in messages for s in _SENTENCE.findall(message_text(m)) if s.strip()]
     ranked = sorted(range(len(sentences)), key=lambda i: (-_score(sentences[i]), i))
     kept: set[int] = set()
-    spent = count_text(SUMMARY_HEADER)
+    spent = 0
     for index in ranked:
         cost = count_text(sentences[index]) + 1  # +1 for the joining space
         if spent + cost > budget_tokens:
             continue  # a shorter sentence further down may still fit
         kept.add(index)
         spent += cost
-    return SUMMARY_HEADER + " ".join(sentences[i] for i in sorted(kept))
+    return " ".join(sentences[i] for i in sorted(kept))
 
 
 def _score(sentence: str) -> float:
@@ -69,12 +70,14 @@ def _score(sentence: str) -> float:
 
 
 class TextEditor:
-    """Applies a text-mode decision's edits to a history: summaries and omit placeholders.
+    """Applies a text-mode decision's edits (policy_dsl's TextEdit) to a history.
 
-    A summary replaces its messages with one user message at the place of the first; an omitted
-    message keeps its role and ids with a placeholder as content. Tool calls and tool results
-    whose partner was summarized away are rewritten as plain text, so every request stays a
-    valid OpenAI conversation.
+    A summary replaces messages start..end with one user message beginning with the policy
+    language's SUMMARY_PREFIX (so policies recognise it); an omitted message keeps its role and
+    ids with the edit's placeholder as content. Tool calls and tool results whose partner was
+    summarized away are rewritten as plain text, so every request stays a valid conversation.
+    Untouched messages stay the same objects (the tokenizer's memo and the trajectory's deltas
+    rely on it).
     """
 
     def __init__(self, task_prompt: str, backend: Any, counter: Any,
@@ -82,62 +85,35 @@ class TextEditor:
         self.task_prompt, self.backend, self.counter, self.bill = task_prompt, backend, counter, bill
 
     def apply(self, history: Sequence[Message], edits: Sequence[Any], step: int) -> list[Message]:
-        edited: list[Message | None] = list(history)
-        for edit in edits:
-            indices = sorted(set(_edit_indices(edit)))
-            if not indices:
-                continue
-            if _edit_kind(edit) == "omit":
-                for i in indices:
-                    edited[i] = _omitted(history[i], self.counter.count(history[i]))
+        out = list(history)
+        for edit in sorted(edits, key=lambda e: e.start, reverse=True):  # back to front keeps indices valid
+            if edit.kind == "omit":
+                out[edit.start] = {**out[edit.start], "content": edit.placeholder or "[omitted]"}
+            elif edit.kind == "strip_thinking":
+                out[edit.start] = {k: v for k, v in out[edit.start].items() if k != "reasoning_content"}
             else:
-                summary = self._summary([history[i] for i in indices], _edit_budget(edit), step)
-                edited[indices[0]] = {"role": "user", "content": summary}
-                for i in indices[1:]:
-                    edited[i] = None
-        return _paired([m for m in edited if m is not None])
+                body = self._summary(out[edit.start: edit.end + 1], edit.budget_tokens or 0, step)
+                out[edit.start: edit.end + 1] = [{"role": "user", "content": SUMMARY_PREFIX + body}]
+        return _paired(out)
 
     def _summary(self, messages: Sequence[Message], budget: int, step: int) -> str:
         """A real model call on generating backends; the extractive summarizer on replay."""
         from sandbox.backends import BackendRequest
 
-        request = BackendRequest(messages=tuple(summary_request(self.task_prompt, messages)),
-                                 max_tokens=max(1, budget))
+        room = max(1, budget - self._tokens(SUMMARY_PREFIX))
+        request = BackendRequest(messages=tuple(summary_request(self.task_prompt, messages)), max_tokens=room)
         reply = self.backend.complete(request)
         if reply.message is not None:
-            text = SUMMARY_HEADER + str(reply.message.get("content") or "").strip()
-            usage = reply.usage
+            body = str(reply.message.get("content") or "").strip()
+            self.bill(step, request, reply.message, reply.usage)
         else:
-            text = extractive_summary(messages, budget, lambda s: len(self.counter.encode(s)))
-            usage = reply.usage.with_completion(len(self.counter.encode(text)))
-        self.bill(step, request, reply.message if reply.message is not None else
-                  {"role": "assistant", "content": text}, usage)
-        return text
+            body = extractive_summary(messages, room, self._tokens)
+            self.bill(step, request, {"role": "assistant", "content": body},
+                      reply.usage.with_completion(self._tokens(body)))
+        return body
 
-
-def _edit_kind(edit: Any) -> str:
-    kind = getattr(edit, "kind", None) or getattr(edit, "action", None) or type(edit).__name__
-    return "omit" if "omit" in str(kind).lower() else "summarize"
-
-
-def _edit_indices(edit: Any) -> Sequence[int]:
-    for attr in ("messages", "indices", "message_ids"):
-        value = getattr(edit, attr, None)
-        if value is not None:
-            return [int(i) for i in value]
-    raise ValueError(f"text edit {edit!r} names no messages")
-
-
-def _edit_budget(edit: Any) -> int:
-    return int(getattr(edit, "budget", None) or getattr(edit, "budget_tokens", None) or 256)
-
-
-def _omitted(message: Message, tokens: int) -> Message:
-    placeholder = f"[omitted: {tokens} tokens]"
-    kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls", "reasoning_content")}
-    if message.get("tool_calls"):
-        kept["tool_calls"] = message["tool_calls"]  # the calls stay: their results still follow
-    return {**kept, "content": placeholder}
+    def _tokens(self, text: str) -> int:
+        return len(self.counter.encode(text))
 
 
 def _paired(history: list[Message]) -> list[Message]:

@@ -108,6 +108,7 @@ def read_trajectory(path: Path) -> tuple[dict[str, Any], list[RecordedRequest]]:
         request = BackendRequest(
             messages=messages, tools=tuple(tools.get(purpose, ())),
             drop_message=record.get("drop_message", {}), reposition=tuple(record.get("reposition", ())),
+            drop_rule=record.get("drop_rule"),
             max_tokens=record["max_tokens"],
         )
         out.append(RecordedRequest(purpose, request, Usage.from_fields(record["usage"])))

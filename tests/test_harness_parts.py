@@ -12,7 +12,7 @@ from sandbox.backends import BackendRequest
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import Usage
 from sandbox.suite import AgentView, Task
-from sandbox.summarize import SUMMARY_HEADER, extractive_summary
+from sandbox.summarize import extractive_summary
 from sandbox.trajectory import Exchange, Trajectory, read_trajectory
 
 TASK = Task(id="t1", suite="none", split="train", system="You research.", prompt="Find the capital.", tools=())
@@ -84,7 +84,6 @@ def test_extractive_summary_keeps_facts_within_the_budget_deterministically() ->
         {"role": "tool", "name": "get_document", "content": "Nothing much here. Doc doc-17 lists Zed at 88 m."},
     ]
     summary = extractive_summary(messages, 40, count)
-    assert summary.startswith(SUMMARY_HEADER)
     assert count(summary) <= 40
     assert "4721" in summary and "1312" in summary
     assert "pleasant" not in summary  # vague sentences go first when the budget is tight

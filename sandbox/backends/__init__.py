@@ -31,6 +31,7 @@ class BackendRequest:
     tools: Sequence[Mapping[str, Any]] = ()
     drop_message: Mapping[str, Sequence[int]] = field(default_factory=dict)
     reposition: Sequence[int] = ()
+    drop_rule: Mapping[str, Any] | None = None  # the structured alternative, e.g. {"type": "thinking_drop"}
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int | None = None
@@ -38,7 +39,9 @@ class BackendRequest:
     def api_fields(self) -> dict[str, Any]:
         """The AKV fields for the wire, empty ones left out."""
         fields: dict[str, Any] = {}
-        if self.drop_message:
+        if self.drop_rule:
+            fields["drop_rule"] = dict(self.drop_rule)
+        elif self.drop_message:
             fields["drop_message"] = {k: list(v) for k, v in self.drop_message.items()}
         if self.reposition:
             fields["reposition"] = list(self.reposition)

@@ -8,10 +8,12 @@ only agents whose decisions do not depend on model text can run on replay.
 """
 from __future__ import annotations
 
+from akv_core.cache.kv_cache import KVCapacityError
+from akv_core.cache.ops import OperationError
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.chat import ChatTokenizer
 
-from sandbox.backends import BackendReply, BackendRequest
+from sandbox.backends import BackendError, BackendReply, BackendRequest
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import Usage
 
@@ -37,11 +39,17 @@ class ReplayBackend:
             self._simulator = CacheSimulator(self._kv_tokens)
 
     def complete(self, request: BackendRequest) -> BackendReply:
+        if request.drop_rule and any(m.get("reasoning_content") for m in request.messages):
+            raise BackendError("replay cannot account a drop_rule over reasoning content; "
+                               "use drop_message or a model backend")
         rendered = self._tokenizer.render(request.messages, list(request.tools) or None)
-        fields = request.api_fields()
-        usage = self._simulator.request(rendered, fields.get("drop_message"), fields.get("reposition"))
+        try:
+            usage = self._simulator.request(rendered, None if request.drop_rule else request.drop_message,
+                                            request.reposition, max_tokens=request.max_tokens)
+        except (OperationError, KVCapacityError) as err:  # what the server would answer with HTTP 400
+            raise BackendError(f"the request was rejected: {err}") from err
         # Nothing is generated: the harness bills the agent's own message as output.
-        return BackendReply(None, Usage.from_fields(usage).with_completion(0), "replay")
+        return BackendReply(None, Usage.from_fields(usage), "replay")
 
     def close(self) -> None:
         """Nothing to release."""

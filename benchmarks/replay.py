@@ -1,0 +1,97 @@
+"""Replay accounting throughput on recorded trajectories (a benchmark, not a test).
+
+Records scripted-agent trajectories of localcomp's train split under several policies with the
+replay backend, reads them back from their JSONL files, and then measures side by side in one run:
+
+- accounting: `CacheSimulator.request` on pre-rendered requests (the per-request work evolution
+  repeats for every candidate), one fresh simulator per trajectory;
+- replay backend: `ReplayBackend.complete` on the full requests (rendering through the
+  tokenizer's per-message memo, then accounting), as the harness calls it.
+
+Target: at least 10,000 requests of accounting per second.
+
+    python benchmarks/replay.py [--tasks 10] [--repeat 5] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+POLICIES = ("full", "expert", "standard-8k")
+TARGET_PER_S = 10_000
+
+
+def record(out_dir: Path, tasks: int) -> list[list[Any]]:
+    """Run the scripted agent on replay under each policy; read back each trajectory's requests."""
+    from sandbox.harness import run_tasks
+    from sandbox.trajectory import read_trajectory
+
+    for policy in POLICIES:
+        run_tasks("localcomp", "train", policy, limit=tasks, out_dir=out_dir / policy)
+    return [[r.request for r in read_trajectory(path)[1]]
+            for path in sorted(out_dir.glob("*/trajectories/*.jsonl"))]
+
+
+def measure(tasks: int = 10, repeat: int = 5) -> dict[str, Any]:
+    from akv_core.cache.simulator import CacheSimulator
+    from sandbox.backends.replay import DEFAULT_KV_TOKENS, ReplayBackend
+    from sandbox.backends.tokens import shared_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trajectories = record(Path(tmp), tasks)
+    tokenizer = shared_tokenizer()
+    rendered = [[(tokenizer.render(r.messages, list(r.tools) or None), r.api_fields()) for r in t]
+                for t in trajectories]
+    n_requests = sum(len(t) for t in trajectories)
+    n_tokens = sum(len(x.token_ids) for t in rendered for x, _ in t)
+
+    started = time.perf_counter()
+    for _ in range(repeat):
+        for trajectory in rendered:
+            simulator = CacheSimulator(DEFAULT_KV_TOKENS)
+            for prompt, fields in trajectory:
+                simulator.request(prompt, fields.get("drop_message"), fields.get("reposition"))
+    accounting_s = time.perf_counter() - started
+
+    backend = ReplayBackend()
+    started = time.perf_counter()
+    for _ in range(repeat):
+        for trajectory in trajectories:
+            backend.start_task()
+            for request in trajectory:
+                backend.complete(request)
+    backend_s = time.perf_counter() - started
+
+    accounting_rate = n_requests * repeat / accounting_s
+    return {
+        "trajectories": len(trajectories), "requests": n_requests, "prompt_tokens": n_tokens,
+        "repeat": repeat, "policies": list(POLICIES),
+        "accounting_requests_per_s": round(accounting_rate),
+        "replay_backend_requests_per_s": round(n_requests * repeat / backend_s),
+        "target_requests_per_s": TARGET_PER_S, "meets_target": accounting_rate >= TARGET_PER_S,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10, help="train tasks per policy")
+    parser.add_argument("--repeat", type=int, default=5, help="passes over all trajectories")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args()
+    figures = measure(args.tasks, args.repeat)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"{figures['trajectories']} trajectories, {figures['requests']} requests, "
+          f"{figures['prompt_tokens']} prompt tokens, x{figures['repeat']}")
+    print(f"accounting (pre-rendered):      {figures['accounting_requests_per_s']:>9,} requests/s")
+    print(f"replay backend (render + acct): {figures['replay_backend_requests_per_s']:>9,} requests/s")
+    print(f"target {TARGET_PER_S:,} requests/s: {'met' if figures['meets_target'] else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

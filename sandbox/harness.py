@@ -1,0 +1,326 @@
+"""The harness: runs a task with an agent under a cache policy against a backend.
+
+One step: the policy decides on the history (text mode: its edits are applied, the edited
+history kept, and it decides again) -> the request goes to the backend with the full history
+and the policy's drop / reposition fields -> the agent acts on what is visible -> its tool
+calls run in the task's environment and their results join the history. The policy counts
+tokens with the embedded model's chat tokenizer on every backend, so its decisions are the
+same whichever backend serves the requests.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
+from sandbox.backends import Backend, BackendError, BackendRequest, Message, open_backend
+from sandbox.backends.tokens import shared_tokenizer
+from sandbox.cost import PriceTable, TokenTotals, Usage, price_table, table_names
+from sandbox.suite import Agent, AgentView, Suite, Task, ToolError
+from sandbox.suites import get_suite
+from sandbox.summarize import TextEditor
+from sandbox.trajectory import Exchange, Trajectory
+
+STATUSES = ("ok", "max_steps", "error")
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """Budgets of one task run."""
+
+    max_steps: int = 100  # agent requests per task
+    max_tokens: int = 256  # the llm agent's reply budget per step
+    # A scripted agent ignores model text, so a generating backend writes one token only.
+    scripted_max_tokens: int = 1
+    text_passes: int = 4  # text mode: edit-then-decide-again passes per step
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's outcome. `to_dict()` is the results format; `reason` explains an error."""
+
+    task_id: str
+    split: str
+    policy: str
+    status: str
+    score: float
+    answer: str | None
+    n_requests: int
+    tokens: TokenTotals
+    cost_usd: float
+    wall_s: float
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "split": self.split, "policy": self.policy, "status": self.status,
+                "score": self.score, "answer": self.answer, "n_requests": self.n_requests,
+                "tokens": self.tokens.to_dict(), "cost_usd": self.cost_usd, "wall_s": self.wall_s}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    results: list[TaskResult]
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"results": [r.to_dict() for r in self.results], "summary": self.summary}
+
+
+@dataclass
+class _Bill:
+    """Running totals of a task: every request, summaries included."""
+
+    n_requests: int = 0
+    tokens: TokenTotals = field(default_factory=TokenTotals)
+    cost_usd: float = 0.0
+
+    def add(self, usage: Usage, cost: float) -> None:
+        self.n_requests += 1
+        self.tokens = self.tokens.add(usage)
+        self.cost_usd += cost
+
+
+class _TaskRun:
+    """One run of one task: owns the history, the environment's tool calls and the bill."""
+
+    def __init__(self, task: Task, policy: Any, agent: Agent, backend: Backend, prices: PriceTable,
+                 limits: RunLimits, seed: int) -> None:
+        self.task, self.policy, self.agent, self.backend = task, policy, agent, backend
+        self.prices, self.limits, self.seed = prices, limits, seed
+        self.counter = shared_tokenizer()
+        self.is_llm = isinstance(agent, LLMAgent)
+        self.tools = tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.is_llm else ())
+        self.history: list[Message] = task.initial_messages()
+        self.bill = _Bill()
+        self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
+                                      "policy": policy.name, "agent": agent.name, "backend": backend.name,
+                                      "prices": prices.name})
+        self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary)
+
+    def run(self, env: Any) -> tuple[str, str | None]:
+        """Steps until the agent answers or the step budget is spent: (status, answer)."""
+        for step in range(self.limits.max_steps):
+            fields = self._decide(step)
+            request = BackendRequest(
+                messages=tuple(self.history), tools=self.tools,
+                drop_message=fields.get("drop_message", {}), reposition=tuple(fields.get("reposition", ())),
+                drop_rule=fields.get("drop_rule"),
+                max_tokens=self.limits.max_tokens if self.is_llm else self.limits.scripted_max_tokens,
+                seed=self.seed,
+            )
+            reply = self.backend.complete(request)
+            view = AgentView(self.task, request.messages, _visible(len(self.history), request.drop_message),
+                             reply.message, step)
+            action = self.agent.act(view)
+            usage = reply.usage
+            if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
+                usage = usage.with_completion(self.counter.count(action.message))
+            self._record(step, "agent", request, reply.message, usage)
+            self.history.append(action.message)
+            if action.final_answer is not None:
+                return "ok", action.final_answer
+            self._run_tools(env, action.message, step)
+        return "max_steps", None
+
+    def _decide(self, step: int) -> dict[str, Any]:
+        """The policy's API fields for the current history; text mode edits the history first."""
+        decision = self.policy.decide(self.history, self.counter)
+        if self.policy.mode != "text":
+            return decision.api_fields()
+        for _ in range(self.limits.text_passes):
+            if not decision.text_edits:
+                break
+            self.history = self.editor.apply(self.history, decision.text_edits, step)
+            self.trajectory.note("text_edits", step=step, edits=[repr(e) for e in decision.text_edits],
+                                 history_len=len(self.history))
+            decision = self.policy.decide(self.history, self.counter)
+        return decision.api_fields()
+
+    def _run_tools(self, env: Any, message: Message, step: int) -> None:
+        for call in message.get("tool_calls") or ():
+            name, text = self._call_tool(env, call)
+            self.history.append({"role": "tool", "tool_call_id": call.get("id") or f"call_{step}",
+                                 "name": name, "content": text})
+
+    def _call_tool(self, env: Any, call: Mapping[str, Any]) -> tuple[str, str]:
+        """(tool name, result text); mistakes of the agent become the result text."""
+        function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        raw = function.get("arguments")
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else (raw or {})
+        except json.JSONDecodeError as err:
+            return name, f"error: the arguments of {name or 'the call'} are not valid JSON ({err.msg})"
+        if not name:
+            return name, "error: malformed tool call: expected a function name and JSON arguments"
+        if not isinstance(arguments, dict):
+            return name, f"error: the arguments of {name} must be a JSON object"
+        if name == DROP_CONTEXT and self.is_llm:
+            # The cache policy reads drop_context calls from the history (model-based policies).
+            ids = arguments.get("message_ids")
+            return name, f"drop requested for messages {ids}; the cache policy applies it"
+        try:
+            return name, env.call_tool(name, arguments)
+        except ToolError as err:
+            self.trajectory.note("tool_error", tool=name, error=str(err))
+            return name, f"error: {err}"
+
+    def _record(self, step: int, purpose: str, request: BackendRequest, reply: Message | None,
+                usage: Usage) -> None:
+        cost = self.prices.cost(usage)
+        self.bill.add(usage, cost)
+        self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost))
+
+    def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: Usage) -> None:
+        self._record(step, "summary", request, reply, usage)
+
+
+def _visible(n_messages: int, drop_message: Mapping[str, Sequence[int]]) -> tuple[bool, ...]:
+    """Per message: False when a drop in effect hides it (every trigger is already in the history)."""
+    dropped = {index for indices in drop_message.values() for index in indices}
+    return tuple(i not in dropped for i in range(n_messages))
+
+
+def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backend, *,
+             prices: PriceTable | None = None, limits: RunLimits = RunLimits(),
+             seed: int = 0) -> tuple[TaskResult, Trajectory]:
+    """Run one task to its result; every failure is caught here and reported in the result."""
+    started = time.perf_counter()
+    run = _TaskRun(task, policy, agent, backend, prices or price_table(), limits, seed)
+    status, answer, score, reason = "error", None, 0.0, None
+    env = None
+    try:
+        backend.start_task()
+        env = suite.open(task)
+        status, answer = run.run(env)
+        grade = env.grade(answer)
+        score = grade.score
+        run.trajectory.note("grade", score=grade.score, detail=grade.detail)
+    except (BackendError, AgentSetupError) as err:
+        reason = str(err)
+    except Exception as err:  # noqa: BLE001 - a broken task must not lose the run; its reason is kept
+        reason = f"{type(err).__name__}: {err}"
+    finally:
+        if env is not None:
+            env.close()
+    if reason is not None:
+        status = "error"
+    result = TaskResult(task.id, task.split, policy.name, status, float(score), answer, run.bill.n_requests,
+                        run.bill.tokens, round(run.bill.cost_usd, 9), round(time.perf_counter() - started, 3),
+                        reason)
+    run.trajectory.note("result", **result.to_dict(), reason=reason)
+    return result, run.trajectory
+
+
+def resolve_policy(policy: Any) -> Any:
+    """A compiled policy from a built-in name, a file path, or a policy object (returned as is)."""
+    if not isinstance(policy, (str, Path)):
+        return policy
+    from policy_dsl import load_policy
+    from policy_dsl.errors import PolicyError
+
+    try:
+        return load_policy(str(policy))
+    except PolicyError as err:  # unknown name, unreadable or invalid file: located, one line
+        raise ValueError(str(err)) from err
+
+
+def select_tasks(suite: Suite, split: str, task_ids: Sequence[str] | None = None,
+                 limit: int | None = None) -> list[Task]:
+    """The split's tasks, filtered to `task_ids` (in split order) and cut to `limit`."""
+    tasks = suite.tasks(split)
+    if task_ids is not None:
+        known = {t.id for t in tasks}
+        missing = [t for t in task_ids if t not in known]
+        if missing:
+            raise ValueError(f"unknown task id {missing[0]!r} in split {split!r}")
+        wanted = set(task_ids)
+        tasks = [t for t in tasks if t.id in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be a positive number of tasks, got {limit}")
+        tasks = tasks[:limit]
+    return tasks
+
+
+def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripted",
+              backend: str | Backend = "replay", limit: int | None = None,
+              task_ids: Sequence[str] | None = None, seed: int = 0, out_dir: Path | None = None,
+              progress: Callable[[TaskResult], None] | None = None, *, model: str | None = None,
+              prices: str | None = None, limits: RunLimits = RunLimits(), build: bool = True,
+              on_start: Callable[[int], None] | None = None) -> RunReport:
+    """Run a split's tasks; ValueError (one line, naming what was expected) for bad arguments.
+
+    With `out_dir`, each result is appended to `results.jsonl` as soon as its task finishes and
+    each trajectory is written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
+    """
+    suite_obj = get_suite(suite) if isinstance(suite, str) else suite
+    policy_obj = resolve_policy(policy)
+    if agent not in ("scripted", "llm"):
+        raise ValueError(f"unknown agent {agent!r}: expected scripted or llm")
+    table = price_table(prices or (model if model and model.lower() in table_names() else None))
+    if build:
+        from akv_core.home import akv_home
+
+        suite_obj.build(akv_home(), seed)
+    tasks = select_tasks(suite_obj, split, task_ids, limit)
+    backend_obj = open_backend(backend, model) if isinstance(backend, str) else backend
+    if agent == "llm" and not backend_obj.generates:
+        raise ValueError("the llm agent needs a model: use --backend embedded or an endpoint URL "
+                         "(replay has no model)")
+    if on_start is not None:
+        on_start(len(tasks))
+    started = time.perf_counter()
+    results: list[TaskResult] = []
+    try:
+        for task in tasks:
+            task_agent = LLMAgent() if agent == "llm" else suite_obj.scripted_agent(task)
+            result, trajectory = run_task(task, suite_obj, policy_obj, task_agent, backend_obj,
+                                          prices=table, limits=limits, seed=seed)
+            results.append(result)
+            if out_dir is not None:
+                _save(out_dir, result, trajectory)
+            if progress is not None:
+                progress(result)
+    finally:
+        if isinstance(backend, str):
+            backend_obj.close()
+    summary = summarize_results(results, suite=suite_obj.name, split=split, policy=policy_obj.name,
+                                agent=agent, backend=backend_obj.name, prices=table.name,
+                                wall_s=time.perf_counter() - started, out_dir=out_dir)
+    return RunReport(results, summary)
+
+
+def _save(out_dir: Path, result: TaskResult, trajectory: Trajectory) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "results.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(result.to_dict()) + "\n")
+    trajectory.write(out_dir / "trajectories" / f"{_file_safe(result.task_id)}.jsonl")
+
+
+def _file_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def summarize_results(results: Sequence[TaskResult], *, wall_s: float, out_dir: Path | None = None,
+                      **run: Any) -> dict[str, Any]:
+    """Run-level figures: mean score and cost, total tokens, statuses, and every error's reason."""
+    n = len(results)
+    tokens = sum((r.tokens for r in results), TokenTotals())
+    statuses = {s: sum(r.status == s for r in results) for s in STATUSES}
+    return {
+        **run,
+        "n_tasks": n,
+        "statuses": statuses,
+        "mean_score": round(sum(r.score for r in results) / n, 6) if n else 0.0,
+        "mean_cost_usd": round(sum(r.cost_usd for r in results) / n, 9) if n else 0.0,
+        "total_cost_usd": round(sum(r.cost_usd for r in results), 9),
+        "n_requests": sum(r.n_requests for r in results),
+        "tokens": tokens.to_dict(),
+        "errors": {r.task_id: r.reason for r in results if r.status == "error"},
+        "wall_s": round(wall_s, 3),
+        "out_dir": str(out_dir) if out_dir is not None else None,
+    }

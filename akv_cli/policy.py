@@ -1,8 +1,158 @@
-"""`akv` commands of this group (filled in by the owning layer)."""
+"""`akv policy`: list, show, check and try out cache policies."""
 from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any
 
 import typer
 
+policy_app = typer.Typer(help="Cache policies: the built-in library, checking and trying them.",
+                         no_args_is_help=True)
+
+
+class TokenizerChoice(str, Enum):
+    approx = "approx"
+    smollm2 = "smollm2"
+
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the root app."""
+    """Add the `policy` group to the root app."""
+    app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("list")
+def list_policies() -> None:
+    """Print the built-in policies with their one-line description."""
+    from policy_dsl import builtin_names, builtin_source
+
+    for name in builtin_names():
+        typer.echo(f"{name:<22} {_description(builtin_source(name))}")
+
+
+@policy_app.command("show")
+def show(name: str = typer.Argument(..., help="A built-in policy name (see `akv policy list`).")) -> None:
+    """Print a built-in policy's source, comments included."""
+    from policy_dsl import PolicyError, builtin_source
+
+    try:
+        typer.echo(builtin_source(name), nl=False)
+    except PolicyError as error:
+        _fail(error, None)
+
+
+@policy_app.command("check")
+def check(file: str = typer.Argument(..., help="A .akvp file or a built-in name.")) -> None:
+    """Parse and validate a policy; print its canonical form, or a located error (exit 1)."""
+    from policy_dsl import PolicyError, format_policy, parse
+    from policy_dsl.library import read_source
+
+    text = None
+    try:
+        filename, text = read_source(file)
+        typer.echo(format_policy(parse(text, filename=filename)), nl=False)
+    except PolicyError as error:
+        _fail(error, text if text is not None else _raw_text(file))
+
+
+@policy_app.command("decide")
+def decide(
+    policy: str = typer.Argument(..., help="A .akvp file or a built-in name."),
+    history: Path = typer.Option(..., "--history", help='JSON: {"messages": [...]} or a bare list of messages.'),
+    tokenizer: TokenizerChoice = typer.Option(TokenizerChoice.approx, help="Token counter: approximate, or the "
+                                              "embedded model's chat template (smollm2)."),
+) -> None:
+    """Print the API fields a policy sends for a history (and, in text mode, its edits)."""
+    from policy_dsl import HistoryError, PolicyError, compile_policy, parse
+    from policy_dsl.library import read_source
+
+    text = None
+    try:
+        filename, text = read_source(policy)
+        compiled = compile_policy(parse(text, filename=filename), name=Path(filename).stem)
+    except PolicyError as error:
+        _fail(error, text if text is not None else _raw_text(policy))
+    messages = _read_history(history)
+    try:
+        decision = compiled.decide(messages, _counter(tokenizer))
+    except HistoryError as error:
+        typer.echo(f"{history}: {error}", err=True)
+        raise typer.Exit(1) from None
+    out: dict[str, Any] = decision.api_fields()
+    if compiled.mode == "text":
+        out = {"text_edits": [_edit_json(e) for e in decision.text_edits]}
+    typer.echo(json.dumps(out, indent=2))
+
+
+def _description(source: str) -> str:
+    for line in source.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _raw_text(file: str) -> str | None:
+    """The file's text for showing an error line, readable or not; None when there is none to show."""
+    path = Path(file)
+    try:
+        if path.is_file() and path.stat().st_size <= 64 * 1024:
+            return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return None
+
+
+def _fail(error: Exception, text: str | None) -> None:
+    """Print `FILE:LINE:COL: message`, the source line and a caret under the column; exit 1."""
+    typer.echo(str(error), err=True)
+    line, column = getattr(error, "line", 0), getattr(error, "column", 0)
+    lines = text.splitlines() if text else []
+    if 1 <= line <= len(lines):
+        shown = lines[line - 1].replace("\t", " ")
+        shown = "".join(c if c.isprintable() else "?" for c in shown)
+        typer.echo(shown, err=True)
+        typer.echo(" " * (column - 1) + "^", err=True)
+    raise typer.Exit(1)
+
+
+def _read_history(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        typer.echo(f"{path}: cannot read: {error.strerror}", err=True)
+        raise typer.Exit(1) from None
+    except (ValueError, RecursionError) as error:
+        typer.echo(f"{path}: not JSON: {error}", err=True)
+        raise typer.Exit(1) from None
+    messages = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(messages, list):
+        typer.echo(f'{path}: expected {{"messages": [...]}} or a list of messages', err=True)
+        raise typer.Exit(1)
+    return messages
+
+
+def _counter(choice: TokenizerChoice) -> Any:
+    from policy_dsl import ApproxTokenCounter
+
+    if choice is TokenizerChoice.approx:
+        return ApproxTokenCounter()
+    try:
+        from akv_core.chat import ChatTokenizer
+    except ImportError:
+        typer.echo("--tokenizer smollm2 needs akv_core's chat tokenizer, which is not installed", err=True)
+        raise typer.Exit(1) from None
+    try:
+        return ChatTokenizer.from_model("smollm2")
+    except (OSError, ValueError) as error:
+        typer.echo(f"--tokenizer smollm2: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _edit_json(edit: Any) -> dict[str, Any]:
+    out = {"kind": edit.kind, "start": edit.start, "end": edit.end}
+    if edit.budget_tokens is not None:
+        out["budget_tokens"] = edit.budget_tokens
+    if edit.placeholder is not None:
+        out["placeholder"] = edit.placeholder
+    return out

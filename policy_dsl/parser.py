@@ -25,17 +25,17 @@ _UNIT_WORDS = {
     "turn": "turns", "turns": "turns",
     "tool_response": "tool_responses", "tool_responses": "tool_responses",
 }
-_REPOSITION_UNIT_WORDS = {"drop": "drops", "drops": "drops", "tool_call": "tool_calls", "tool_calls": "tool_calls"}
+_REPOSITION_UNIT_WORDS = {"drops": "drops", "tool_call": "tool_calls", "tool_calls": "tool_calls"}
 _TERMINAL_WORDS = {
     "NAME": "a name", "INT": "a number", "STRING": "a quoted string",
-    "CMP": "a comparison (>, >=, <, <=)", "$END": "end of file",
+"$END": "end of file",
 }
 
 
 @lru_cache(maxsize=1)
 def _lark() -> lark.Lark:
     grammar = resources.files("policy_dsl").joinpath("grammar.lark").read_text(encoding="utf-8")
-    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return lark.Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
 
 
 def parse(text: str, filename: str = "<policy>") -> n.Policy:
@@ -250,9 +250,9 @@ class _Builder:
         if kind == "tool":
             return n.ToolName(self.string(kids[0]), loc=loc)
         if kind == "age":
-            return n.Age(str(kids[0]), self.number(kids[1]), self.unit(kids[2], _UNIT_WORDS), loc=loc)
+            return n.Age(str(kids[0].children[0]), self.number(kids[1]), self.unit(kids[2], _UNIT_WORDS), loc=loc)
         if kind == "size":
-            return n.Size(str(kids[0]), self.number(kids[1]), loc=loc)
+            return n.Size(str(kids[0].children[0]), self.number(kids[1]), loc=loc)
         if kind == "contains":
             return n.Contains(self.string(kids[0]), loc=loc)
         if kind == "requested":

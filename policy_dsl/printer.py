@@ -81,7 +81,7 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
     if isinstance(selector, n.Role):
         return f"role {selector.role}"
     if isinstance(selector, n.ToolName):
-        return f"tool {json.dumps(selector.name)}"
+        return f"tool_name {json.dumps(selector.name)}"
     if isinstance(selector, n.Age):
         return f"age {selector.op} {format_num(selector.n)} {selector.unit}"
     if isinstance(selector, n.Size):

@@ -1,0 +1,167 @@
+"""The decoder-only transformer (Llama, Qwen2, Qwen3 dense) over a slot-addressed KV pool.
+
+One forward pass serves prefill, decode and restore alike: every new token is
+embedded, its K/V is written into the pool slot the engine chose, and each
+sequence attends to exactly the slots it lists (drops are slots left out; a
+restore's segment visibility is an explicit mask). Weights are plain tensors,
+q/k/v and gate/up fused, so a decode step is a few large matmuls per layer and
+no module machinery. Logits are computed only for the rows asked for.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.model.config import ModelConfig
+from akv_core.model.kv_buffers import KVBuffers
+from akv_core.model.rope import Rope
+
+# Queries per attention call in a long prefill: each chunk sees only the keys up to its own
+# end, so the causal upper triangle is mostly skipped instead of computed and masked.
+PREFILL_CHUNK = 512
+
+AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block; q/k/v rows are in Hugging Face order (rotate-half RoPE)."""
+
+    attn_norm: Tensor
+    qkv: Tensor                 # [(H + 2*Hkv) * D, hidden]
+    qkv_bias: Tensor | None     # Qwen2
+    q_norm: Tensor | None       # Qwen3, [D]
+    k_norm: Tensor | None
+    o: Tensor                   # [hidden, H * D]
+    mlp_norm: Tensor
+    gate_up: Tensor             # [2 * intermediate, hidden]
+    down: Tensor                # [hidden, intermediate]
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm in fp32, as the reference implementations do."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def visibility_mask(seq: SeqAttention, rows: slice | None = None) -> Tensor | None:
+    """The [q, K] bool mask of `seq` (None when every query sees every listed slot)."""
+    if seq.mask is not None:
+        return seq.mask if rows is None else seq.mask[rows]
+    start, stop = (0, seq.q_len) if rows is None else (rows.start, rows.stop)
+    if stop - start == 1 and stop == seq.q_len:
+        return None  # the last new token sees everything listed
+    num_keys = seq.kv_slots.numel() - seq.q_len + stop
+    query = torch.arange(start, stop, device=seq.kv_slots.device)[:, None]
+    key = torch.arange(num_keys, device=seq.kv_slots.device)[None, :]
+    return key <= query + (seq.kv_slots.numel() - seq.q_len)
+
+
+class CausalLM:
+    """A loaded model: `forward(batch, kv)` returns fp32 logits for `batch.logits_rows`."""
+
+    def __init__(self, config: ModelConfig, embed: Tensor, layers: list[LayerWeights], final_norm: Tensor,
+                 lm_head: Tensor, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.embed = embed
+        self.layers = layers
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.rope = Rope(config, device=device)
+        self.attention_probe: AttentionProbe | None = None
+        self._scale = config.head_dim ** -0.5
+
+    def new_kv_buffers(self, num_slots: int) -> KVBuffers:
+        c = self.config
+        return KVBuffers(c.num_layers, num_slots, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
+        """Write the new tokens' K/V into `kv` and return logits [R, vocab] (fp32)."""
+        self._check(batch, kv)
+        x = self.embed[batch.input_ids].to(self.dtype)
+        cos, sin = self.rope.cos_sin(batch.positions)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        chunks = [self._chunks(seq) for seq in batch.seqs]  # masks are the same in every layer
+        for index, layer in enumerate(self.layers):
+            x = self._block(index, layer, x, cos, sin, batch, kv, chunks)
+        x = rms_norm(x[batch.logits_rows], self.final_norm, self.config.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    __call__ = forward
+
+    def _check(self, batch: ForwardBatch, kv: KVBuffers) -> None:
+        total = batch.input_ids.numel()
+        if batch.positions.numel() != total or batch.out_slots.numel() != total:
+            raise ValueError(f"ForwardBatch: input_ids, positions and out_slots must all have {total} entries")
+        if sum(seq.q_len for seq in batch.seqs) != total:
+            raise ValueError("ForwardBatch: the sequences' q_len must add up to the number of input tokens")
+        if kv.num_layers != self.config.num_layers or kv.head_dim != self.config.head_dim:
+            raise ValueError("KVBuffers were made for a different model; use model.new_kv_buffers()")
+
+    def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | None]]:
+        """(query rows, visible slots, mask) per attention call of one sequence."""
+        if seq.mask is not None or seq.q_len <= PREFILL_CHUNK:
+            return [(slice(0, seq.q_len), seq.kv_slots, visibility_mask(seq))]
+        prefix = seq.kv_slots.numel() - seq.q_len
+        out = []
+        for start in range(0, seq.q_len, PREFILL_CHUNK):
+            rows = slice(start, min(start + PREFILL_CHUNK, seq.q_len))
+            out.append((rows, seq.kv_slots[:prefix + rows.stop], visibility_mask(seq, rows)))
+        return out
+
+    def _block(self, index: int, w: LayerWeights, x: Tensor, cos: Tensor, sin: Tensor, batch: ForwardBatch,
+               kv: KVBuffers, chunks: list) -> Tensor:
+        c = self.config
+        h = rms_norm(x, w.attn_norm, c.rms_norm_eps)
+        qkv = F.linear(h, w.qkv, w.qkv_bias)
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[:, :q_size].view(-1, c.num_heads, c.head_dim)
+        k = qkv[:, q_size:q_size + kv_size].view(-1, c.num_kv_heads, c.head_dim)
+        v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, c.rms_norm_eps), rms_norm(k, w.k_norm, c.rms_norm_eps)
+        q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+        kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
+        kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
+        out = torch.empty_like(q)
+        for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
+            for rows, slots, mask in seq_chunks:
+                lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
+                out[lo:hi] = self._attend(index, seq_index, q[lo:hi], kv, slots, mask)
+        x = x + F.linear(out.view(-1, q_size), w.o)
+        h = rms_norm(x, w.mlp_norm, c.rms_norm_eps)
+        gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w.down)
+
+    def _attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
+                mask: Tensor | None) -> Tensor:
+        """q [n, H, D] against the K/V of `slots`; only the visible slots are ever read."""
+        keys = kv.k[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)   # [Hkv, K, D]
+        values = kv.v[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)
+        queries = q.transpose(0, 1)                                             # [H, n, D]
+        if self.attention_probe is not None:
+            return self._attend_probed(layer, seq_index, queries, keys, values, slots, mask)
+        out = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=mask,
+                                             scale=self._scale, enable_gqa=True)
+        return out[0].transpose(0, 1)
+
+    def _attend_probed(self, layer: int, seq_index: int, queries: Tensor, keys: Tensor, values: Tensor,
+                       slots: Tensor, mask: Tensor | None) -> Tensor:
+        """Explicit softmax, so the probe sees the very weights that multiply the values."""
+        group = self.config.num_heads // self.config.num_kv_heads
+        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+        scores = (queries.float() @ keys.float().transpose(1, 2)) * self._scale       # [H, n, K]
+        if mask is not None:
+            scores = scores.masked_fill(~mask[None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        self.attention_probe(layer, seq_index, slots, probs.transpose(0, 1))
+        return (probs @ values.float()).to(queries.dtype).transpose(0, 1)

@@ -89,3 +89,48 @@ def test_extractive_summary_keeps_facts_within_the_budget_deterministically() ->
     assert "pleasant" not in summary  # vague sentences go first when the budget is tight
     assert extractive_summary(messages, 40, count) == summary
     assert count(extractive_summary(messages, 12, count)) <= 12
+
+
+def _tool_history(n_calls: int) -> list[dict]:
+    history = TASK.initial_messages()
+    for i in range(n_calls):
+        history.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "get_document",
+                                                             "arguments": json.dumps({"docid": f"d{i}"})}}]})
+        history.append({"role": "tool", "tool_call_id": f"c{i}", "name": "get_document",
+                        "content": f"Document d{i}: the code of door {i} is {1000 + i}. It rained that day."})
+    return history
+
+
+def test_text_editor_summarizes_on_replay_bills_the_call_and_keeps_calls_paired() -> None:
+    from policy_dsl import SUMMARY_PREFIX, TextEdit
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.summarize import TextEditor
+
+    billed = []
+    editor = TextEditor(TASK.prompt, ReplayBackend(), shared_tokenizer(),
+                        lambda step, request, reply, usage: billed.append((step, request, reply, usage)))
+    history = _tool_history(4)  # 10 messages
+    # 2..6 cuts the third call (6) from its result (7): the result must become plain text
+    edited = editor.apply(history, [TextEdit("summarize", 2, 6, budget_tokens=60)], step=5)
+    assert edited[:2] == history[:2]
+    assert edited[2]["role"] == "user" and edited[2]["content"].startswith(SUMMARY_PREFIX)
+    assert "1000" in edited[2]["content"]
+    assert shared_tokenizer().count(edited[2]) <= 60 + 10  # budget plus the template's glue
+    assert edited[3]["role"] == "user" and "[result of get_document]" in edited[3]["content"]
+    assert edited[4:] == history[8:] and edited[4] is history[8]
+    ((step, request, reply, usage),) = billed
+    assert step == 5 and usage.prefilled_tokens == usage.prompt_tokens > 0
+    assert usage.completion_tokens == len(shared_tokenizer().encode(reply["content"]))
+
+
+def test_text_editor_omits_with_the_policy_placeholder() -> None:
+    from policy_dsl import TextEdit
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.summarize import TextEditor
+
+    editor = TextEditor(TASK.prompt, ReplayBackend(), shared_tokenizer(), lambda *a: None)
+    history = _tool_history(2)
+    edited = editor.apply(history, [TextEdit("omit", 3, 3, placeholder="[omitted 20 tokens]")], step=2)
+    assert edited[3] == {**history[3], "content": "[omitted 20 tokens]"}
+    assert [m["role"] for m in edited] == [m["role"] for m in history]

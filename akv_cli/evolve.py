@@ -1,14 +1,42 @@
-"""`akv evolve` and the store-backed commands."""
+"""`akv evolve`: run (or resume) a policy evolution, then validate, export and compare."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
 
 
 def register(app: typer.Typer) -> None:
     """Add the evolution command to the root app."""
 
     @app.command()
-    def evolve() -> None:
-        """Run a policy evolution (not available yet)."""
-        typer.echo("akv evolve is not available yet: the evolution loop has not landed.", err=True)
-        raise typer.Exit(code=2)
+    def evolve(
+        config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md)."),
+        proposer: Optional[str] = typer.Option(None, "--proposer", help="llm, optuna or mutate (default: "
+                                               "mutate and optuna in turn)."),
+        suite: Optional[str] = typer.Option(None, "--suite", help="Task suite (default localcomp)."),
+        agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL."),
+        max_candidates: Optional[int] = typer.Option(None, "--max-candidates", help="Candidates to propose."),
+        db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
+        run_name: Optional[str] = typer.Option(None, "--run-name", help="Name of the run (default: next evolve-NNN)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue RUN-NAME (default: the latest unfinished run)."),
+        proposer_endpoint: Optional[str] = typer.Option(None, "--proposer-endpoint",
+                                                        help="OpenAI-compatible base URL for --proposer llm."),
+        proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics."),
+    ) -> None:
+        """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
+        from evolve.session import EvolveError, run_session
+
+        overrides = {"proposers": [proposer] if proposer else None, "suite": suite, "agent": agent,
+                     "backend": backend, "max_candidates": max_candidates, "db": db, "run_name": run_name,
+                     "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed}
+        try:
+            run_session(config, overrides, resume)
+        except EvolveError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(code=err.exit_code) from None

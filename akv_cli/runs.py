@@ -1,8 +1,105 @@
-"""`akv` commands of this group (filled in by the owning layer)."""
+"""Store-backed commands: `akv runs list|show`, `akv lineage`, `akv export`, `akv compare`."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable, Optional
+
 import typer
+
+DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
+
+
+def _with_store(db: Optional[str], body: Callable) -> None:
+    """Open the store, run `body(store)`, turn user errors into one line and exit code 2."""
+    from store import Store, StoreError
+
+    try:
+        store = Store.open(db)
+    except StoreError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
+        body(store)
+    except StoreError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    finally:
+        store.close()
 
 
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
+    runs_app = typer.Typer(help="Evolution runs stored in the database.", no_args_is_help=True)
+    app.add_typer(runs_app, name="runs")
+
+    @runs_app.command("list")
+    def runs_list(db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+        """One line per run: name, status, policies, evaluations, creation time."""
+        from rich.console import Console
+        from rich.table import Table
+
+        def body(store) -> None:
+            table = Table("id", "name", "status", "policies", "evaluations", "created", "detail")
+            for r in store.runs():
+                table.add_row(str(r.id), r.name, r.status, str(r.n_policies), str(r.n_evaluations),
+                              r.created_at.strftime("%Y-%m-%d %H:%M:%S"), (r.status_detail or "")[:60])
+            Console().print(table)
+        _with_store(db, body)
+
+    @runs_app.command("show")
+    def runs_show(run: str = typer.Argument(..., help="Run name or id."),
+                  db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+        """A run's settings, candidates by fate, train front and held-out verdicts."""
+        from rich.console import Console
+
+        from evolve.views import show_run
+
+        _with_store(db, lambda store: show_run(store, run, Console()))
+
+    @app.command()
+    def lineage(run: str = typer.Argument(..., help="Run name or id."),
+                db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+        """The run's lineage tree: every candidate under its parent, with its fate."""
+        from rich.console import Console
+
+        from evolve.views import lineage_tree
+
+        _with_store(db, lambda store: Console().print(lineage_tree(store, run)))
+
+    @app.command()
+    def export(run: str = typer.Argument(..., help="Run name or id."),
+               out: Optional[Path] = typer.Option(None, "--out", help="Policy file to write (default: the data "
+                                                  "folder's exports/RUN.akvp); provenance goes next to it (.json)."),
+               policy: Optional[int] = typer.Option(None, "--policy", help="Export this policy id instead of "
+                                                    "the champion."),
+               db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+        """Write the champion's policy and its JSON provenance record."""
+        from evolve.export import export_run
+
+        def body(store) -> None:
+            done = export_run(store, run, out, policy)
+            typer.echo(f"{done.policy_path}\n{done.provenance_path}")
+        _with_store(db, body)
+
+    @app.command()
+    def compare(run: str = typer.Argument(..., help="Run name or id."),
+                out: Path = typer.Option(Path("report.html"), "--out", help="Where to write the HTML report."),
+                db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+        """Print the held-out table against the baselines and write a self-contained report.html."""
+        from rich.console import Console
+
+        from evolve.report import render_html, summary_line
+        from evolve.session import print_comparison
+        from store import StoreError
+
+        def body(store) -> None:
+            info = store.run(run)
+            validations = store.validations(info.id)
+            if not validations:
+                raise StoreError(f"RUN: run {info.name!r} has no held-out validation yet (status {info.status})")
+            console = Console()
+            print_comparison(console, validations)
+            console.print(summary_line(validations))
+            out.write_text(render_html(store, info), encoding="utf-8")
+            console.print(f"report: {out}")
+        _with_store(db, body)

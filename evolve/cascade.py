@@ -1,0 +1,96 @@
+"""Cascade evaluation: a cheap train subset first, the full train split only for promising candidates.
+
+Stage 1 runs the first `subset_size` train tasks. A candidate is pruned there when some policy
+on the current front did better on the very same tasks: a higher mean score (by more than the
+margin) at no higher mean cost. Survivors run the rest of the train split. Results already
+stored are never run again, which is what makes a killed run resumable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from evolve.config import CascadeConfig
+from evolve.context import TRAIN
+from evolve.pareto import Point, pareto_front
+from evolve.proposers.base import Outcome
+from evolve.scoring import Evaluator
+from store import Store, TaskResult
+
+
+@dataclass(frozen=True)
+class Summary:
+    score: float
+    cost: float
+    n: int
+
+
+def summarize(results: Sequence[TaskResult]) -> Summary:
+    if not results:
+        return Summary(0.0, 0.0, 0)
+    return Summary(sum(r.score for r in results) / len(results), sum(r.cost_usd for r in results) / len(results),
+                   len(results))
+
+
+class Cascade:
+    def __init__(self, store: Store, run_id: int, evaluator: Evaluator, train_ids: Sequence[str],
+                 config: CascadeConfig) -> None:
+        self.store, self.run_id, self.evaluator = store, run_id, evaluator
+        self.train_ids = list(train_ids)
+        self.subset_ids = self.train_ids[: config.subset_size]
+        self.margin = config.promote_margin
+
+    def stored(self, policy_id: int, split: str = TRAIN) -> dict[str, TaskResult]:
+        return {e.result.task_id: e.result for e in self.store.evaluations(self.run_id, split, [policy_id])}
+
+    def run_missing(self, policy_id: int, text: str, label: str, task_ids: Sequence[str],
+                    split: str = TRAIN) -> dict[str, TaskResult]:
+        """Run the tasks not yet stored for this policy, committing each result as it comes."""
+        done = self.stored(policy_id, split)
+        missing = [t for t in task_ids if t not in done]
+        self.evaluator.evaluate(text, label, split, missing,
+                                lambda r: self.store.add_evaluation(self.run_id, policy_id, r))
+        return self.stored(policy_id, split)
+
+    def evaluate(self, policy_id: int, text: str, label: str, gate: bool = True) -> Outcome:
+        subset = self.run_missing(policy_id, text, label, self.subset_ids)
+        if gate:
+            blocker = self._blocker(policy_id, [subset[t] for t in self.subset_ids])
+            if blocker is not None:
+                self.store.set_policy_status(policy_id, "pruned", blocker)
+                s = summarize([subset[t] for t in self.subset_ids])
+                return Outcome("pruned", s.score, s.cost, blocker)
+        full = self.run_missing(policy_id, text, label, self.train_ids)
+        s = summarize([full[t] for t in self.train_ids])
+        self.store.set_policy_status(policy_id, "evaluated")
+        return Outcome("evaluated", s.score, s.cost)
+
+    def _blocker(self, policy_id: int, mine: Sequence[TaskResult]) -> str | None:
+        """Why the candidate stops after the subset, or None if it goes on to the full split."""
+        own = summarize(mine)
+        for point in self.front(exclude=policy_id):
+            theirs = self.stored(point.policy_id)
+            if any(t not in theirs for t in self.subset_ids):
+                continue
+            other = summarize([theirs[t] for t in self.subset_ids])
+            if other.score > own.score + self.margin and other.cost <= own.cost:
+                return (f"pruned on the {len(self.subset_ids)}-task train subset: front policy #{point.policy_id} "
+                        f"scores {other.score:.3f} vs {own.score:.3f} at cost ${other.cost:.5f} vs ${own.cost:.5f}")
+        return None
+
+    def train_points(self, exclude: int | None = None) -> list[Point]:
+        """(score, cost) of every policy evaluated on the whole train split."""
+        by_policy: dict[int, dict[str, TaskResult]] = {}
+        for e in self.store.evaluations(self.run_id, TRAIN):
+            by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
+        points = []
+        for pid, results in by_policy.items():
+            if pid == exclude or any(t not in results for t in self.train_ids):
+                continue
+            s = summarize([results[t] for t in self.train_ids])
+            points.append(Point(pid, s.score, s.cost))
+        return points
+
+    def front(self, exclude: int | None = None) -> list[Point]:
+        """The train Pareto front."""
+        return pareto_front(self.train_points(exclude))

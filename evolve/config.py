@@ -1,0 +1,160 @@
+"""Configuration of an evolution run: pydantic models, loadable from YAML.
+
+Unknown fields and wrong types are rejected; `load_config` reports them as
+`FILE:LINE: field.path: message`, one line each.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LLMProposerConfig(Strict):
+    endpoint: Optional[str] = Field(
+        None, description="Base URL of an OpenAI-compatible API (…/v1). Default: $AKV_PROPOSER_ENDPOINT, "
+        "then $OPENAI_BASE_URL.")
+    model: str = Field("MiniMax-M2.7", description="Model name sent with each request.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key "
+                             "(a local server needs none).")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="Sampling temperature of proposals.")
+    max_tokens: int = Field(1024, ge=16, description="Completion tokens allowed per proposal request.")
+    timeout_s: float = Field(120.0, gt=0, description="Timeout of one request, seconds.")
+    retries: int = Field(3, ge=0, description="Retries of a failing request before the run stops (resumable).")
+    backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles on each retry.")
+    max_total_tokens: int = Field(2_000_000, ge=0, description="Token budget (prompt + completion) for the "
+                                  "whole run; proposing stops when it is spent.")
+    max_usd: float = Field(5.0, ge=0, description="USD budget of proposal requests for the whole run.")
+    price_input_per_m: float = Field(0.30, ge=0, description="USD per million prompt tokens (MiniMax-M2 list "
+                                     "price, see docs/evolve.md).")
+    price_output_per_m: float = Field(1.20, ge=0, description="USD per million completion tokens.")
+    inspirations: int = Field(2, ge=0, description="Pareto-front policies shown besides the parent.")
+    repair: bool = Field(True, description="Send a parse or validation error back once for repair.")
+
+
+class OptunaProposerConfig(Strict):
+    sampler: Literal["tpe", "nsga2"] = Field("tpe", description="TPE, or NSGA-II for the two objectives.")
+
+
+class MutateProposerConfig(Strict):
+    crossover_rate: float = Field(0.25, ge=0.0, le=1.0, description="Share of proposals that cross two "
+                                  "front parents instead of editing one.")
+    max_edits: int = Field(2, ge=1, le=8, description="Most grammar-aware edits applied to one child.")
+    attempts: int = Field(20, ge=1, description="Edits tried before giving up on producing a new valid policy.")
+
+
+class CascadeConfig(Strict):
+    subset_size: int = Field(6, ge=1, description="Train tasks of the first, cheap stage.")
+    train_limit: Optional[int] = Field(None, ge=1, description="Use only the first N train tasks "
+                                       "(default: the whole train split).")
+    promote_margin: float = Field(0.0, ge=0.0, description="A candidate is pruned after the subset stage "
+                                  "when a front policy beats it by more than this score at no higher cost.")
+
+
+class ValidationConfig(Strict):
+    top_k: int = Field(3, ge=1, description="Front policies validated on the held-out split.")
+    heldout_limit: Optional[int] = Field(None, ge=2, description="Use only the first N held-out tasks "
+                                         "(default: the whole held-out split).")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the paired tests.")
+    resamples: int = Field(2000, ge=100, description="Bootstrap resamples per confidence interval.")
+    permutations: int = Field(10000, ge=100, description="Sign flips drawn when the sample is too large "
+                              "to enumerate.")
+
+
+class BaselineConfig(Strict):
+    standard: str = Field("standard-8k", description="Built-in policy playing Standard (the reference of "
+                          "every comparison).")
+    text_engineering: str = Field("text-engineering-8k", description="Built-in policy playing Text Engineering.")
+    expert: str = Field("expert-8k", description="Built-in expert policy.")
+
+
+class EvolveConfig(Strict):
+    run_name: Optional[str] = Field(None, description="Name of the run; default: the next free evolve-NNN.")
+    seed: int = Field(0, description="Seed of proposers, task order and statistics.")
+    suite: str = Field("localcomp", description="Task suite.")
+    agent: str = Field("scripted", description="Agent that runs each task (scripted or llm).")
+    backend: str = Field("replay", description="Backend: replay, embedded or an AKV server URL.")
+    proposers: list[Literal["llm", "optuna", "mutate"]] = Field(
+        default_factory=lambda: ["mutate", "optuna"], min_length=1,
+        description="Proposers asked in turn for new candidates.")
+    seed_policies: list[str] = Field(
+        default_factory=lambda: ["expert-8k"], min_length=1,
+        description="Built-in policies (or .akvp files) that start the population.")
+    max_candidates: int = Field(24, ge=1, description="New candidates proposed (rejected ones included).")
+    db: Optional[str] = Field(None, description="Database URL; default $AKV_DB, then the data folder's SQLite file.")
+    baselines: BaselineConfig = Field(default_factory=BaselineConfig, description="Baseline policies.")
+    cascade: CascadeConfig = Field(default_factory=CascadeConfig, description="Cascade evaluation.")
+    validation: ValidationConfig = Field(default_factory=ValidationConfig, description="Held-out validation.")
+    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig, description="The llm proposer.")
+    optuna: OptunaProposerConfig = Field(default_factory=OptunaProposerConfig, description="The optuna proposer.")
+    mutate: MutateProposerConfig = Field(default_factory=MutateProposerConfig, description="The mutate proposer.")
+
+
+class ConfigError(Exception):
+    """A configuration the user must fix; the message is one located line per problem."""
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> EvolveConfig:
+    """Read YAML (if given), apply command-line overrides (dotted keys), validate."""
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str, ...], int] = {}
+    name = str(path) if path else "<command line>"
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"--config: cannot read {path}: {err.strerror}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+            lines = _key_lines(yaml.compose(text))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{name}:{mark.line + 1}" if mark else name
+            raise ConfigError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{name}:1: expected a mapping of settings at the top level")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    try:
+        return EvolveConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_located(err, name, lines)) from None
+
+
+def _located(err: ValidationError, name: str, lines: dict[tuple[str, ...], int]) -> str:
+    out = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"])
+        line = next((lines[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in lines), None)
+        where = f"{name}:{line}" if line else name
+        field = ".".join(loc) or "(top level)"
+        message = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        out.append(f"{where}: {field}: {message}")
+    return "\n".join(out)
+
+
+def _key_lines(node: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+    """Map each key path of a composed YAML document to its 1-based line."""
+    found: dict[tuple[str, ...], int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = prefix + (str(key.value),)
+            found[path] = key.start_mark.line + 1
+            found.update(_key_lines(value, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found[prefix + (str(i),)] = item.start_mark.line + 1
+            found.update(_key_lines(item, prefix + (str(i),)))
+    return found

@@ -1,0 +1,85 @@
+"""What a proposer may see: train-split results only.
+
+The held-out split decides the champion; if a proposer ever saw it, validation would be
+measuring how well the proposer memorised it. `build_context` is the one door between
+the store and the proposers, and it refuses anything but train evaluations.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from evolve.pareto import Point, pareto_front
+from store.records import EvaluationRecord, PolicyInfo, TaskResult
+
+TRAIN = "train"
+
+
+class HeldOutLeak(Exception):
+    """A non-train evaluation was about to reach a proposer."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An evaluated policy as a proposer sees it: its text and its train results."""
+
+    policy_id: int
+    text: str
+    generation: int
+    score: float  # mean over the full train split
+    cost: float
+    results: tuple[TaskResult, ...]
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    front: tuple[Candidate, ...]  # non-dominated on train, best score first
+    population: tuple[Candidate, ...]  # every fully evaluated policy
+    known_hashes: frozenset[str]
+    rng: random.Random = field(compare=False)
+    index: int = 0  # the number of proposals made before this one
+
+    def pick_parent(self) -> Candidate:
+        return self.rng.choice(self.front)
+
+    def pick_two(self) -> tuple[Candidate, Candidate]:
+        pool = list(self.front) if len(self.front) >= 2 else list(self.population)
+        if len(pool) < 2:
+            return pool[0], pool[0]
+        a, b = self.rng.sample(pool, 2)
+        return a, b
+
+
+def build_context(
+    policies: Sequence[PolicyInfo],
+    evaluations: Sequence[EvaluationRecord],
+    train_task_ids: Sequence[str],
+    rng: random.Random,
+    index: int = 0,
+) -> ProposerContext:
+    """Assemble a proposer's view; raises HeldOutLeak if any evaluation is not from train."""
+    for record in evaluations:
+        if record.result.split != TRAIN:
+            raise HeldOutLeak(
+                f"evaluation of policy #{record.policy_id} on task {record.result.task_id!r} is from split "
+                f"{record.result.split!r}; proposers may only see {TRAIN!r}"
+            )
+    by_policy: dict[int, dict[str, TaskResult]] = {}
+    for record in evaluations:
+        by_policy.setdefault(record.policy_id, {})[record.result.task_id] = record.result
+    wanted = list(train_task_ids)
+    population = []
+    for policy in policies:
+        results = by_policy.get(policy.id, {})
+        if policy.text is None or not wanted or any(t not in results for t in wanted):
+            continue  # only policies evaluated on the whole train split compete
+        rows = tuple(results[t] for t in wanted)
+        population.append(Candidate(policy.id, policy.text, policy.generation,
+                                    sum(r.score for r in rows) / len(rows), sum(r.cost_usd for r in rows) / len(rows),
+                                    rows))
+    points = [Point(c.policy_id, c.score, c.cost) for c in population]
+    front_ids = [p.policy_id for p in pareto_front(points)]
+    by_id: Mapping[int, Candidate] = {c.policy_id: c for c in population}
+    hashes = frozenset(p.hash for p in policies if p.hash)
+    return ProposerContext(tuple(by_id[i] for i in front_ids), tuple(population), hashes, rng, index)

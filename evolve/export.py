@@ -1,0 +1,97 @@
+"""Export: the champion's policy text plus a JSON provenance record."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from evolve.cascade import summarize
+from evolve.context import TRAIN
+from store import Store, StoreError, ValidationRecord
+
+
+@dataclass(frozen=True)
+class Exported:
+    policy_path: Path
+    provenance_path: Path
+    policy_id: int
+    champion: bool
+
+
+def chosen_validation(store: Store, run_id: int, policy_id: int | None, allow_best: bool) -> ValidationRecord | None:
+    """The champion; a named policy's record; or (allow_best) the cheapest non-dominated candidate."""
+    records = store.validations(run_id)
+    if policy_id is not None:
+        return next((v for v in records if v.policy_id == policy_id), None)
+    champion = next((v for v in records if v.champion), None)
+    if champion is not None or not allow_best:
+        return champion
+    candidates = [v for v in records if v.role == "candidate"]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda v: (not v.non_dominated, v.cost_mean, -v.score_mean))
+
+
+def export_run(store: Store, run_ref: str | int, out: Path | None = None, policy_id: int | None = None,
+               allow_best: bool = False) -> Exported:
+    from akv_core.home import data_path
+
+    run = store.run(run_ref)
+    record = chosen_validation(store, run.id, policy_id, allow_best)
+    if record is None and policy_id is None:
+        raise StoreError(f"RUN: run {run.name!r} has no champion (nothing beat the baselines on held-out); "
+                         "pass --policy ID to export a candidate anyway")
+    pid = policy_id if policy_id is not None else record.policy_id
+    policy = store.policy(pid)
+    if policy.run_id != run.id or policy.text is None:
+        raise StoreError(f"--policy: #{pid} is not a valid policy of run {run.name!r}")
+    out = out or data_path("exports", f"{run.name}.akvp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    champion = bool(record and record.champion)
+    header = (f"# exported from run {run.name}, policy #{pid} ({'champion' if champion else 'not a champion'})\n")
+    out.write_text(header + policy.text.rstrip() + "\n", encoding="utf-8")
+    provenance_path = out.with_suffix(".json")
+    provenance_path.write_text(json.dumps(provenance(store, run, pid, record), indent=2, default=str) + "\n",
+                               encoding="utf-8")
+    return Exported(out, provenance_path, pid, champion)
+
+
+def lineage_of(store: Store, run_id: int, policy_id: int) -> list[dict[str, Any]]:
+    """The policy and all its ancestors, nearest first."""
+    by_id = {p.id: p for p in store.policies(run_id)}
+    seen, order, queue = set(), [], [policy_id]
+    while queue:
+        pid = queue.pop(0)
+        if pid in seen or pid not in by_id:
+            continue
+        seen.add(pid)
+        p = by_id[pid]
+        order.append({"id": p.id, "name": p.name, "proposer": p.proposer, "generation": p.generation,
+                      "parents": list(p.parent_ids), "hash": p.hash, "meta": dict(p.meta)})
+        queue.extend(p.parent_ids)
+    return order
+
+
+def provenance(store: Store, run, policy_id: int, record: ValidationRecord | None) -> dict[str, Any]:
+    policy = store.policy(policy_id)
+    train = [e.result for e in store.evaluations(run.id, TRAIN, [policy_id])]
+    s = summarize(train)
+    return {
+        "format": "akv-policy-provenance/1",
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run": {"id": run.id, "name": run.name, "seed": run.seed, "status": run.status, "config": run.config,
+                "code_version": run.code_version, "suite_version": run.suite_version,
+                "created_at": run.created_at},
+        "policy": {"id": policy.id, "hash": policy.hash, "generation": policy.generation,
+                   "proposer": policy.proposer, "parents": list(policy.parent_ids), "text": policy.text},
+        "lineage": lineage_of(store, run.id, policy_id),
+        "champion": bool(record and record.champion),
+        "verdict": record.verdict if record else None,
+        "metrics": {
+            "train": {"tasks": s.n, "score_mean": s.score, "cost_mean_usd": s.cost},
+            "heldout": None if record is None else {"tasks": record.n_tasks, "score_mean": record.score_mean,
+                                                     "cost_mean_usd": record.cost_mean, "stats": record.stats},
+        },
+    }

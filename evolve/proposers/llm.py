@@ -1,0 +1,172 @@
+"""The llm proposer: a chat model rewrites a front parent, given its train results.
+
+The prompt holds the language reference (grammar and built-in examples), the parent with its
+per-task train results and failure reasons, and a few inspirations from the Pareto front.
+The answer's last fenced block is the policy; a parse or validation error goes back once for
+repair. Transient endpoint failures are retried with backoff; token and USD budgets are
+enforced before every request.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Sequence
+
+import openai
+
+from evolve.candidate import check_policy, rejection
+from evolve.config import LLMProposerConfig
+from evolve.context import Candidate, ProposerContext
+from evolve.proposers.base import BudgetExhausted, Proposer, ProposerUnavailable
+from policy_dsl import PolicyError
+from store.records import Proposal
+
+FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+MAX_RESULT_ROWS = 12  # the worst tasks first; keeps the prompt inside a small model's context
+
+SYSTEM = """You design KV-cache policies for LLM agents in the AKV policy language.
+A policy decides which earlier messages' KV entries attention may still see (drop) and when the
+survivors are compacted (reposition). Lower cost comes from dropping stale tool output; score is lost
+when facts the agent still needs are dropped. The system prompt, the first user message and the
+latest message are always protected.
+
+Grammar (lark):
+{grammar}
+Examples:
+{examples}
+Answer with exactly one policy in a fenced block:
+```akvp
+<policy>
+```"""
+
+
+def extract_policy(answer: str) -> str | None:
+    """The last fenced block of a model answer, or None."""
+    blocks = FENCE.findall(answer or "")
+    return blocks[-1].strip() if blocks else None
+
+
+def language_reference(examples: Sequence[str]) -> str:
+    grammar = resources.files("policy_dsl").joinpath("grammar.lark").read_text(encoding="utf-8")
+    shown = "\n".join(f"```akvp\n{t.strip()}\n```" for t in examples)
+    return SYSTEM.format(grammar=grammar.strip(), examples=shown)
+
+
+def describe(candidate: Candidate, rows: int = MAX_RESULT_ROWS) -> str:
+    worst = sorted(candidate.results, key=lambda r: (r.score, -r.cost_usd))[:rows]
+    lines = [f"- {r.task_id}: status={r.status} score={r.score:.2f} cost=${r.cost_usd:.5f}"
+             + (f" reason={r.error[:120]}" if r.error else "") for r in worst]
+    return (f"train mean score {candidate.score:.3f}, mean cost ${candidate.cost:.5f} per task "
+            f"over {len(candidate.results)} tasks; worst tasks:\n" + "\n".join(lines))
+
+
+def build_prompt(parent: Candidate, inspirations: Sequence[Candidate]) -> str:
+    parts = [f"Parent policy:\n```akvp\n{parent.text.strip()}\n```\nIts results: {describe(parent)}"]
+    for other in inspirations:
+        parts.append(f"Another policy on the Pareto front (score {other.score:.3f}, cost ${other.cost:.5f}):\n"
+                     f"```akvp\n{other.text.strip()}\n```")
+    parts.append("Write one new policy that costs less than the parent without losing score "
+                 "(or scores higher at the same cost). Reply with the policy in one fenced block.")
+    return "\n\n".join(parts)
+
+
+@dataclass
+class Spend:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usd: float = 0.0
+    calls: list[tuple[int, int]] = field(default_factory=list)
+
+
+class LLMProposer(Proposer):
+    name = "llm"
+
+    def __init__(self, config: LLMProposerConfig, examples: Sequence[str], spent_tokens: int = 0,
+                 spent_usd: float = 0.0, sleep=time.sleep) -> None:
+        self.config = config
+        endpoint = config.endpoint or os.environ.get("AKV_PROPOSER_ENDPOINT") or os.environ.get("OPENAI_BASE_URL")
+        if not endpoint:
+            raise ProposerUnavailable("llm.endpoint: no endpoint (set --proposer-endpoint, llm.endpoint "
+                                      "or AKV_PROPOSER_ENDPOINT)")
+        self.endpoint = endpoint
+        self.client = openai.OpenAI(base_url=endpoint, api_key=os.environ.get(config.api_key_env) or "none",
+                                    max_retries=0, timeout=config.timeout_s)
+        self.system = language_reference(examples)
+        self.spent_tokens, self.spent_usd = spent_tokens, spent_usd
+        self.sleep = sleep
+
+    def ask(self, context: ProposerContext) -> Proposal:
+        parent = context.pick_parent()
+        others = [c for c in context.front if c.policy_id != parent.policy_id][: self.config.inspirations]
+        prompt = build_prompt(parent, others)
+        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": prompt}]
+        spend = Spend()
+        answer = self._chat(messages, spend)
+        transcript = [answer]
+        reason, checked = self._check(answer)
+        if reason is not None and self.config.repair and "invalid policy" in reason:
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": f"That policy is not valid: {reason}. "
+                          "Reply with the corrected policy in one fenced block."}]
+            answer = self._chat(messages, spend)
+            transcript.append(answer)
+            reason, checked = self._check(answer)
+            if reason is not None:
+                reason = f"after one repair: {reason}"
+        return Proposal(
+            self.name, raw_text=extract_policy(answer), parent_ids=(parent.policy_id,),
+            generation=parent.generation + 1, text=checked.text if checked else None,
+            hash=checked.hash if checked else None, rejection_reason=reason,
+            prompt="\n\n".join(m["content"] for m in messages), response="\n\n---\n\n".join(transcript),
+            prompt_tokens=spend.prompt_tokens, completion_tokens=spend.completion_tokens, cost_usd=spend.usd,
+            meta={"model": self.config.model, "endpoint": self.endpoint, "repaired": len(transcript) > 1},
+        )
+
+    def _check(self, answer: str):
+        text = extract_policy(answer)
+        if text is None:
+            return "no policy: the answer has no fenced block", None
+        try:
+            return None, check_policy(text, filename="proposal.akvp")
+        except PolicyError as err:
+            return rejection(err), None
+
+    def _chat(self, messages: list[dict], spend: Spend) -> str:
+        if self.spent_tokens >= self.config.max_total_tokens:
+            raise BudgetExhausted(f"llm token budget spent ({self.spent_tokens} >= {self.config.max_total_tokens})")
+        if self.spent_usd >= self.config.max_usd:
+            raise BudgetExhausted(f"llm USD budget spent (${self.spent_usd:.4f} >= ${self.config.max_usd})")
+        reply = self._request(messages)
+        usage = reply.usage
+        p_tok = usage.prompt_tokens if usage else sum(len(m["content"]) for m in messages) // 4
+        c_tok = usage.completion_tokens if usage else len(reply.choices[0].message.content or "") // 4
+        usd = (p_tok * self.config.price_input_per_m + c_tok * self.config.price_output_per_m) / 1e6
+        spend.prompt_tokens += p_tok
+        spend.completion_tokens += c_tok
+        spend.usd += usd
+        self.spent_tokens += p_tok + c_tok
+        self.spent_usd += usd
+        return reply.choices[0].message.content or ""
+
+    def _request(self, messages: list[dict]):
+        delay = self.config.backoff_s
+        last = ""
+        for attempt in range(self.config.retries + 1):
+            try:
+                return self.client.chat.completions.create(
+                    model=self.config.model, messages=messages, temperature=self.config.temperature,
+                    max_tokens=self.config.max_tokens)
+            except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+                    openai.InternalServerError) as err:
+                last = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            except openai.APIStatusError as err:  # 4xx other than 429: retrying will not help
+                raise ProposerUnavailable(f"llm endpoint {self.endpoint} refused the request: "
+                                          f"HTTP {err.status_code} {str(err.message)[:200]}") from None
+            if attempt < self.config.retries:
+                self.sleep(delay)
+                delay *= 2
+        raise ProposerUnavailable(f"llm endpoint {self.endpoint} failed after {self.config.retries + 1} "
+                                  f"attempts ({last}); the run can be resumed with --resume")

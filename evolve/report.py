@@ -1,0 +1,213 @@
+"""Compare: the held-out table against the baselines, and a self-contained report.html.
+
+The HTML page has no external resources at all (no scripts, fonts or images from a
+network): the Pareto front and the lineage tree are inline SVG, styles are inline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+from typing import Sequence
+
+from evolve.cascade import summarize
+from evolve.context import TRAIN
+from evolve.pareto import Point, pareto_front
+from evolve.validation import HELDOUT
+from store import PolicyInfo, RunInfo, Store, ValidationRecord
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    role: str
+    score: float
+    score_ci: tuple[float, float]
+    cost: float
+    cost_ci: tuple[float, float]
+    cost_change_pct: float  # vs Standard
+    cost_p: float
+    score_change: float  # points (score is 0..1, shown x100)
+    score_p: float
+    verdict: str
+    champion: bool
+
+
+def comparison_rows(validations: Sequence[ValidationRecord]) -> list[Row]:
+    rows = []
+    for v in validations:
+        cost, score = v.stats.get("cost", {}), v.stats.get("score", {})
+        rows.append(Row(v.label, v.role, v.score_mean, tuple(v.stats.get("score_ci", (v.score_mean,) * 2)),
+                        v.cost_mean, tuple(v.stats.get("cost_ci", (v.cost_mean,) * 2)),
+                        cost.get("percent", 0.0), cost.get("p_value", 1.0), 100.0 * score.get("mean_delta", 0.0),
+                        score.get("p_value", 1.0), v.verdict, v.champion))
+    return rows
+
+
+def _pm(low: float, high: float, scale: float = 1.0, digits: int = 3) -> str:
+    return f"±{(high - low) / 2 * scale:.{digits}f}"
+
+
+def text_table(rows: Sequence[Row]) -> list[list[str]]:
+    """Header plus one line per policy, the same cells the CLI and the HTML show."""
+    table = [["policy", "held-out score", "cost/task (USD)", "cost vs Standard", "score vs Standard", "verdict"]]
+    for r in rows:
+        table.append([
+            ("★ " if r.champion else "") + r.label,
+            f"{100 * r.score:.1f} {_pm(*r.score_ci, scale=100, digits=1)}",
+            f"{r.cost:.5f} {_pm(*r.cost_ci, digits=5)}",
+            f"{r.cost_change_pct:+.1f}% (p={r.cost_p:.2g})",
+            f"{r.score_change:+.1f} pt (p={r.score_p:.2g})",
+            r.verdict,
+        ])
+    return table
+
+
+def summary_line(validations: Sequence[ValidationRecord]) -> str:
+    champion = next((v for v in validations if v.champion), None)
+    if champion is None:
+        return "No champion: nothing beat the baselines on the held-out split under the champion rule."
+    return f"Champion: {champion.label} — {champion.verdict.removeprefix('champion: ')}."
+
+
+# ---- HTML ------------------------------------------------------------------------------------------
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f2f2f2}
+.champ{background:#fff6d5}.rej{color:#a33}svg{border:1px solid #ddd;background:#fff}code{font-size:12px}"""
+
+
+def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: int = 640, h: int = 380) -> str:
+    pts = [(p.cost, p.score) for p in train] + [(v.cost_mean, v.score_mean) for v in heldout]
+    if not pts:
+        return '<svg id="pareto" width="10" height="10"></svg>'
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    x0, x1 = min(xs), max(xs) or 1.0
+    y0, y1 = min(min(ys), 0.0), max(max(ys), 1e-9)
+    x1 = x1 if x1 > x0 else x0 + 1e-9
+    pad = 50
+
+    def sx(x: float) -> float:
+        return pad + (x - x0) / (x1 - x0) * (w - 2 * pad)
+
+    def sy(y: float) -> float:
+        return h - pad - (y - y0) / (y1 - y0 if y1 > y0 else 1) * (h - 2 * pad)
+
+    out = [f'<svg id="pareto" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
+           f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#444"/>',
+           f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
+           f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (USD)</text>',
+           f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
+           'score</text>']
+    front = pareto_front(train)
+    line = " ".join(f"{sx(p.cost):.1f},{sy(p.score):.1f}" for p in sorted(front, key=lambda p: p.cost))
+    if line:
+        out.append(f'<polyline points="{line}" fill="none" stroke="#4a7" stroke-width="1.5"/>')
+    for p in train:
+        out.append(f'<circle class="train" cx="{sx(p.cost):.1f}" cy="{sy(p.score):.1f}" r="3" fill="#9bc">'
+                   f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {p.cost:.5f}</title></circle>')
+    for v in heldout:
+        colour = "#d80" if v.champion else ("#555" if v.role == "baseline" else "#c44")
+        out.append(f'<rect class="heldout" x="{sx(v.cost_mean) - 4:.1f}" y="{sy(v.score_mean) - 4:.1f}" width="8" '
+                   f'height="8" fill="{colour}"><title>{escape(v.label)} held-out</title></rect>'
+                   f'<text x="{sx(v.cost_mean) + 6:.1f}" y="{sy(v.score_mean) - 6:.1f}" font-size="11">'
+                   f'{escape(v.label)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int = 34, h_step: int = 60) -> str:
+    by_gen: dict[int, list[PolicyInfo]] = {}
+    for p in policies:
+        by_gen.setdefault(max(p.generation, 0), []).append(p)
+    pos = {}
+    for gen, items in sorted(by_gen.items()):
+        for i, p in enumerate(items):
+            pos[p.id] = (30 + i * w_step, 30 + gen * h_step)
+    width = max((x for x, _ in pos.values()), default=0) + 60
+    height = max((y for _, y in pos.values()), default=0) + 50
+    colours = {"evaluated": "#4a7", "pruned": "#db3", "rejected": "#c44", "proposed": "#999"}
+    out = [f'<svg id="lineage" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    for p in policies:
+        for parent in p.parent_ids:
+            if parent in pos:
+                (x0, y0), (x1, y1) = pos[parent], pos[p.id]
+                out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" stroke="#bbb"/>')
+    for p in policies:
+        x, y = pos[p.id]
+        ring = ' stroke="#000" stroke-width="2"' if p.id in highlight else ""
+        why = f" — {p.rejection_reason}" if p.rejection_reason else ""
+        out.append(f'<circle cx="{x}" cy="{y}" r="7" fill="{colours.get(p.status, "#999")}"{ring}>'
+                   f'<title>{escape(p.label)} gen {p.generation} {p.proposer} {p.status}{escape(why)}</title>'
+                   f'</circle>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def run_train_ids(store: Store, run_id: int) -> list[str]:
+    """The run's train tasks: those the Standard baseline ran (every baseline runs them all)."""
+    standard = store.baselines(run_id).get("standard")
+    if standard is None:
+        return []
+    return sorted({e.result.task_id for e in store.evaluations(run_id, TRAIN, [standard])})
+
+
+def render_html(store: Store, run: RunInfo) -> str:
+    train_ids = run_train_ids(store, run.id)
+    validations = store.validations(run.id)
+    policies = store.policies(run.id)
+    points = _train_points(store, run.id, train_ids)
+    table = text_table(comparison_rows(validations))
+    head = "".join(f"<th>{escape(c)}</th>" for c in table[0])
+    body = "".join(f'<tr class="{"champ" if r.champion else ""}">' + "".join(f"<td>{escape(c)}</td>" for c in cells)
+                   + "</tr>" for r, cells in zip(comparison_rows(validations), table[1:]))
+    return "".join([
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>AKV run {escape(run.name)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>Evolution run {escape(run.name)}</h1><p>{escape(summary_line(validations))}</p>",
+        f"<p>status {escape(run.status)} · seed {run.seed} · {escape(run.code_version)} · "
+        f"{escape(run.suite_version)} · {len(policies)} policies</p>",
+        f'<h2>Held-out comparison</h2><table id="comparison"><tr>{head}</tr>{body}</table>',
+        "<h2>Pareto front</h2><p>Circles: train means of every fully evaluated policy (line: the train front); "
+        "squares: held-out means of the validated policies.</p>",
+        pareto_svg(points, validations),
+        "<h2>Lineage</h2><p>One row per generation; green evaluated, yellow pruned, red rejected; "
+        "hover for details.</p>",
+        lineage_svg(policies, {v.policy_id for v in validations}),
+        _per_task_table(store, run.id, validations),
+        _rejections(policies),
+        "</body></html>",
+    ])
+
+
+def _train_points(store: Store, run_id: int, train_ids: Sequence[str]) -> list[Point]:
+    by_policy: dict[int, dict] = {}
+    for e in store.evaluations(run_id, TRAIN):
+        by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
+    points = []
+    for pid, results in by_policy.items():
+        if train_ids and all(t in results for t in train_ids):
+            s = summarize([results[t] for t in train_ids])
+            points.append(Point(pid, s.score, s.cost))
+    return points
+
+
+def _per_task_table(store: Store, run_id: int, validations: Sequence[ValidationRecord]) -> str:
+    ids = [v.policy_id for v in validations]
+    cells: dict[str, dict[int, str]] = {}
+    for e in store.evaluations(run_id, HELDOUT, ids):
+        r = e.result
+        cells.setdefault(r.task_id, {})[e.policy_id] = f"{r.score:.2f} / {r.cost_usd:.5f}" + (
+            f" ({r.status})" if r.status != "ok" else "")
+    head = "".join(f"<th>{escape(v.label)}</th>" for v in validations)
+    rows = "".join(f"<tr><td>{escape(t)}</td>" + "".join(f"<td>{escape(c.get(i, '-'))}</td>" for i in ids) + "</tr>"
+                   for t, c in sorted(cells.items()))
+    return (f'<h2>Per-task held-out results (score / cost USD)</h2><table id="per-task"><tr><th>task</th>{head}</tr>'
+            f"{rows}</table>")
+
+
+def _rejections(policies: Sequence[PolicyInfo]) -> str:
+    rows = "".join(f'<tr class="rej"><td>{escape(p.label)}</td><td>{escape(p.proposer)}</td><td>{escape(p.status)}'
+                   f"</td><td>{escape(p.rejection_reason or '')}</td></tr>"
+                   for p in policies if p.status in ("rejected", "pruned"))
+    return ("<h2>Rejected and pruned candidates</h2><table id='rejections'><tr><th>policy</th><th>proposer</th>"
+            f"<th>status</th><th>reason</th></tr>{rows}</table>")

@@ -1,0 +1,159 @@
+"""One `akv evolve` invocation: open the store, create or resume the run, evolve, validate,
+export and print the comparison. User errors become EvolveError (one line, exit code 2);
+a proposer that stops working leaves the run resumable (exit code 3)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from evolve.config import ConfigError, EvolveConfig, load_config
+from evolve.export import export_run
+from evolve.library import UnknownPolicy, library_texts
+from evolve.loop import Evolution, EvolutionResult
+from evolve.pareto import Point
+from evolve.proposers.base import Proposer, ProposerUnavailable
+from evolve.report import comparison_rows, render_html, summary_line, text_table
+from evolve.scoring import HarnessEvaluator, code_version
+from store import RunInfo, Store, StoreError
+
+RESUMABLE = ("running", "stopped")
+
+
+class EvolveError(Exception):
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def next_run_name(taken: set[str]) -> str:
+    n = 1
+    while f"evolve-{n:03d}" in taken:
+        n += 1
+    return f"evolve-{n:03d}"
+
+
+def open_run(store: Store, config: EvolveConfig, resume: bool, suite_version: str) -> tuple[RunInfo, EvolveConfig]:
+    """Create a new run or find the one to resume; a resumed run keeps its stored config."""
+    if resume:
+        if config.run_name:
+            run = store.run(config.run_name)
+        else:
+            open_runs = [r for r in store.runs() if r.status in RESUMABLE]
+            if not open_runs:
+                raise EvolveError("--resume: no unfinished run to resume (see `akv runs list`)")
+            run = open_runs[-1]
+        stored = EvolveConfig.model_validate(run.config)
+        # Only the budget and the proposer endpoint may change on resume: the rest defines the run.
+        config = stored.model_copy(update={"max_candidates": max(config.max_candidates, stored.max_candidates)
+                                           if config.max_candidates != EvolveConfig().max_candidates
+                                           else stored.max_candidates,
+                                           "llm": config.llm if config.llm.endpoint else stored.llm})
+        store.set_run_status(run.id, "running")
+        return store.run(run.id), config
+    name = config.run_name or next_run_name(store.run_names())
+    config = config.model_copy(update={"run_name": name})
+    run = store.create_run(name, config.model_dump(mode="json"), config.seed, code_version(), suite_version)
+    return run, config
+
+
+def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str, Proposer]:
+    from evolve.proposers.mutate import MutateProposer
+    from evolve.proposers.optuna_search import OptunaProposer
+
+    library = library_texts()
+    proposers: dict[str, Proposer] = {}
+    for name in dict.fromkeys(config.proposers):
+        if name == "mutate":
+            proposers[name] = MutateProposer(config.mutate, library)
+        elif name == "optuna":
+            proposers[name] = OptunaProposer(config.optuna, store.url, run.name, config.seed)
+        else:
+            from evolve.proposers.llm import LLMProposer
+
+            spent = [p for p in store.policies(run.id) if p.proposer == "llm"]
+            proposers[name] = LLMProposer(config.llm, library[:3],
+                                          spent_tokens=sum(p.prompt_tokens + p.completion_tokens for p in spent),
+                                          spent_usd=sum(p.proposal_cost_usd for p in spent))
+    return proposers
+
+
+def run_session(config_path: Path | None, overrides: Mapping[str, Any], resume: bool,
+                console: Console | None = None) -> EvolutionResult:
+    console = console or Console()
+    try:
+        config = load_config(config_path, dict(overrides))
+        store = Store.open(config.db)
+    except (ConfigError, StoreError) as err:
+        raise EvolveError(str(err)) from None
+    try:
+        return _run(store, config, resume, console)
+    except (StoreError, UnknownPolicy) as err:
+        raise EvolveError(str(err)) from None
+    finally:
+        store.close()
+
+
+def _run(store: Store, config: EvolveConfig, resume: bool, console: Console) -> EvolutionResult:
+    try:
+        evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
+    except ValueError as err:
+        raise EvolveError(f"--suite/--backend: {err}") from None
+    try:
+        run, config = open_run(store, config, resume, evaluator.suite_version)
+        console.print(f"run [bold]{run.name}[/] in {store.display_url} "
+                      f"({'resumed' if resume else 'new'}; proposers {', '.join(config.proposers)}; "
+                      f"{config.max_candidates} candidates)")
+        try:
+            proposers = make_proposers(config, store, run)
+        except ProposerUnavailable as err:
+            store.set_run_status(run.id, "stopped", str(err))
+            raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
+        evolution = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run))
+        try:
+            result = evolution.run_all()
+        except ProposerUnavailable as err:
+            store.set_run_status(run.id, "stopped", str(err))
+            raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
+    finally:
+        evaluator.close()
+    finish(store, store.run(run.id), result, console)
+    return result
+
+
+def _printer(console: Console, store: Store, run: RunInfo):
+    def show(message: str, front: Sequence[Point]) -> None:
+        best = max(front, key=lambda p: (p.score, -p.cost), default=None)
+        best_text = f"best #{best.policy_id} score {best.score:.3f} cost ${best.cost:.5f}" if best else "no front yet"
+        console.print(f"[dim]{run.name}[/] {message}  [cyan]({best_text}; front {len(front)})[/]")
+    return show
+
+
+def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console) -> None:
+    """Print the comparison, write the report and export the champion (or the best candidate)."""
+    from akv_core.home import data_path
+
+    print_comparison(console, result.validations)
+    console.print(summary_line(result.validations))
+    if result.stop_reason:
+        console.print(f"proposing stopped early: {result.stop_reason}")
+    report = data_path("reports", run.name, "report.html")
+    report.write_text(render_html(store, run), encoding="utf-8")
+    console.print(f"report: {report}")
+    if any(v.role == "candidate" for v in result.validations):
+        exported = export_run(store, run.id, allow_best=True)
+        kind = "champion" if exported.champion else "best candidate (not a champion)"
+        console.print(f"exported {kind} #{exported.policy_id}: {exported.policy_path} "
+                      f"(provenance {exported.provenance_path})")
+
+
+def print_comparison(console: Console, validations) -> None:
+    rows = text_table(comparison_rows(validations))
+    table = Table(title="held-out comparison (± half-width of the 95% bootstrap CI)")
+    for header in rows[0]:
+        table.add_column(header)
+    for cells in rows[1:]:
+        table.add_row(*cells)
+    console.print(table)

@@ -1,0 +1,68 @@
+"""Terminal views of a stored run: `akv runs show` and `akv lineage`."""
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.tree import Tree
+
+from evolve.pareto import pareto_front
+from evolve.report import _train_points, run_train_ids, summary_line
+from store import PolicyInfo, Store
+
+
+def _line(p: PolicyInfo) -> str:
+    colour = {"evaluated": "green", "pruned": "yellow", "rejected": "red"}.get(p.status, "white")
+    why = f" — {p.rejection_reason}" if p.rejection_reason else ""
+    edits = p.meta.get("edits") or p.meta.get("params")
+    detail = f" {edits}" if edits else ""
+    return f"{p.label} gen {p.generation} {p.proposer} [{colour}]{p.status}[/]{detail}{why}"
+
+
+def lineage_tree(store: Store, run_ref: str) -> Tree:
+    run = store.run(run_ref)
+    policies = store.policies(run.id)
+    children: dict[int, list[PolicyInfo]] = {}
+    roots = []
+    for p in policies:
+        if p.parent_ids:
+            children.setdefault(p.parent_ids[0], []).append(p)
+        else:
+            roots.append(p)
+    tree = Tree(f"run {run.name}")
+
+    def add(node: Tree, p: PolicyInfo) -> None:
+        also = f" (also child of {', '.join(f'#{i}' for i in p.parent_ids[1:])})" if len(p.parent_ids) > 1 else ""
+        branch = node.add(_line(p) + also)
+        for child in children.get(p.id, []):
+            add(branch, child)
+    for root in roots:
+        add(tree, root)
+    return tree
+
+
+def show_run(store: Store, run_ref: str, console: Console) -> None:
+    run = store.run(run_ref)
+    cfg = run.config
+    console.print(f"[bold]{run.name}[/] (#{run.id}) status {run.status}"
+                  + (f" — {run.status_detail}" if run.status_detail else ""))
+    console.print(f"suite {cfg.get('suite')} · agent {cfg.get('agent')} · backend {cfg.get('backend')} · "
+                  f"proposers {', '.join(cfg.get('proposers', []))} · seed {run.seed} · "
+                  f"{cfg.get('max_candidates')} candidates")
+    console.print(f"code {run.code_version} · suite {run.suite_version} · created {run.created_at:%Y-%m-%d %H:%M:%S}")
+    policies = store.policies(run.id)
+    counts = Counter(p.status for p in policies)
+    console.print("policies: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    by_id = {p.id: p for p in policies}
+    front = pareto_front(_train_points(store, run.id, run_train_ids(store, run.id)))
+    console.print("train front:")
+    for point in front:
+        console.print(f"  {by_id[point.policy_id].label}: score {point.score:.3f}, cost ${point.cost:.5f}")
+    reasons = Counter((p.rejection_reason or "").split(":")[0] for p in policies if p.status == "rejected")
+    if reasons:
+        console.print("rejections: " + "; ".join(f"{n}× {r}" for r, n in reasons.most_common(5)))
+    validations = store.validations(run.id)
+    if validations:
+        for v in validations:
+            console.print(f"  held-out {v.label}: score {v.score_mean:.3f}, cost ${v.cost_mean:.5f} — {v.verdict}")
+        console.print(summary_line(validations))

@@ -1,0 +1,201 @@
+"""Decisions of the built-in library and of each trigger, selector and reposition rule."""
+from __future__ import annotations
+
+import pytest
+from test_policy_support import CharCounter, agent_history, call, tool_indices
+
+from policy_dsl import (
+    SUMMARY_PREFIX, ApproxTokenCounter, HistoryError, apply_text_edits, builtin_names, load_policy, parse,
+    compile_policy,
+)
+
+
+def decide(source: str, history, counter=None):
+    return compile_policy(parse(source)).decide(history, counter or CharCounter())
+
+
+def rolling_schedule(tools: list[int], keep: int) -> tuple[dict[str, list[int]], list[int]]:
+    """Upstream akvalgo's rolling window: the (keep+k)-th tool response drops the k-th, then repositions."""
+    drops = {str(tools[k + keep]): [tools[k]] for k in range(len(tools) - keep)}
+    return drops, [tools[k + keep] for k in range(len(tools) - keep)]
+
+
+@pytest.mark.parametrize("rounds", [1, 12, 13, 14, 30])
+def test_expert_reproduces_the_keep_12_rolling_schedule(rounds: int) -> None:
+    history = agent_history(rounds)
+    drops, repos = rolling_schedule(tool_indices(history), 12)
+    decision = load_policy("expert").decide(history, ApproxTokenCounter())
+    assert decision.drop_message == drops
+    assert decision.reposition == repos
+    expected = ({"drop_message": drops, "reposition": repos} if drops else {})
+    assert decision.api_fields() == expected
+
+
+def test_expert_counts_each_tool_message_of_a_parallel_batch() -> None:
+    history = agent_history(10, tools_per_round=2)
+    drops, repos = rolling_schedule(tool_indices(history), 12)
+    decision = load_policy("expert").decide(history)
+    assert (decision.drop_message, decision.reposition) == (drops, repos)
+    assert len(drops) == 8
+
+
+@pytest.mark.parametrize("name,keep", [("expert-8k", 4), ("rolling-3", 3)])
+def test_small_context_windows_roll_with_their_keep_count(name: str, keep: int) -> None:
+    history = agent_history(9)
+    drops, repos = rolling_schedule(tool_indices(history), keep)
+    decision = load_policy(name).decide(history)
+    assert (decision.drop_message, decision.reposition) == (drops, repos)
+
+
+def test_full_never_drops() -> None:
+    assert load_policy("full").decide(agent_history(40)).api_fields() == {}
+
+
+def test_every_builtin_decides_on_a_long_history() -> None:
+    history = agent_history(60, response="r" * 8000)
+    for name in builtin_names():
+        decision = load_policy(name).decide(history)
+        assert all(int(k) < len(history) for k in decision.drop_message), name
+
+
+def test_token_based_drops_oldest_tool_responses_down_to_the_target() -> None:
+    source = ("mode kv\non visible_tokens > 1000: drop role tool until visible_tokens <= 500\n"
+              "reposition after each drop\n")
+    history = agent_history(8, response="r" * 200, system=False)  # user 17, tool messages 200 each
+    decision = decide(source, history)
+    tools = tool_indices(history)
+    # After tool 5 visible = 17 + 5*200 = 1017 > 1000: drop tools 1..3 -> 417 <= 500.
+    assert decision.drop_message[str(tools[4])] == tools[:3]
+    assert decision.reposition[0] == tools[4]
+
+
+def test_turn_based_drops_by_age_in_turns() -> None:
+    source = "mode kv\non every 2 turns: drop role tool and age >= 3 turns\nreposition never\n"
+    history = agent_history(6, system=False)  # user 0, then assistant 1,3,5,... tool 2,4,6,...
+    decision = decide(source, history)
+    # Turn 4 is message 7: tool 2 has age 3 turns (assistants 3,5,7). Turn 6 (message 11): tools 4,6.
+    assert decision.drop_message == {"7": [2], "11": [4, 6]}
+    assert decision.reposition == []
+
+
+def test_every_n_tool_calls_fires_at_the_last_message_of_each_batch() -> None:
+    source = "mode kv\non every 2 tool_calls: drop role tool keep last 2\nreposition never\n"
+    history = agent_history(4, tools_per_round=3, system=False)
+    # Batches end at messages 4, 8, 12, 16; every 2nd batch -> 8 and 16.
+    decision = decide(source, history)
+    assert decision.drop_message == {"8": [2, 3, 4, 6], "16": [7, 8, 10, 11, 12, 14]}
+
+
+def test_after_n_fires_once() -> None:
+    source = "mode kv\non after 3 tool_calls: drop role tool\nreposition after each drop\n"
+    decision = decide(source, agent_history(6, system=False))
+    assert decision.drop_message == {"6": [2, 4]}
+    assert decision.reposition == [6]
+
+
+def test_model_based_drops_requested_ids_once_the_tool_has_answered() -> None:
+    history = agent_history(3)
+    history.append({"role": "assistant", "content": None,
+                    "tool_calls": [call("d1", "drop_context", {"message_ids": [3, 5, 1, 99, 5, -1, "x"]})]})
+    history.append({"role": "tool", "tool_call_id": "d1", "name": "drop_context", "content": "ok"})
+    decision = load_policy("model-based").decide(history)
+    # 1 is the first user message (protected); 99 is not before the trigger; -1 and "x" are no ids.
+    assert decision.drop_message == {"9": [3, 5]}
+    assert decision.reposition == [9]
+
+
+def test_model_based_ignores_malformed_arguments() -> None:
+    history = agent_history(2)
+    bad = call("d1", "drop_context")
+    bad["function"]["arguments"] = "{not json" + "[" * 5000
+    history += [{"role": "assistant", "content": None, "tool_calls": [bad]},
+                {"role": "tool", "tool_call_id": "d1", "name": "drop_context", "content": "ok"}]
+    assert load_policy("model-based").decide(history).api_fields() == {}
+
+
+def test_protected_messages_survive_drop_all() -> None:
+    decision = decide("mode kv\non each tool_response: drop all\nreposition never\n", agent_history(3))
+    dropped = sorted(j for v in decision.drop_message.values() for j in v)
+    assert dropped == [2, 3, 4, 5, 6]  # never 0 (system), 1 (first user) or 7 (latest)
+
+
+def test_selectors_by_tool_name_content_and_size() -> None:
+    source = ('mode kv\non after 2 tool_calls: drop (tool_name "open" and contains "error") '
+              'or (role tool and tokens > 100)\nreposition never\n')
+    history = agent_history(2, system=False)
+    history[2]["content"] = "error: timeout"
+    assert decide(source, history).drop_message == {}  # tool "search", 14 tokens
+    history[2]["name"] = "open"
+    assert decide(source, history).drop_message == {"4": [2]}
+    history[2]["name"], history[2]["content"] = "search", "fine" * 26
+    assert decide(source, history).drop_message == {"4": [2]}
+
+
+def test_reposition_every_n_drops_and_by_gap() -> None:
+    history = agent_history(8, response="r" * 100, system=False)
+    rolling = "mode kv\non each tool_response: drop role tool keep last 2\n"
+    tools = tool_indices(history)
+    every2 = decide(rolling + "reposition every 2 drops\n", history)
+    assert every2.reposition == [tools[3], tools[5], tools[7]]
+    gap = decide(rolling + "reposition when gap > 250\n", history)
+    assert gap.reposition == [tools[4], tools[7]]  # gaps of 300 tokens, after 3 drops of 100
+
+
+def test_reposition_every_n_tool_calls_needs_a_gap() -> None:
+    history = agent_history(6, system=False)
+    quiet = decide("mode kv\non after 5 tool_calls: drop role tool keep last 1\nreposition every 2 tool_calls\n",
+                   history)
+    assert quiet.reposition == [12]  # calls 2 and 4 had nothing to compact
+
+
+def test_kv_thinking_drop_uses_the_drop_rule_field() -> None:
+    decision = decide("mode kv\non visible_tokens > 100: drop thinking\n", agent_history(4))
+    assert decision.api_fields() == {"drop_rule": {"type": "thinking_drop"}}
+    assert decide("mode kv\non visible_tokens > 100000: drop thinking\n", agent_history(4)).api_fields() == {}
+
+
+def test_standard_summarizes_all_but_protected_keeping_tool_batches_whole() -> None:
+    history = agent_history(5, response="r" * 30_000)
+    decision = load_policy("standard").decide(history, CharCounter())
+    assert decision.api_fields() == {}
+    [edit] = decision.text_edits
+    assert (edit.kind, edit.start, edit.end, edit.budget_tokens) == ("summarize", 2, 9, 4000)
+    edited = apply_text_edits(history, decision.text_edits, lambda msgs, budget: f"{len(msgs)} messages")
+    assert edited[2] == {"role": "user", "content": SUMMARY_PREFIX + "8 messages"}
+    assert [m["role"] for m in edited] == ["system", "user", "user", "assistant", "tool"]
+    assert load_policy("standard").decide(edited, CharCounter()).text_edits == ()
+
+
+def test_text_engineering_summarizes_earlier_than_standard() -> None:
+    history = agent_history(3, response="r" * 20_000)
+    assert load_policy("standard").decide(history, CharCounter()).text_edits == ()
+    assert load_policy("text-engineering").decide(history, CharCounter()).text_edits != ()
+    small = agent_history(5, response="r" * 900)
+    assert load_policy("standard-8k").decide(small, CharCounter()).text_edits == ()
+    assert load_policy("text-engineering-8k").decide(small, CharCounter()).text_edits != ()
+
+
+def test_text_omit_keeps_last_n_and_is_idempotent() -> None:
+    source = "mode text\non each tool_response: omit role tool keep last 2\n"
+    history = agent_history(5, system=False)
+    decision = decide(source, history)
+    assert [(e.kind, e.start) for e in decision.text_edits] == [("omit", 2), ("omit", 4), ("omit", 6)]
+    edited = apply_text_edits(history, decision.text_edits, lambda m, b: "")
+    assert edited[2]["content"].startswith("[omitted tool message")
+    assert decide(source, edited).text_edits == ()
+
+
+def test_text_strips_thinking_of_old_assistant_messages() -> None:
+    history = agent_history(4, system=False)
+    for m in history:
+        if m["role"] == "assistant":
+            m["reasoning_content"] = "because"
+    decision = decide("mode text\non each tool_response: omit thinking where age >= 2 turns\n", history)
+    assert [(e.kind, e.start) for e in decision.text_edits] == [("strip_thinking", 1), ("strip_thinking", 3)]
+
+
+def test_malformed_history_gets_a_clear_error() -> None:
+    with pytest.raises(HistoryError, match="message 1: expected an object"):
+        load_policy("expert").decide([{"role": "user", "content": "x"}, "oops"])
+    with pytest.raises(HistoryError, match="list of messages"):
+        load_policy("expert").decide("not a list")  # type: ignore[arg-type]

@@ -1,0 +1,79 @@
+"""A request's cache key: its prompt token ids with the operation records between them.
+
+Two requests can hold the same tokens in different cache states (one dropped a
+message, one did not), so plain prefix matching could reuse the wrong state.
+The key inserts a record right after the last token of each trigger message:
+first a drop record (the absolute token ranges it hides), then a reposition
+record. Records take part in matching like tokens but hold no KV of their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from akv_core.cache.ops import Operations
+
+
+class RenderedPrompt(Protocol):
+    """What the cache needs from a rendered history (`akv_core.chat.Rendered` satisfies it)."""
+
+    token_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    header_start: int
+
+
+@dataclass(frozen=True)
+class DropRecord:
+    """From here on, the tokens in `hidden` (absolute [start, end) ranges) leave attention."""
+
+    hidden: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class ReposRecord:
+    """From here on, the visible tokens sit at positions 0..r-1 (keys re-rotated)."""
+
+
+REPOS = ReposRecord()
+Record = DropRecord | ReposRecord
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Token ids plus (offset, record) pairs in key order: drop before reposition at one offset."""
+
+    tokens: tuple[int, ...]
+    records: tuple[tuple[int, Record], ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def build_key(rendered: RenderedPrompt, operations: Operations) -> CacheKey:
+    """The key of a rendered history under validated operations."""
+    tokens = tuple(rendered.token_ids)
+    if operations.empty:
+        return CacheKey(tokens, ())
+    spans = rendered.spans
+    records: list[tuple[int, int, Record]] = []  # (offset, order, record); drops sort first
+    for trigger, dropped in operations.drops:
+        hidden = _merge([spans[index] for index in dropped])
+        if hidden:
+            records.append((spans[trigger][1], 0, DropRecord(hidden)))
+    for trigger in operations.repositions:
+        records.append((spans[trigger][1], 1, REPOS))
+    records.sort(key=lambda item: (item[0], item[1]))
+    return CacheKey(tokens, tuple((offset, record) for offset, _, record in records))
+
+
+def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted, non-empty, adjacent ranges joined: equal hidden token sets give equal records."""
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if end <= start:
+            continue
+        if merged and merged[-1][1] >= start:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return tuple((start, end) for start, end in merged)

@@ -1,0 +1,123 @@
+"""The cache a request talks to: plan, check-then-admit, and release.
+
+One `KVCache` owns the slot allocator and the radix tree. A request's
+`Lease` owns the slots it was given until `release` hands them to the tree
+(the prompt path) or back to the allocator (decode slots, or everything of a
+request cancelled before its prompt was computed). The engine and the replay
+simulator call exactly these methods in the same order, which is what makes
+their accounting and evictions agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from akv_core.cache.allocator import SlotAllocator
+from akv_core.cache.key import CacheKey
+from akv_core.cache.planner import Plan, plan_request
+from akv_core.cache.radix import RadixCache
+
+
+class KVCapacityError(ValueError):
+    """A request that could never fit the KV pool, even with everything else evicted."""
+
+
+@dataclass(eq=False)
+class Lease:
+    """Slots one live request owns, and the tree path it has locked."""
+
+    plan: Plan
+    token_slots: list[int]           # prompt tokens [plan.match.tokens, len(key))
+    record_slots: list[list[int]]    # per new record: its re-rotated copies
+    decode_slots: list[int]          # reserved for generated tokens, taken front to back
+    decode_used: int = 0
+    released: bool = field(default=False)
+
+    def take_decode_slot(self) -> int | None:
+        """The next reserved slot for a generated token, or None when the reservation is used up."""
+        if self.decode_used >= len(self.decode_slots):
+            return None
+        self.decode_used += 1
+        return self.decode_slots[self.decode_used - 1]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    slots_total: int
+    slots_used: int
+    slots_free: int
+    slots_cached: int       # held by the radix tree (reusable by later requests)
+    slots_evictable: int    # ... of which no live request has locked
+
+
+class KVCache:
+    """The allocator plus the operation-aware radix tree, behind a small request contract."""
+
+    def __init__(self, kv_tokens: int) -> None:
+        self.allocator = SlotAllocator(kv_tokens)
+        self.tree = RadixCache(self.allocator)
+        self._leases: set[Lease] = set()
+
+    def plan(self, key: CacheKey) -> Plan:
+        """Plan against the tree as it is now; admit (or drop) the plan before anything else changes it."""
+        return plan_request(self.tree, key)
+
+    def check_fits(self, plan: Plan, decode_reserve: int) -> None:
+        """Raise KVCapacityError if the request needs more slots than the whole pool holds."""
+        needed = plan.slots_needed + decode_reserve + self.tree.slots_on_path(plan.match.node)
+        if needed > self.allocator.total:
+            raise KVCapacityError(
+                f"messages: the prompt ({len(plan.key)} tokens, {sum(plan.copies)} re-rotated keys) plus "
+                f"max_tokens ({decode_reserve}) needs {needed} KV slots, the pool has {self.allocator.total}")
+
+    def can_admit(self, plan: Plan, decode_reserve: int) -> bool:
+        """Whether `admit` would succeed now (free slots plus what eviction can free)."""
+        available = (self.allocator.free_count + self.tree.evictable_slots
+                     - self.tree.unlocked_slots_on_path(plan.match.node))
+        return plan.slots_needed + decode_reserve <= available
+
+    def admit(self, plan: Plan, decode_reserve: int) -> Lease:
+        """Lock the reused path, evict if short, and hand the request its slots. Check `can_admit` first."""
+        if not self.can_admit(plan, decode_reserve):
+            raise RuntimeError("admit() without room; call can_admit() first")
+        self.tree.lock(plan.match.node)
+        needed = plan.slots_needed + decode_reserve
+        shortfall = needed - self.allocator.free_count
+        if shortfall > 0:
+            self.tree.evict(shortfall)
+        slots = self.allocator.allocate(needed)
+        token_slots = slots[:plan.compute_tokens]
+        cursor = plan.compute_tokens
+        record_slots = []
+        for count in plan.copies:
+            record_slots.append(slots[cursor:cursor + count])
+            cursor += count
+        lease = Lease(plan, token_slots, record_slots, slots[cursor:])
+        self._leases.add(lease)
+        return lease
+
+    def release(self, lease: Lease, keep_prompt: bool) -> None:
+        """End a request: its prompt path goes into the tree (if computed), everything else is freed."""
+        if lease.released:
+            return
+        lease.released = True
+        self._leases.discard(lease)
+        plan = lease.plan
+        if keep_prompt:
+            self.tree.insert(plan.match, plan.key, lease.token_slots, lease.record_slots)
+        else:
+            self.allocator.free(lease.token_slots)
+            for slots in lease.record_slots:
+                self.allocator.free(slots)
+        self.tree.unlock(plan.match.node)
+        self.allocator.free(lease.decode_slots)
+
+    def stats(self) -> PoolStats:
+        total, free = self.allocator.total, self.allocator.free_count
+        return PoolStats(total, total - free, free, self.tree.cached_slots, self.tree.evictable_slots)
+
+    def check_integrity(self) -> None:
+        """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""
+        leases = list(self._leases)
+        owned = [lease.token_slots for lease in leases] + [lease.decode_slots for lease in leases]
+        owned += [slots for lease in leases for slots in lease.record_slots]
+        self.tree.check_integrity([lease.plan.match.node for lease in leases], owned)

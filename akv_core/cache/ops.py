@@ -1,0 +1,109 @@
+"""The AKV request fields `drop_message` and `reposition`, checked against a history.
+
+Both fields are cumulative: a request carries every operation since the start of
+its history. Checking happens once, here, so the server (400 naming the field),
+the engine and the replay simulator reject exactly the same inputs.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class OperationError(ValueError):
+    """A user-caused error in the cache operation fields; `field` names where it is."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Operations:
+    """Validated operations: per trigger message the messages it drops, and the reposition triggers."""
+
+    drops: tuple[tuple[int, tuple[int, ...]], ...]  # (trigger, dropped messages), trigger order
+    repositions: tuple[int, ...]                    # sorted triggers
+
+    @property
+    def empty(self) -> bool:
+        return not self.drops and not self.repositions
+
+
+NO_OPERATIONS = Operations((), ())
+
+
+def validate_operations(n_messages: int, drop_message: Mapping[Any, Any] | None,
+                        reposition: Sequence[Any] | None) -> Operations:
+    """Check the operation fields of a history of `n_messages` messages; raise OperationError."""
+    drops = _validate_drops(n_messages, drop_message)
+    repositions = _validate_repositions(n_messages, reposition)
+    if not drops and not repositions:
+        return NO_OPERATIONS
+    return Operations(drops, repositions)
+
+
+def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> tuple:
+    if drop_message is None:
+        return ()
+    if not isinstance(drop_message, Mapping):
+        raise OperationError("drop_message", "expected an object mapping a message index to a list of indices")
+    seen_triggers: set[int] = set()
+    dropped_by: dict[int, int] = {}
+    drops = []
+    for raw_key, raw_indices in drop_message.items():
+        field = f"drop_message.{raw_key}"
+        trigger = _index(raw_key, field, n_messages, allow_string=True)
+        if trigger in seen_triggers:
+            raise OperationError(field, f"message {trigger} appears twice as a trigger")
+        seen_triggers.add(trigger)
+        if isinstance(raw_indices, (str, bytes)) or not isinstance(raw_indices, Sequence):
+            raise OperationError(field, "expected a list of message indices")
+        indices = []
+        for position, raw in enumerate(raw_indices):
+            item_field = f"{field}[{position}]"
+            index = _index(raw, item_field, n_messages, allow_string=False)
+            if index >= trigger:
+                raise OperationError(item_field, f"message {index} cannot be dropped at or before itself "
+                                                 f"(trigger {trigger}); only earlier messages can be dropped")
+            if index in dropped_by:
+                raise OperationError(item_field, f"message {index} is already dropped "
+                                                 f"(by trigger {dropped_by[index]})")
+            dropped_by[index] = trigger
+            indices.append(index)
+        if indices:
+            drops.append((trigger, tuple(sorted(indices))))
+    return tuple(sorted(drops))
+
+
+def _validate_repositions(n_messages: int, reposition: Sequence[Any] | None) -> tuple[int, ...]:
+    if reposition is None:
+        return ()
+    if isinstance(reposition, (str, bytes, Mapping)) or not isinstance(reposition, Sequence):
+        raise OperationError("reposition", "expected a list of message indices")
+    triggers: set[int] = set()
+    for position, raw in enumerate(reposition):
+        field = f"reposition[{position}]"
+        index = _index(raw, field, n_messages, allow_string=False)
+        if index in triggers:
+            raise OperationError(field, f"message {index} appears twice")
+        triggers.add(index)
+    return tuple(sorted(triggers))
+
+
+def _index(raw: Any, field: str, n_messages: int, allow_string: bool) -> int:
+    """A message index: an int (or, for object keys, a decimal string) in [0, n_messages)."""
+    if isinstance(raw, bool):
+        raise OperationError(field, f"expected a message index (an integer), got {raw!r}")
+    if isinstance(raw, int):
+        index = raw
+    elif allow_string and isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        index = int(raw)
+    else:
+        raise OperationError(field, f"expected a message index (an integer), got {raw!r}")
+    if not 0 <= index < n_messages:
+        raise OperationError(field, f"message index {index} is out of range: the history has "
+                                    f"{n_messages} messages (0..{n_messages - 1})")
+    return index

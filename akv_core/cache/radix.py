@@ -1,0 +1,288 @@
+"""The operation-aware radix tree over cache keys.
+
+Edges are token runs (split as needed) or operation records (atomic). A token
+node owns one KV slot per token; a reposition record node owns the re-rotated
+copies of the keys whose position it changes (copy-on-write: the path without
+the record keeps its own slots); a drop record node owns nothing.
+
+Contract (as in mini-sglang / SGLang): `match` -> `lock` -> `insert` ->
+`unlock` -> `evict` gives freed slots back to the allocator. A locked node
+(on the path of a live request) is never evicted, and a node is evicted only
+once it is a leaf, so a node's ancestors (the birth slots of the keys it
+re-rotated, the tokens it attended to) always outlive it.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from akv_core.cache.allocator import SlotAllocator
+from akv_core.cache.key import CacheKey, Record
+
+
+class Node:
+    """A token run (`record is None`) or an operation record."""
+
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access")
+
+    def __init__(self, parent: Node | None, tokens: tuple[int, ...], slots: list[int],
+                 record: Record | None = None, last_access: int = 0) -> None:
+        self.parent = parent
+        self.children: dict[object, Node] = {}
+        self.tokens = tokens
+        self.slots = slots
+        self.record = record
+        self.lock_ref = 0
+        self.last_access = last_access
+
+    @property
+    def edge(self) -> object:
+        """This node's key in its parent's children: its first token or its record."""
+        return self.tokens[0] if self.record is None else self.record
+
+    def __lt__(self, other: Node) -> bool:  # heap ties: any order is fine
+        return id(self) < id(other)
+
+
+class Match(NamedTuple):
+    """The deepest node whose state a key reuses, and how much of the key that is."""
+
+    node: Node
+    tokens: int    # key tokens [0, tokens) are reused
+    records: int   # key records [0, records) are reused
+
+
+class RadixCache:
+    """The tree, its lock refs, and the slot accounting it shares with the allocator."""
+
+    def __init__(self, allocator: SlotAllocator) -> None:
+        self.allocator = allocator
+        self.root = Node(None, (), [])
+        self.cached_slots = 0      # slots owned by tree nodes
+        self.protected_slots = 0   # ... of which on a locked node
+        self._clock = 0
+
+    @property
+    def evictable_slots(self) -> int:
+        return self.cached_slots - self.protected_slots
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # -- match ---------------------------------------------------------------------------------
+
+    def match(self, key: CacheKey, token_limit: int) -> Match:
+        """The longest reusable prefix of `key` with at most `token_limit` tokens (splits a node if needed)."""
+        tokens, records = key.tokens, key.records
+        node, offset, record_index = self.root, 0, 0
+        now = self._tick()
+        while True:
+            if record_index < len(records) and records[record_index][0] == offset:
+                child = node.children.get(records[record_index][1])
+                if child is None:
+                    break
+                node, record_index = child, record_index + 1
+                node.last_access = now
+                continue
+            end = records[record_index][0] if record_index < len(records) else len(tokens)
+            end = min(end, token_limit)
+            if offset >= end:
+                break
+            child = node.children.get(tokens[offset])
+            if child is None:
+                break
+            n = common_prefix(child.tokens, tokens, offset, end)
+            if n < len(child.tokens):
+                child = self._split(child, n)
+            node, offset = child, offset + n
+            node.last_access = now
+        return Match(node, offset, record_index)
+
+    def _split(self, node: Node, n: int) -> Node:
+        """Cut a token node after `n` tokens; the new upper part is returned, `node` keeps the rest."""
+        upper = Node(node.parent, node.tokens[:n], node.slots[:n], None, node.last_access)
+        upper.lock_ref = node.lock_ref
+        node.parent.children[upper.edge] = upper
+        node.tokens, node.slots, node.parent = node.tokens[n:], node.slots[n:], upper
+        upper.children[node.edge] = node
+        return upper
+
+    # -- lock ----------------------------------------------------------------------------------
+
+    def lock(self, node: Node) -> None:
+        """A live request now uses `node` and all its ancestors."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.protected_slots += len(node.slots)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.protected_slots -= len(node.slots)
+            node = node.parent
+
+    def slots_on_path(self, node: Node) -> int:
+        total = 0
+        while node is not self.root:
+            total += len(node.slots)
+            node = node.parent
+        return total
+
+    def unlocked_slots_on_path(self, node: Node) -> int:
+        """Slots that locking `node` would take out of the evictable pool."""
+        total = 0
+        while node is not self.root:
+            if node.lock_ref == 0:
+                total += len(node.slots)
+            node = node.parent
+        return total
+
+    # -- insert --------------------------------------------------------------------------------
+
+    def insert(self, match: Match, key: CacheKey, token_slots: list[int],
+               record_slots: list[list[int]]) -> None:
+        """Hang the rest of `key` below `match.node`, taking ownership of the request's slots.
+
+        `token_slots` hold key tokens [match.tokens, len(key)); `record_slots[i]`
+        belongs to record `match.records + i`. Parts another request inserted in
+        the meantime are kept, and this request's duplicates are freed.
+        """
+        tokens, records = key.tokens, key.records
+        node, offset, record_index = match.node, match.tokens, match.records
+        base, first_record = match.tokens, match.records
+        now = self._tick()
+        while True:
+            if record_index < len(records) and records[record_index][0] == offset:
+                mine = record_slots[record_index - first_record]
+                record = records[record_index][1]
+                child = node.children.get(record)
+                if child is None:
+                    child = self._add(node, Node(node, (), mine, record, now))
+                else:
+                    self.allocator.free(mine)
+                node, record_index = child, record_index + 1
+                node.last_access = now
+                continue
+            end = records[record_index][0] if record_index < len(records) else len(tokens)
+            if offset >= end:
+                return
+            child = node.children.get(tokens[offset])
+            if child is None:
+                node = self._add(node, Node(node, tokens[offset:end], token_slots[offset - base:end - base],
+                                            None, now))
+                offset = end
+                continue
+            n = common_prefix(child.tokens, tokens, offset, end)
+            if n < len(child.tokens):
+                child = self._split(child, n)
+            self.allocator.free(token_slots[offset - base:offset - base + n])
+            node, offset = child, offset + n
+            node.last_access = now
+
+    def _add(self, parent: Node, child: Node) -> Node:
+        parent.children[child.edge] = child
+        self.cached_slots += len(child.slots)
+        return child
+
+    # -- evict ---------------------------------------------------------------------------------
+
+    def evict(self, n_slots: int) -> int:
+        """Free at least `n_slots` slots from unlocked leaves, least recently used first; returns the count."""
+        heap = [(node.last_access, node) for node in self._nodes()
+                if not node.children and node.lock_ref == 0 and node is not self.root]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < n_slots and heap:
+            _, node = heapq.heappop(heap)
+            parent = node.parent
+            del parent.children[node.edge]
+            self.allocator.free(node.slots)
+            freed += len(node.slots)
+            self.cached_slots -= len(node.slots)
+            node.parent = None
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    def _nodes(self) -> Iterable[Node]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def path(self, node: Node) -> list[Node]:
+        """Nodes from the root's child down to `node`."""
+        nodes = []
+        while node is not self.root:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes
+
+    # -- integrity -----------------------------------------------------------------------------
+
+    def check_integrity(self, locked: Iterable[Node], owned: Iterable[list[int]]) -> None:
+        """Raise AssertionError unless every slot has one owner and the lock refs match `locked`.
+
+        `locked`: the match node of every live request; `owned`: slot lists live requests own.
+        """
+        expected_refs: dict[int, int] = {}
+        for node in locked:
+            while node is not self.root:
+                expected_refs[id(node)] = expected_refs.get(id(node), 0) + 1
+                node = node.parent
+        seen: set[int] = set()
+        cached = protected = 0
+        for node in self._nodes():
+            if node is self.root:
+                continue
+            _check(node.parent is not None and node.parent.children.get(node.edge) is node,
+                   "a node is not its parent's child")
+            _check(node.record is not None or (len(node.tokens) == len(node.slots) > 0),
+                   "a token node without one slot per token")
+            _check(node.lock_ref == expected_refs.get(id(node), 0),
+                   f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
+            _claim(seen, node.slots)
+            cached += len(node.slots)
+            protected += len(node.slots) if node.lock_ref else 0
+        _check(cached == self.cached_slots, f"cached_slots {self.cached_slots} but nodes own {cached}")
+        _check(protected == self.protected_slots, f"protected_slots {self.protected_slots} but {protected} locked")
+        for slots in owned:
+            _claim(seen, slots)
+        free = self.allocator.free_slots()
+        _claim(seen, free)
+        _check(len(seen) == self.allocator.total and min(seen, default=0) >= 0
+               and max(seen, default=0) < self.allocator.total,
+               f"{len(seen)} slots accounted for, pool has {self.allocator.total}")
+
+
+def _claim(seen: set[int], slots: list[int]) -> None:
+    before = len(seen)
+    seen.update(slots)
+    _check(len(seen) == before + len(slots), "a slot has two owners")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"cache integrity: {message}")
+
+
+def common_prefix(run: tuple[int, ...], tokens: tuple[int, ...], offset: int, end: int) -> int:
+    """Length of the common prefix of `run` and tokens[offset:end], by slice comparisons."""
+    m = min(len(run), end - offset)
+    if run[:m] == tokens[offset:offset + m]:
+        return m
+    low, high = 0, m - 1  # run[:low] matches; run[:high + 1] does not
+    while low < high:
+        mid = (low + high + 1) // 2
+        if run[low:mid] == tokens[offset + low:offset + mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

@@ -1,0 +1,171 @@
+"""The planner and radix tree: reuse, operation records, accounting, integrity."""
+from __future__ import annotations
+
+from akv_core.cache.key import REPOS, DropRecord, build_key
+from akv_core.cache.kv_cache import KVCache
+from akv_core.cache.layout import expand
+from akv_core.cache.ops import validate_operations
+from akv_core.cache.simulator import CacheSimulator
+from test_cache_support import SymbolicKV, account, reference_state, render
+
+SYSTEM, TASK = (1, 2, 3, 4), (5, 6, 7)
+CALL, RESULT = (8, 9), (10, 11, 12, 13, 14)
+
+
+def agent_history(turns: int) -> list[tuple[int, ...]]:
+    history = [SYSTEM, TASK]
+    for turn in range(turns):
+        history += [CALL + (20 + turn,), RESULT + (40 + turn,)]
+    return history
+
+
+def serve(sim: CacheSimulator, messages, drops=None, repos=None):
+    usage = sim.request(render(messages), drops, repos)
+    sim.check_integrity()
+    return usage
+
+
+def test_key_places_drop_before_reposition_after_the_trigger():
+    rendered = render([SYSTEM, TASK, CALL, RESULT])
+    key = build_key(rendered, validate_operations(4, {"3": [1, 2]}, [3]))
+    assert key.records == ((14, DropRecord(((4, 9),))), (14, REPOS))
+
+
+def test_agent_loop_reuses_the_previous_prompt():
+    sim = CacheSimulator(1000)
+    first = serve(sim, agent_history(1))
+    assert (first.prefilled_tokens, first.cached_tokens) == (first.prompt_tokens, 0)
+    second = serve(sim, agent_history(2))
+    # The previous prompt's messages are reused, its generation header is not (it is re-rendered).
+    assert second.cached_tokens == len(render(agent_history(1)).token_ids) - 2
+    assert second.prefilled_tokens == second.prompt_tokens - second.cached_tokens
+
+
+def test_same_history_and_operations_is_a_full_hit():
+    sim = CacheSimulator(1000)
+    messages, drops, repos = agent_history(3), {"5": [3]}, [5]
+    serve(sim, messages, drops, repos)
+    again = serve(sim, messages, drops, repos)
+    # Everything but the last prompt token, whose logits start decoding.
+    assert again.prefilled_tokens == 1
+    assert again.cached_tokens + again.drop_skipped_tokens == again.prompt_tokens - 1
+    assert again.repos_tokens == 0
+
+
+def test_same_tokens_with_other_operations_share_only_the_common_prefix():
+    sim = CacheSimulator(1000)
+    messages = agent_history(3)
+    rendered = render(messages)
+    serve(sim, messages, {"5": [3]})
+    other = serve(sim, messages, {"5": [2]})
+    trigger_end = rendered.spans[5][1]
+    assert other.prefilled_tokens == other.prompt_tokens - trigger_end
+    plain = serve(sim, messages)
+    assert plain.prefilled_tokens == plain.prompt_tokens - trigger_end
+
+
+def test_drop_then_reposition_accounting_matches_the_reference():
+    sim = CacheSimulator(1000)
+    serve(sim, agent_history(3))
+    messages = agent_history(4)
+    usage = serve(sim, messages, {"9": [3, 4]}, [9])
+    key = build_key(render(messages), validate_operations(10, {"9": [3, 4]}, [9]))
+    reused = len(render(agent_history(3)).token_ids) - 2
+    expected = account(key, reused, 0)
+    assert usage.drop_skipped_tokens == expected["drop_skipped"] == len(CALL) + 1 + len(RESULT) + 1
+    assert usage.repos_tokens == expected["repos"] > 0
+    assert usage.cached_tokens == expected["cached"] == len(SYSTEM + TASK + CALL) + 1
+    assert usage.prefilled_tokens == expected["prefilled"]
+
+
+def test_eviction_frees_least_recently_used_unlocked_leaves():
+    sim = CacheSimulator(40)
+    a = [SYSTEM, TASK, CALL]
+    b = [SYSTEM, (30, 31, 32, 33, 34, 35), RESULT, RESULT]
+    serve(sim, a)
+    serve(sim, b)
+    serve(sim, [SYSTEM, (50,) * 12, CALL])   # needs room: a's branch is the oldest leaf
+    again_b = serve(sim, b)
+    assert again_b.cached_tokens > len(SYSTEM)
+    again_a = serve(sim, a)
+    assert again_a.cached_tokens == len(SYSTEM)
+
+
+def test_locked_paths_survive_eviction_and_waiting_is_reported():
+    cache = KVCache(30)
+    rendered = render([SYSTEM, TASK, CALL])
+    key = build_key(rendered, validate_operations(3, None, None))
+    plan = cache.plan(key)
+    lease = cache.admit(plan, decode_reserve=4)
+    cache.release(lease, keep_prompt=True)
+    held = cache.admit(cache.plan(key), decode_reserve=4)     # locks the cached path
+    other = build_key(render([(60,) * 8, (61,) * 4]), validate_operations(2, None, None))
+    other_plan = cache.plan(other)
+    assert not cache.can_admit(other_plan, decode_reserve=4)  # only the locked path could make room
+    cache.check_integrity()
+    cache.release(held, keep_prompt=True)
+    assert cache.can_admit(cache.plan(other), decode_reserve=4)
+    cache.check_integrity()
+
+
+def test_cancelled_request_leaves_nothing_behind():
+    cache = KVCache(100)
+    key = build_key(render(agent_history(2)), validate_operations(6, {"5": [3]}, [5]))
+    lease = cache.admit(cache.plan(key), decode_reserve=8)
+    cache.release(lease, keep_prompt=False)
+    cache.check_integrity()
+    assert cache.stats().slots_used == 0
+
+
+def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2):
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+    plan = cache.plan(key)
+    if not cache.can_admit(plan, max_tokens):
+        return None
+    lease = cache.admit(plan, max_tokens)
+    layout = expand(cache.tree.path(plan.match.node), lease)
+    assert layout.end_position == plan.end_position
+    assert len(layout.view_slots) == plan.visible_tokens
+    for stage in layout.stages:
+        kv.run_stage(stage)
+    state = kv.state(layout.view_slots, layout.end_position)
+    cache.release(lease, keep_prompt=True)
+    cache.check_integrity()
+    return state, plan.usage
+
+
+def fresh_state(rendered, drops, repos):
+    state, usage = run_symbolic(KVCache(10_000), SymbolicKV(), rendered, drops, repos)
+    assert usage.prefilled_tokens == usage.prompt_tokens
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+    assert state == reference_state(key)
+    return state
+
+
+def test_reused_state_equals_a_fresh_computation_across_operations():
+    cache, kv = KVCache(10_000), SymbolicKV()
+    requests = [
+        (agent_history(2), None, None),
+        (agent_history(3), {"7": [3]}, None),
+        (agent_history(3), {"7": [3]}, [7]),
+        (agent_history(4), {"7": [3], "9": [2, 5]}, [7, 9]),
+        (agent_history(4), None, [9]),
+        (agent_history(4), {"9": [3]}, [9]),
+        (agent_history(4), {"7": [3], "9": [2, 5]}, [7, 9]),
+    ]
+    for messages, drops, repos in requests:
+        rendered = render(messages)
+        state, _ = run_symbolic(cache, kv, rendered, drops, repos)
+        assert state == fresh_state(rendered, drops, repos)
+
+
+def test_restore_after_eviction_equals_the_never_evicted_run():
+    messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
+    rendered = render(messages)
+    cache, kv = KVCache(120), SymbolicKV()
+    before, _ = run_symbolic(cache, kv, rendered, drops, repos)
+    # Another history takes the room: the first one's tail (ops included) is evicted.
+    run_symbolic(cache, kv, render([(70,) * 30, (71,) * 30]), None, None)
+    after, usage = run_symbolic(cache, kv, rendered, drops, repos)
+    assert usage.prefilled_tokens > 1
+    assert after == before == fresh_state(rendered, drops, repos)

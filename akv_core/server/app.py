@@ -148,10 +148,12 @@ async def _complete(state: ServerState, handle: Any, request: Request,
 async def _stream(state: ServerState, handle: Any, request: Request, stream: ChunkStream,
                   started: float) -> AsyncIterator[str]:
     first_token_at = None
-    yield stream.role_chunk()
+    finished = False
     try:
+        yield stream.role_chunk()
         async for event in state.loop.events(handle, request.is_disconnected):
             if isinstance(event, Finished):
+                finished = True
                 _record(state, event, started, first_token_at)
                 for chunk in stream.final_chunks(event):
                     yield chunk
@@ -161,7 +163,12 @@ async def _stream(state: ServerState, handle: Any, request: Request, stream: Chu
                 if chunk:
                     yield chunk
     except ClientGone:
-        state.metrics.count_request("chat", "disconnected")
+        pass  # counted below; there is nobody left to send an error to
+    finally:
+        # Starlette cancels this generator when the client leaves mid-stream.
+        if not finished:
+            handle.cancel()
+            state.metrics.count_request("chat", "disconnected")
 
 
 def _record(state: ServerState, finished: Finished, started: float,

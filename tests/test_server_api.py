@@ -1,0 +1,168 @@
+"""The HTTP API on a real server (loopback, the real SmolLM2): endpoints, errors, AKV usage."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_server_support import MODEL, LiveServer, greeting, live_server
+
+pytestmark = [pytest.mark.server, pytest.mark.model]
+
+# Upstream's README history: message 3 triggers a drop of messages 1 and 2, then a reposition.
+README_HISTORY = [
+    {"role": "system", "content": "You are a helpful research assistant."},
+    {"role": "user", "content": "Find the capital of Australia and its population."},
+    {"role": "assistant", "content": "The capital of Australia is Canberra."},
+    {"role": "user", "content": "Now tell me about its climate in one sentence."},
+]
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest) -> LiveServer:
+    return live_server(request.config)
+
+
+def details(body: dict) -> dict:
+    return body["usage"]["prompt_tokens_details"]
+
+
+def assert_usage_adds_up(body: dict) -> None:
+    usage, d = body["usage"], details(body)
+    assert set(d) >= {"cached_tokens", "drop_skipped_tokens", "repos_tokens", "prefilled_tokens"}
+    assert usage["prompt_tokens"] == (d["prefilled_tokens"] + d["cached_tokens"]
+                                      + d["repos_tokens"] + d["drop_skipped_tokens"])
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_health_models_and_metrics(server: LiveServer) -> None:
+    assert server.client.get("/health").json()["status"] == "ok"
+    models = server.client.get("/v1/models").json()
+    assert [card["id"] for card in models["data"]] == [MODEL]
+    assert server.chat({"messages": greeting("Say hi."), "max_tokens": 2}).status_code == 200
+    metrics = server.client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    values = {line.split(" ")[0]: float(line.split(" ")[1])
+              for line in metrics.text.splitlines() if line and not line.startswith("#")}
+    assert values['akv_requests_total{endpoint="chat",outcome="ok"}'] >= 1
+    assert values['akv_tokens_total{kind="prefilled"}'] > 0
+    assert values["akv_kv_slots_used"] + values["akv_kv_slots_free"] == values["akv_kv_slots_total"]
+    assert values["akv_request_latency_seconds_count"] >= 1
+    assert "akv_queue_length" in values and "akv_time_to_first_token_seconds_count" in values
+
+
+BAD_REQUESTS = [
+    # (body changes, status, param)
+    ({"drop_message": {"9": [1]}}, 400, "drop_message.9"),
+    ({"drop_message": {"3": [7]}}, 400, "drop_message.3[0]"),
+    ({"drop_message": {"1": [3]}}, 400, "drop_message.1[0]"),  # a drop after its trigger
+    ({"drop_message": {"one": [0]}}, 400, "drop_message.one"),
+    ({"drop_message": {"3": ["1"]}}, 400, "drop_message.3[0]"),
+    ({"reposition": [4]}, 400, "reposition[0]"),
+    ({"drop_message": {"3": [1]}, "drop_rule": {"type": "message_drop", "drop_messages": {}}},
+     400, "drop_rule"),
+    ({"drop_rule": {"type": "forget_everything"}}, 400, "drop_rule.type"),
+    ({"drop_rule": {"type": "thinking_drop"}}, 400, "drop_rule.type"),
+    ({"drop_rule": {"type": "message_drop", "drop_messages": {"3": [5]}}},
+     400, "drop_rule.drop_messages.3[0]"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_completion_tokens": -3}, 400, "max_completion_tokens"),
+    ({"temperature": 7}, 400, "temperature"),
+    ({"drop_messages": {"3": [1]}}, 400, "drop_messages"),
+    ({"model": "gpt-9"}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize("change,status,param", BAD_REQUESTS)
+def test_bad_requests_get_an_openai_error_naming_the_field(server: LiveServer, change: dict,
+                                                           status: int, param: str) -> None:
+    response = server.chat({"messages": README_HISTORY, "max_tokens": 2, **change})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error" and error["message"]
+    if status == 404:
+        assert error["code"] == "model_not_found"
+
+
+def test_invalid_json_and_a_prompt_longer_than_the_context(server: LiveServer) -> None:
+    for raw in (b'{"model": "smollm2", "messages": [', b"", b"\xff\xfe"):
+        response = server.client.post("/v1/chat/completions", content=raw,
+                                       headers={"content-type": "application/json"})
+        assert response.status_code == 400, raw
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    too_long = greeting("word " * 20_000)
+    response = server.chat({"messages": too_long, "max_tokens": 2})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages"
+    server.check_idle_and_intact()
+
+
+def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: LiveServer) -> None:
+    # An agent's earlier turn put the history in the cache; this turn drops and repositions.
+    earlier = server.chat({"messages": README_HISTORY, "max_tokens": 2, "temperature": 0})
+    assert earlier.status_code == 200
+    history = README_HISTORY + [
+        {"role": "assistant", "content": "Canberra has a mild oceanic climate."},
+        {"role": "user", "content": "Thanks. Summarize in three words."},
+    ]
+    response = server.chat({"messages": history, "max_tokens": 4, "temperature": 0,
+                            "drop_message": {"3": [1, 2]}, "reposition": [3]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert_usage_adds_up(body)
+    assert details(body)["drop_skipped_tokens"] > 0
+    assert details(body)["repos_tokens"] > 0
+    assert body["choices"][0]["finish_reason"] in {"stop", "length"}
+    server.check_idle_and_intact()
+
+
+def test_streaming_returns_the_same_text_with_usage_in_the_final_chunk(server: LiveServer) -> None:
+    body = {"messages": greeting("Name three colors."), "max_tokens": 12, "temperature": 0}
+    plain = server.chat(body).json()
+    with server.client.stream("POST", "/v1/chat/completions",
+                              json={"model": MODEL, **body, "stream": True,
+                                    "stream_options": {"include_usage": True}}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finish[-1] == plain["choices"][0]["finish_reason"]
+    assert chunks[-1]["choices"] == [] and "usage" in chunks[-1]
+    assert chunks[-1]["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+    assert_usage_adds_up(chunks[-1])
+    # The second, identical prompt was served from the cache.
+    assert details(chunks[-1])["cached_tokens"] > 0
+
+
+def test_openai_client_round_trip_with_extra_body(server: LiveServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    server.chat({"messages": README_HISTORY, "max_tokens": 1, "temperature": 0})
+    completion = client.chat.completions.create(
+        model=MODEL, messages=README_HISTORY, max_tokens=4, temperature=0,
+        extra_body={"drop_message": {3: [1, 2]}, "reposition": [3]},
+    )
+    assert completion.choices[0].message.role == "assistant"
+    prompt_details = completion.usage.prompt_tokens_details
+    assert prompt_details.cached_tokens is not None
+    assert prompt_details.model_extra["drop_skipped_tokens"] >= 0
+    assert "repos_tokens" in prompt_details.model_extra
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=README_HISTORY, max_tokens=4,
+                                       extra_body={"reposition": [99]})
+    assert caught.value.body["param"] == "reposition[0]"
+    stream = client.chat.completions.create(model=MODEL, messages=README_HISTORY, max_tokens=4,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1

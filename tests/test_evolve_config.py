@@ -1,0 +1,57 @@
+"""Configuration: YAML with located errors, overrides, documented fields."""
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from evolve.config import ConfigError, EvolveConfig, load_config
+
+
+def test_defaults_are_the_offline_embedded_run():
+    cfg = load_config()
+    assert cfg.proposers == ["mutate", "optuna"] and cfg.agent == "scripted" and cfg.backend == "replay"
+    assert cfg.baselines.standard == "standard-8k" and cfg.llm.model == "MiniMax-M2.7"
+
+
+def test_unknown_field_and_wrong_type_are_located(tmp_path):
+    path = tmp_path / "evolve.yaml"
+    path.write_text("suite: localcomp\nmax_candidates: lots\nllm:\n  modle: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()
+    assert f"{path}:2: max_candidates:" in lines[0] and "integer" in lines[0]
+    assert lines[1] == f"{path}:4: llm.modle: unknown field"
+
+
+def test_bad_yaml_and_non_mapping(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("suite: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_command_line_overrides_win_over_the_file(tmp_path):
+    path = tmp_path / "evolve.yaml"
+    path.write_text("max_candidates: 5\nllm:\n  model: a\n")
+    cfg = load_config(path, {"max_candidates": 9, "llm.endpoint": "http://127.0.0.1:1/v1", "suite": None})
+    assert cfg.max_candidates == 9 and cfg.llm.model == "a" and cfg.llm.endpoint == "http://127.0.0.1:1/v1"
+    with pytest.raises(ConfigError, match="proposers.0"):
+        load_config(None, {"proposers": ["gpt"]})
+
+
+def _models(model: type[BaseModel]):
+    yield model
+    for field in model.model_fields.values():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _models(field.annotation)
+
+
+def test_every_field_is_documented():
+    for model in _models(EvolveConfig):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"

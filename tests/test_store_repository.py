@@ -1,0 +1,102 @@
+"""The store on a real SQLite database: runs, lineage, de-duplication, idempotent evaluations."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from store import DuplicateRunName, Proposal, RunNotFound, Store, StoreError, TaskResult
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(f"sqlite:///{tmp_path / 'akv.db'}")
+    yield s
+    s.close()
+
+
+def make_run(store: Store, name: str = "r1"):
+    return store.create_run(name, {"suite": "localcomp"}, 7, "0.1.0", "localcomp@1")
+
+
+def test_run_round_trip_and_duplicate_name_is_a_one_line_error(store):
+    run = make_run(store)
+    assert store.run("r1").id == run.id and store.run(run.id).seed == 7
+    with pytest.raises(DuplicateRunName) as err:
+        make_run(store)
+    assert "--run-name" in str(err.value) and "\n" not in str(err.value)
+    assert [r.name for r in store.runs()] == ["r1"]  # the first run is untouched
+    with pytest.raises(RunNotFound):
+        store.run("nope")
+
+
+def test_policies_deduplicate_by_hash_and_keep_lineage_with_two_parents(store):
+    run = make_run(store)
+    a, created_a = store.add_policy(run.id, Proposal("seed", "A", text="A", hash="ha", name="expert"))
+    again, created_again = store.add_policy(run.id, Proposal("mutate", "A", text="A", hash="ha"))
+    assert created_a and not created_again and again == a
+    b, _ = store.add_policy(run.id, Proposal("seed", "B", text="B", hash="hb"))
+    child, _ = store.add_policy(run.id, Proposal("mutate", "C", parent_ids=(b, a), generation=1, text="C", hash="hc"))
+    assert store.policy(child).parent_ids == (b, a)  # order kept: rank 0 is the edited parent
+    # Rejected proposals have no hash; several may coexist, each with its reason.
+    r1, _ = store.add_policy(run.id, Proposal("llm", "junk", rejection_reason="no policy: no fenced block"))
+    r2, _ = store.add_policy(run.id, Proposal("llm", "junk", rejection_reason="invalid policy: x:1:1: bad"))
+    rejected = store.policies(run.id, status="rejected")
+    assert [p.id for p in rejected] == [r1, r2]
+    assert rejected[1].rejection_reason.startswith("invalid policy")
+
+
+def test_same_hash_in_two_runs_is_two_policies(store):
+    one, two = make_run(store, "one"), make_run(store, "two")
+    p1, _ = store.add_policy(one.id, Proposal("seed", "A", text="A", hash="h"))
+    p2, created = store.add_policy(two.id, Proposal("seed", "A", text="A", hash="h"))
+    assert created and p1 != p2
+
+
+def test_evaluations_are_stored_once_per_policy_task_split(store):
+    run = make_run(store)
+    pid, _ = store.add_policy(run.id, Proposal("seed", "A", text="A", hash="h"))
+    result = TaskResult("t1", "train", "ok", 1.0, 0.002, 5, {"input": 10, "cached": 4}, 0.1)
+    assert store.add_evaluation(run.id, pid, result)
+    assert not store.add_evaluation(run.id, pid, result)  # a resumed run cannot duplicate it
+    assert store.add_evaluation(run.id, pid, TaskResult("t1", "heldout", "ok", 0.0, 0.001))
+    train = store.evaluations(run.id, "train")
+    assert len(train) == 1 and train[0].result.tokens == {"input": 10, "cached": 4}
+    assert len(store.evaluations(run.id)) == 2
+
+
+def test_sqlite_uses_wal(tmp_path):
+    path = tmp_path / "wal.db"
+    Store.open(f"sqlite:///{path}").close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_db_url_from_environment(tmp_path, monkeypatch):
+    path = tmp_path / "env.db"
+    monkeypatch.setenv("AKV_DB", f"sqlite:///{path}")
+    store = Store.open()
+    make_run(store, "from-env")
+    store.close()
+    assert path.exists()
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("not a url", "cannot parse"),
+    ("mysql://u@localhost/db", "unsupported database"),
+    ("sqlite:////no/such/folder/akv.db", "does not exist"),
+])
+def test_bad_database_urls_give_one_line_errors(url, expected):
+    with pytest.raises(StoreError) as err:
+        Store.open(url)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as err:
+        Store.open(f"sqlite:///{path}")
+    assert "not a database" in str(err.value)
+    assert path.read_bytes() == before

@@ -1,0 +1,59 @@
+"""`akv serve` as a user runs it: a separate process that prints its URL when ready."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+AKV = [sys.executable, "-m", "akv_cli.main"]
+
+
+def run_akv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AKV, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_model_is_a_clear_message_and_exit_1(tmp_path) -> None:
+    missing = tmp_path / "nothing-here.gguf"
+    result = run_akv("serve", "--model", str(missing))
+    assert result.returncode == 1
+    assert "not found" in result.stderr and str(missing) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_device_is_refused_by_the_option_parser() -> None:
+    result = run_akv("serve", "--device", "tpu")
+    assert result.returncode == 2
+    assert "tpu" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.server
+@pytest.mark.model
+def test_serve_prints_its_url_and_answers() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([*AKV, "serve", "--port", "0", "--kv-tokens", "4096",
+                                "--device", "cpu"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()  # blocks until the server is ready (or died)
+        match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
+        assert match, (line, process.stderr.read() if process.poll() is not None else "")
+        url = match.group(1)
+        assert httpx.get(url + "/health").json()["status"] == "ok"
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "smollm2"
+        reply = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode is not None

@@ -1,0 +1,141 @@
+"""Parsing, the canonical printer, located errors for bad input, and tunable numbers."""
+from __future__ import annotations
+
+import pytest
+
+from policy_dsl import (
+    PolicyError, PolicyLimitError, PolicySyntaxError, PolicyValidationError, builtin_names, builtin_source,
+    canonical_hash, format_policy, load_policy, parse, tunables, with_tunables,
+)
+from policy_dsl import nodes as n
+
+EXPERT = "mode kv\non each tool_response: drop role tool keep last 12 in 2..48\nreposition after each drop\n"
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_builtins_round_trip_through_the_canonical_form(name: str) -> None:
+    ast = parse(builtin_source(name), filename=name)
+    text = format_policy(ast)
+    assert parse(text) == ast
+    assert format_policy(parse(text)) == text
+    assert load_policy(name).source == text
+
+
+def test_layout_and_comments_do_not_change_the_canonical_form_or_hash() -> None:
+    messy = "# the expert\n  mode   kv\non each tool_responses :\n drop role tool\n keep last 12 in 2..48  # window\n" \
+            "reposition after each drop"
+    assert format_policy(parse(messy)) == EXPERT
+    assert canonical_hash(parse(messy)) == canonical_hash(parse(EXPERT))
+    assert canonical_hash(parse(EXPERT.replace("12 in", "11 in"))) != canonical_hash(parse(EXPERT))
+
+
+def test_every_construct_parses_to_its_node() -> None:
+    ast = parse('mode kv\non (every 3 tool_calls or after 2 turns) and visible_tokens > 900: '
+                'drop not role user and (age >= 4 tool_responses or tokens < 10 or contains "x\\"y") '
+                'keep last 1 until visible_tokens <= 50\non drop_context: drop requested or tool_name "run"\n'
+                'reposition when gap > 100\n')
+    first, second = ast.rules
+    assert first.trigger == n.AllOf((n.AnyOf((n.Every(n.Num(3), "tool_calls"), n.After(n.Num(2), "turns"))),
+                                     n.TokensAbove("visible", n.Num(900))))
+    assert first.action == n.Drop(n.Messages(
+        n.And((n.Not(n.Role("user")), n.Or((n.Age(">=", n.Num(4), "tool_responses"), n.Size("<", n.Num(10)),
+                                             n.Contains('x"y'))))),
+        keep_last=n.Num(1), until_visible=n.Num(50)))
+    assert second == n.Rule(n.DropContextCalled(), n.Drop(n.Messages(n.Or((n.Requested(), n.ToolName("run"))))))
+    assert ast.reposition == n.RepositionGap(n.Num(100))
+    assert parse(format_policy(ast)) == ast
+
+
+BAD_INPUT = [
+    # (source, line, column, class, words in the message)
+    ("", 1, 1, PolicySyntaxError, "empty policy"),
+    ("# only a comment\n\n", 1, 1, PolicySyntaxError, "empty policy"),
+    ("mode kv\non each tool_response: drop role tool keepx last 3\n", 2, 39, PolicySyntaxError,
+     "unknown keyword 'keepx'"),
+    ("mode kv\non each tool_response: discard role tool\n", 2, 24, PolicySyntaxError, "expected 'drop', 'omit'"),
+    ("mode kv\non each tool_response: drop role tool keep last\n", 2, 48, PolicySyntaxError,
+     "unexpected end of file"),
+    ("mode kv\non each tool_response:\n", 2, 23, PolicySyntaxError, "unexpected end of file"),
+    ("mode kvm\n", 1, 6, PolicySyntaxError, "unknown mode 'kvm'"),
+    ("mode kv\non each reply: drop all\n", 2, 9, PolicySyntaxError, "unknown unit 'reply'"),
+    ("mode kv\non each turn: drop role robot\n", 2, 25, PolicySyntaxError, "unknown role 'robot'"),
+    ("mode kv\non every 0 turns: drop all\n", 2, 10, PolicyValidationError, "count 0 is out of range"),
+    ("mode kv\non each turn: drop all keep last 40 in 1..8\n", 2, 34, PolicyValidationError,
+     "outside its range 1..8"),
+    ("mode kv\non each turn: drop all keep last 4 in 9..8\n", 2, 34, PolicyValidationError, "range 9..8 is invalid"),
+    ("mode kv\non each turn: drop all keep last 1234567890123\n", 2, 34, PolicySyntaxError, "too large"),
+    ("mode text\non each turn: omit all\nreposition after each drop\n", 3, 1, PolicyValidationError,
+     "reposition needs mode kv"),
+    ("mode kv\non each turn: omit all\n", 2, 15, PolicyValidationError, "omit needs mode text"),
+    ("mode text\non each turn: drop all\n", 2, 15, PolicyValidationError, "drop needs mode kv"),
+    ("mode kv\non each turn: drop thinking\non each tool_response: drop role tool\n", 3, 1,
+     PolicyValidationError, "cannot be combined with message drops"),
+    ("mode kv\non each turn: drop thinking where age > 2 turns\n", 2, 20, PolicyValidationError,
+     "remove 'where ...'"),
+    ("mode kv\non each turn: drop all\non each turn: drop all\n", 3, 1, PolicyValidationError,
+     "duplicate rule (same as line 2)"),
+    ("mode kv\non each turn: drop requested\n", 2, 15, PolicyValidationError, "must include drop_context"),
+    ("mode text\non each turn: summarize all until visible_tokens <= 5 within 100 tokens\n", 2, 25,
+     PolicyValidationError, "summarize cannot take 'until visible_tokens'"),
+    ('mode kv\non each turn: drop contains "a\\qb"\n', 2, 29, PolicySyntaxError, "bad escape"),
+    ('mode kv\non each turn: drop contains ""\n', 2, 29, PolicySyntaxError, "empty string"),
+    ("mode kv\non each turn: drop all\n\x00\x01garbage", 3, 1, PolicySyntaxError, "unexpected character '\\x00'"),
+    ("mode kv\non each turn: drop " + "not " * 40 + "all\n", 2, 0, PolicyLimitError, "nested deeper than 32"),
+]
+
+
+@pytest.mark.parametrize("source,line,column,kind,words", BAD_INPUT)
+def test_bad_input_gets_a_one_line_located_error(source: str, line: int, column: int, kind: type, words: str) -> None:
+    with pytest.raises(kind) as caught:
+        parse(source, filename="p.akvp")
+    err = caught.value
+    assert words in err.message
+    assert (err.filename, err.line) == ("p.akvp", line)
+    if column:
+        assert err.column == column, str(err)
+    assert str(err) == f"p.akvp:{err.line}:{err.column}: {err.message}"
+    assert "\n" not in str(err)
+
+
+def test_a_megabyte_file_is_refused_before_parsing(tmp_path) -> None:
+    big = tmp_path / "big.akvp"
+    big.write_bytes(b"mode kv\n" + b"# padding\n" * 110_000)
+    with pytest.raises(PolicyLimitError, match=r"big.akvp:1:1: policy is 1100008 bytes; the limit is 65536"):
+        load_policy(str(big))
+    with pytest.raises(PolicyLimitError):
+        parse("mode kv\n" + "#" * 70_000)
+
+
+def test_binary_garbage_is_located_at_the_first_bad_byte(tmp_path) -> None:
+    junk = tmp_path / "junk.akvp"
+    junk.write_bytes(b"mode kv\n\x89PNG\xff\xfe")
+    with pytest.raises(PolicySyntaxError, match=r"junk.akvp:2:1: not UTF-8 text \(byte 0x89\)"):
+        load_policy(str(junk))
+
+
+def test_unknown_policy_name_lists_the_builtins() -> None:
+    with pytest.raises(PolicyError, match="no built-in policy and no file named 'nope'.*expert"):
+        load_policy("nope")
+
+
+def test_tunables_list_ranged_numbers_and_with_tunables_sets_them() -> None:
+    ast = load_policy("token-based").ast
+    assert [(t.path, t.value, t.lo, t.hi, t.kind) for t in tunables(ast)] == [
+        ("rules[0].trigger.threshold", 64000, 8000, 128000, "int"),
+        ("rules[0].action.target.until_visible", 32000, 4000, 96000, "int"),
+    ]
+    tuned = with_tunables(ast, {"rules[0].trigger.threshold": 20000, "rules[0].action.target.until_visible": 9000.0})
+    assert "visible_tokens > 20000 in 8000..128000" in format_policy(tuned)
+    assert "until visible_tokens <= 9000 in 4000..96000" in format_policy(tuned)
+    assert parse(format_policy(tuned)) == tuned
+    assert tunables(ast)[0].value == 64000  # the original is untouched
+
+
+@pytest.mark.parametrize("values,words", [
+    ({"rules[0].trigger.threshold": 200_000}, "outside its range 8000..128000"),
+    ({"rules[0].trigger.threshold": 9000.5}, "expected an integer"),
+    ({"rules[9].trigger.threshold": 9000}, "no tunable number at 'rules[9].trigger.threshold'"),
+])
+def test_with_tunables_rejects_bad_values(values: dict, words: str) -> None:
+    with pytest.raises(PolicyValidationError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        with_tunables(load_policy("token-based").ast, values)

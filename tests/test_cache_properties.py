@@ -1,0 +1,86 @@
+"""Random request sequences against the cache: no leaks, exact accounting, correct reuse.
+
+Histories are drawn from a few short messages with shared prefixes, so token
+runs split, operation records branch and (with a small pool) eviction runs.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from akv_core.cache.key import build_key
+from akv_core.cache.kv_cache import KVCache, KVCapacityError
+from akv_core.cache.ops import validate_operations
+from akv_core.cache.simulator import CacheSimulator
+from test_cache_planner import run_symbolic
+from test_cache_support import SymbolicKV, account, reference_state, render, reused_tokens
+
+MESSAGES = [(1, 2, 3), (1, 2), (4,), (1, 2, 3, 4, 5), (6, 7), (6, 8, 9, 10)]
+
+
+@st.composite
+def requests(draw):
+    """One request: a history and cumulative, valid operations."""
+    n = draw(st.integers(1, 7))
+    messages = [MESSAGES[i] for i in draw(st.lists(st.integers(0, len(MESSAGES) - 1), min_size=n, max_size=n))]
+    dropped: set[int] = set()
+    drops: dict[str, list[int]] = {}
+    for trigger in range(1, n):
+        if draw(st.booleans()):
+            chosen = draw(st.sets(st.sampled_from([i for i in range(trigger) if i not in dropped]) if
+                                  len(dropped) < trigger else st.nothing(), max_size=2))
+            if chosen:
+                drops[str(trigger)] = sorted(chosen)
+                dropped |= chosen
+    repositions = draw(st.sets(st.integers(0, n - 1), max_size=3))
+    return messages, drops or None, sorted(repositions) or None
+
+
+sequences = st.lists(requests(), min_size=1, max_size=8)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequences, st.integers(25, 60))
+def test_no_slot_leaks_and_exact_accounting_under_eviction(sequence, pool):
+    sim = CacheSimulator(pool)
+    for messages, drops, repos in sequence:
+        rendered = render(messages)
+        try:
+            usage = sim.request(rendered, drops, repos, max_tokens=3)
+        except KVCapacityError:
+            assert len(rendered.token_ids) + 3 > pool // 2   # only prompts near the pool size are refused
+            sim.check_integrity()
+            continue
+        sim.check_integrity()
+        assert usage.prompt_tokens == len(rendered.token_ids)
+        assert sim.stats().slots_used == sim.stats().slots_cached   # nothing live, nothing owned
+    assert sim.stats().slots_used + sim.stats().slots_free == pool
+
+
+@settings(max_examples=150, deadline=None)
+@given(sequences)
+def test_reuse_is_the_longest_inserted_prefix_and_accounting_matches_per_token(sequence):
+    sim = CacheSimulator(10_000)
+    inserted = []
+    for messages, drops, repos in sequence:
+        rendered = render(messages)
+        key = build_key(rendered, validate_operations(len(messages), drops, repos))
+        reused, reused_records = reused_tokens(key, inserted)
+        usage = sim.request(rendered, drops, repos)
+        expected = account(key, reused, reused_records)
+        assert (usage.prefilled_tokens, usage.cached_tokens, usage.repos_tokens, usage.drop_skipped_tokens) == (
+            expected["prefilled"], expected["cached"], expected["repos"], expected["drop_skipped"])
+        inserted.append(key)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sequences, st.integers(30, 80))
+def test_reused_state_always_equals_the_state_the_operations_define(sequence, pool):
+    cache, kv = KVCache(pool), SymbolicKV()
+    for messages, drops, repos in sequence:
+        rendered = render(messages)
+        result = run_symbolic(cache, kv, rendered, drops, repos)
+        if result is None:
+            continue   # larger than the pool
+        key = build_key(rendered, validate_operations(len(messages), drops, repos))
+        assert result[0] == reference_state(key)

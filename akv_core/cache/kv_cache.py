@@ -77,10 +77,11 @@ class KVCache:
 
     def admit(self, plan: Plan, decode_reserve: int) -> Lease:
         """Lock the reused path, evict if short, and hand the request its slots. Check `can_admit` first."""
-        if not self.can_admit(plan, decode_reserve):
-            raise RuntimeError("admit() without room; call can_admit() first")
         self.tree.lock(plan.match.node)
         needed = plan.slots_needed + decode_reserve
+        if needed > self.allocator.free_count + self.tree.evictable_slots:
+            self.tree.unlock(plan.match.node)
+            raise RuntimeError("admit() without room; call can_admit() first")
         shortfall = needed - self.allocator.free_count
         if shortfall > 0:
             self.tree.evict(shortfall)

@@ -61,6 +61,7 @@ class RadixCache:
         self.root = Node(None, (), [])
         self.cached_slots = 0      # slots owned by tree nodes
         self.protected_slots = 0   # ... of which on a locked node
+        self._leaves: set[Node] = set()   # nodes without children (eviction candidates when unlocked)
         self._clock = 0
 
     @property
@@ -186,6 +187,8 @@ class RadixCache:
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child
+        self._leaves.discard(parent)
+        self._leaves.add(child)
         self.cached_slots += len(child.slots)
         return child
 
@@ -193,20 +196,22 @@ class RadixCache:
 
     def evict(self, n_slots: int) -> int:
         """Free at least `n_slots` slots from unlocked leaves, least recently used first; returns the count."""
-        heap = [(node.last_access, node) for node in self._nodes()
-                if not node.children and node.lock_ref == 0 and node is not self.root]
+        heap = [(node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < n_slots and heap:
             _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[node.edge]
+            self._leaves.discard(node)
             self.allocator.free(node.slots)
             freed += len(node.slots)
             self.cached_slots -= len(node.slots)
             node.parent = None
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent))
+            if parent is not self.root and not parent.children:
+                self._leaves.add(parent)
+                if parent.lock_ref == 0:
+                    heapq.heappush(heap, (parent.last_access, parent))
         return freed
 
     def _nodes(self) -> Iterable[Node]:
@@ -248,6 +253,7 @@ class RadixCache:
                    "a token node without one slot per token")
             _check(node.lock_ref == expected_refs.get(id(node), 0),
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
+            _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
             _claim(seen, node.slots)
             cached += len(node.slots)
             protected += len(node.slots) if node.lock_ref else 0

@@ -5,7 +5,7 @@ accounting"): prompt = prefilled + cached + repos + drop_skipped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -29,5 +29,5 @@ class Usage:
         return cls(prompt, 0, prompt, cached, drop_skipped, repos, prefilled)
 
     def with_completion(self, completion_tokens: int) -> Usage:
-        return replace(self, completion_tokens=completion_tokens,
-                       total_tokens=self.prompt_tokens + completion_tokens)
+        return Usage(self.prompt_tokens, completion_tokens, self.prompt_tokens + completion_tokens,
+                     self.cached_tokens, self.drop_skipped_tokens, self.repos_tokens, self.prefilled_tokens)

@@ -25,6 +25,8 @@ from sandbox.summarize import TextEditor
 from sandbox.trajectory import Exchange, Trajectory
 
 STATUSES = ("ok", "max_steps", "error")
+RESULT_FIELDS = ("task_id", "split", "policy", "status", "score", "answer", "n_requests", "tokens", "cost_usd",
+                 "wall_s")
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 With a model backend the summary is a real call that writes it (billed as its own request).
 The replay backend has no model, so a deterministic extractive summarizer writes it instead:
-it splits the summarized messages into sentences, scores each by how fact-like it is (digits,
-capitalised names, document ids), and keeps the best-scoring ones, in their original order,
-until the token budget is spent. Facts that do not make the cut are gone from the history,
-which is exactly the loss a text-engineering policy risks.
+the agent's own lines (its notes and conclusions) rank first, then the sentences of documents
+and tool output by how fact-like they are (digits, capitalised names, document ids); the
+best-ranked units are kept, in their original order and one per line, until the token budget
+is spent. Facts that do not make the cut are gone from the history, which is exactly the loss
+a text-engineering policy risks.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ SUMMARY_SYSTEM = (
     "found (names, numbers, dates, document ids) and what it was looking for. No preamble."
 )
 
-_SENTENCE = re.compile(r"[^\n.!?]+[.!?]?")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _FACTLIKE = re.compile(r"\d|\b[A-Z][a-z]+|\b[a-z]+[-_:]\d")
 
 
@@ -49,24 +50,49 @@ def summary_request(task_prompt: str, messages: Sequence[Mapping[str, Any]]) -> 
 
 def extractive_summary(messages: Sequence[Mapping[str, Any]], budget_tokens: int,
                        count_text: Callable[[str], int]) -> str:
-    """The most fact-like sentences of `messages`, in order, within `budget_tokens`."""
-    sentences = [s.strip() for m in messages for s in _SENTENCE.findall(message_text(m)) if s.strip()]
-    ranked = sorted(range(len(sentences)), key=lambda i: (-_score(sentences[i]), i))
+    """The agent's own notes, then the most fact-like sentences of `messages`, within `budget_tokens`.
+
+    Kept units stay in their original order, one per line, so line-oriented notes survive intact.
+    """
+    units = _units(messages)
+    ranked = sorted(range(len(units)), key=lambda i: (-units[i][0], i))
     kept: set[int] = set()
     spent = 0
     for index in ranked:
-        cost = count_text(sentences[index]) + 1  # +1 for the joining space
+        cost = count_text(units[index][1]) + 1  # +1 for the line break
         if spent + cost > budget_tokens:
-            continue  # a shorter sentence further down may still fit
+            continue  # a shorter unit further down may still fit
         kept.add(index)
         spent += cost
-    return " ".join(sentences[i] for i in sorted(kept))
+    return "\n".join(units[i][1] for i in sorted(kept))
 
 
-def _score(sentence: str) -> float:
-    """Fact density: fact-like tokens per word, so short factual sentences beat long vague ones."""
-    words = max(1, len(sentence.split()))
-    return len(_FACTLIKE.findall(sentence)) / words
+def _units(messages: Sequence[Mapping[str, Any]]) -> list[tuple[float, str]]:
+    """(score, text) per line of the agent's notes and per sentence of everything else, deduplicated.
+
+    The agent's own lines are its conclusions, the first thing any summary keeps: they outrank
+    every sentence of documents and tool output, which are ranked by fact density.
+    """
+    units: list[tuple[float, str]] = []
+    seen: set[str] = set()
+    for message in messages:
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        own = message.get("role") == "assistant"
+        for line in content.splitlines():
+            for unit in ([line] if own else _SENTENCE_END.split(line)):
+                unit = unit.strip()
+                if unit and unit not in seen:
+                    seen.add(unit)
+                    units.append(((1.0 if own else 0.0) + _density(unit), unit))
+    return units
+
+
+def _density(text: str) -> float:
+    """Fact-like tokens per word, below 1, so short factual sentences beat long vague ones."""
+    words = max(1, len(text.split()))
+    return min(0.99, len(_FACTLIKE.findall(text)) / words / 2)
 
 
 class TextEditor:

@@ -1,0 +1,135 @@
+"""The harness on the real localcomp suite with the replay backend (no model needed)."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends.replay import ReplayBackend
+from sandbox.harness import RESULT_FIELDS, RunLimits, resolve_policy, run_task, run_tasks
+from sandbox.suite import AgentAction, AgentView
+from sandbox.suites import get_suite
+from sandbox.trajectory import read_trajectory
+
+
+@pytest.fixture(scope="module")
+def localcomp():
+    from akv_core.home import akv_home
+
+    suite = get_suite("localcomp")
+    suite.build(akv_home(), 0)
+    return suite
+
+
+def test_results_have_exactly_the_documented_fields_and_land_on_disk(localcomp, tmp_path: Path) -> None:
+    report = run_tasks(localcomp, "train", "expert", limit=2, out_dir=tmp_path)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [r.to_dict() for r in report.results]
+    for result in report.results:
+        row = result.to_dict()
+        assert tuple(row) == RESULT_FIELDS
+        assert set(row["tokens"]) == {"input", "cached", "output", "drop_skipped", "repos"}
+        assert row["status"] == "ok" and row["n_requests"] > 1 and row["cost_usd"] > 0
+        _, requests = read_trajectory(tmp_path / "trajectories" / f"{result.task_id}.jsonl")
+        assert len(requests) == result.n_requests
+        assert sum(r.usage.prefilled_tokens for r in requests) == result.tokens.input
+    assert report.summary["n_tasks"] == 2 and report.summary["errors"] == {}
+
+
+def test_expert_is_cheaper_than_full_and_standard_pays_for_summaries(localcomp) -> None:
+    costs = {}
+    for policy in ("full", "expert", "standard-8k"):
+        costs[policy] = run_tasks(localcomp, "train", policy, limit=3).summary
+    assert costs["expert"]["total_cost_usd"] < costs["full"]["total_cost_usd"]
+    assert costs["expert"]["tokens"]["drop_skipped"] > 0 and costs["expert"]["tokens"]["repos"] > 0
+    assert costs["full"]["tokens"]["drop_skipped"] == costs["full"]["tokens"]["repos"] == 0
+    # standard-8k summarizes: each summary is an extra billed request with its own output
+    policy = resolve_policy("standard-8k")
+    task = localcomp.tasks("train")[0]
+    result, trajectory = run_task(task, localcomp, policy, localcomp.scripted_agent(task), ReplayBackend())
+    summaries = [e for e in trajectory.exchanges if e.purpose == "summary"]
+    assert summaries and all(e.cost_usd > 0 and e.usage.completion_tokens > 0 for e in summaries)
+    assert result.n_requests == len(trajectory.exchanges)
+
+
+class _Watching:
+    """Delegates to the suite's scripted agent and keeps every view it was given."""
+
+    def __init__(self, agent) -> None:
+        self.agent, self.name, self.views = agent, agent.name, []
+
+    def act(self, view: AgentView) -> AgentAction:
+        self.views.append(view)
+        return self.agent.act(view)
+
+
+def test_the_agent_sees_exactly_what_the_policy_left_visible(localcomp) -> None:
+    task = localcomp.tasks("train")[0]
+    agent = _Watching(localcomp.scripted_agent(task))
+    _, trajectory = run_task(task, localcomp, resolve_policy("expert-8k"), agent, ReplayBackend())
+    steps = [e for e in trajectory.exchanges if e.purpose == "agent"]
+    assert len(steps) == len(agent.views)
+    for view, exchange in zip(agent.views, steps):
+        dropped = {i for ids in exchange.request.drop_message.values() for i in ids}
+        assert list(view.visible) == [i not in dropped for i in range(len(view.messages))]
+        assert view.response is None  # replay has no model
+    assert not all(agent.views[-1].visible)
+
+
+class _Clumsy:
+    """Makes every kind of tool-call mistake once, then answers."""
+
+    name = "clumsy"
+    CALLS = [
+        {"id": "a", "type": "function", "function": {"name": "no_such_tool", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "get_document", "arguments": "{not json"}},
+        {"id": "c", "type": "function", "function": {"name": "get_document", "arguments": '{"docid": "lc-99999"}'}},
+        {"id": "d", "type": "function", "function": {"name": "", "arguments": "{}"}},
+        {"id": "e", "type": "function", "function": {"name": "search", "arguments": "[1, 2]"}},
+    ]
+
+    def act(self, view: AgentView) -> AgentAction:
+        if view.step == 0:
+            return AgentAction({"role": "assistant", "content": "", "tool_calls": self.CALLS})
+        return AgentAction({"role": "assistant", "content": "done"}, final_answer="unknown")
+
+
+def test_tool_errors_and_malformed_calls_become_tool_messages(localcomp) -> None:
+    task = localcomp.tasks("train")[0]
+    result, trajectory = run_task(task, localcomp, resolve_policy("full"), _Clumsy(), ReplayBackend())
+    assert result.status == "ok" and result.n_requests == 2 and result.score == 0.0
+    _, *tool_messages = trajectory.exchanges[-1].request.messages[2:]
+    texts = [m["content"] for m in tool_messages]
+    assert len(texts) == 5 and all(t.startswith("error:") for t in texts)
+    assert "not valid JSON" in texts[1] and "lc-99999" in texts[2] and "JSON object" in texts[4]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_endpoint_fails_each_task_and_the_run_goes_on(localcomp, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    report = run_tasks(localcomp, "train", "expert", agent="llm", backend=url, model="m", limit=2,
+                       out_dir=tmp_path)
+    assert [r.status for r in report.results] == ["error", "error"]
+    assert all("cannot reach" in reason for reason in report.summary["errors"].values())
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"split": "nope"}, "nope"),
+    ({"policy": "no-such-policy"}, "no-such-policy"),
+    ({"task_ids": ["zz-404"]}, "zz-404"),
+    ({"agent": "wizard"}, "expected scripted or llm"),
+    ({"agent": "llm"}, "needs a model"),
+])
+def test_bad_arguments_are_one_line_errors(localcomp, kwargs: dict, expected: str) -> None:
+    args = {"split": "train", "policy": "expert", **kwargs}
+    with pytest.raises(ValueError, match=expected) as info:
+        run_tasks(localcomp, args.pop("split"), args.pop("policy"), limits=RunLimits(max_steps=2), **args)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,55 @@
+"""`akv run` and `akv tasks` through the real command line app (in-process, replay backend)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from akv_cli.main import app
+from sandbox.suites import get_suite
+
+runner = CliRunner()
+
+
+def test_run_json_prints_exactly_one_object_with_results_and_summary() -> None:
+    result = runner.invoke(app, ["run", "--suite", "localcomp", "--split", "train", "--policy", "expert",
+                                 "--agent", "scripted", "--backend", "replay", "--limit", "2", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)  # one object and nothing else on stdout
+    assert set(report) == {"results", "summary"}
+    assert len(report["results"]) == 2 and report["summary"]["policy"] == "expert"
+    assert report["summary"]["mean_cost_usd"] > 0
+
+
+def test_run_prints_rows_and_a_summary_without_json() -> None:
+    result = runner.invoke(app, ["run", "--suite", "localcomp", "--policy", "full", "--limit", "1"])
+    assert result.exit_code == 0, result.stderr
+    assert "mean score" in result.stdout and "mean cost" in result.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--suite", "nosuite", "--policy", "expert"], "unknown suite 'nosuite'"),
+    (["--suite", "localcomp", "--split", "nosplit", "--policy", "expert"], "nosplit"),
+    (["--suite", "localcomp", "--policy", "nopolicy"], "nopolicy"),
+    (["--suite", "localcomp", "--policy", "expert", "--agent", "llm"], "needs a model"),
+    (["--suite", "localcomp", "--policy", "expert", "--backend", "gpu"], "expected replay, embedded"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    result = runner.invoke(app, ["run", *args, "--json"])
+    assert result.exit_code == 2
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_tasks_list_shows_the_split() -> None:
+    result = runner.invoke(app, ["tasks", "list", "--suite", "localcomp", "--split", "train", "--json"])
+    assert result.exit_code == 0, result.stderr
+    listing = json.loads(result.stdout)
+    expected = [task.id for task in get_suite("localcomp").tasks("train")]
+    assert listing["split"] == "train" and [t["id"] for t in listing["tasks"]] == expected and expected
+
+
+def test_tasks_list_unknown_split_is_one_line_and_exit_2() -> None:
+    result = runner.invoke(app, ["tasks", "list", "--suite", "localcomp", "--split", "dev"])
+    assert result.exit_code == 2 and "dev" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -108,12 +108,16 @@ class Evolution:
         pid, _ = self.store.add_policy(self.run.id, proposal)
         if proposal.rejection_reason is not None:
             proposer.tell(proposal, pid, Outcome("rejected", reason=proposal.rejection_reason))
-            self.progress(f"#{pid} {proposer.name}: rejected ({proposal.rejection_reason[:80]})", self.cascade.front())
+            self.progress(f"{self._count(index)} #{pid} {proposer.name}: rejected ({proposal.rejection_reason[:80]})",
+                          self.cascade.front())
             return
         outcome = self.cascade.evaluate(pid, proposal.text or "", f"#{pid}")
         proposer.tell(proposal, pid, outcome)
-        self.progress(f"#{pid} {proposer.name}: {outcome.status} score {outcome.score:.3f} "
+        self.progress(f"{self._count(index)} #{pid} {proposer.name}: {outcome.status} score {outcome.score:.3f} "
                       f"cost ${outcome.cost:.5f}", self.cascade.front())
+
+    def _count(self, index: int) -> str:
+        return f"[{index + 1}/{self.config.max_candidates}]"
 
     def _duplicate(self, proposer: Proposer, proposal: Proposal, known: PolicyInfo) -> None:
         # Stored (without a hash) so the lineage shows the attempt and the budget counts it.

@@ -49,7 +49,7 @@ def _pm(low: float, high: float, scale: float = 1.0, digits: int = 3) -> str:
 
 def text_table(rows: Sequence[Row]) -> list[list[str]]:
     """Header plus one line per policy, the same cells the CLI and the HTML show."""
-    table = [["policy", "held-out score", "cost/task (USD)", "cost vs Standard", "score vs Standard", "verdict"]]
+    table = [["policy", "score %", "cost/task USD", "cost vs Std", "score vs Std", "verdict"]]
     for r in rows:
         table.append([
             ("★ " if r.champion else "") + r.label,
@@ -57,9 +57,16 @@ def text_table(rows: Sequence[Row]) -> list[list[str]]:
             f"{r.cost:.5f} {_pm(*r.cost_ci, digits=5)}",
             f"{r.cost_change_pct:+.1f}% (p={r.cost_p:.2g})",
             f"{r.score_change:+.1f} pt (p={r.score_p:.2g})",
-            r.verdict,
+            short_verdict(r.verdict),
         ])
     return table
+
+
+def short_verdict(verdict: str) -> str:
+    """The verdict's leading clause, for narrow tables."""
+    if verdict.startswith("champion"):
+        return "champion"
+    return verdict.split(" (")[0].replace("cost saving vs Standard not significant", "saving n.s.")
 
 
 def summary_line(validations: Sequence[ValidationRecord]) -> str:

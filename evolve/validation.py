@@ -70,7 +70,7 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
                  "score_ci": bootstrap_ci(scores, config.resamples, seed=seed),
                  "cost_ci": bootstrap_ci(costs, config.resamples, seed=seed), "alpha": config.alpha,
                  "policy_name": info.name}
-        records.append(ValidationRecord(info.id, role, label if role == "candidate" else f"{role} ({info.name})",
+        records.append(ValidationRecord(info.id, role, label if role == "candidate" else info.name or role,
                                         len(rows), means[info.id].score, means[info.id].cost, stats,
                                         info.id in front, False, why))
     champion = min(eligible)[2] if eligible else None

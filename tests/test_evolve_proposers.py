@@ -1,0 +1,142 @@
+"""Proposers on real policies and a real optuna storage; the held-out wall of the proposer context."""
+from __future__ import annotations
+
+import random
+import socket
+
+import optuna
+import pytest
+
+from evolve.candidate import check_policy
+from evolve.config import LLMProposerConfig, MutateProposerConfig, OptunaProposerConfig
+from evolve.context import Candidate, HeldOutLeak, ProposerContext, build_context
+from evolve.library import library_texts, load_checked
+from evolve.proposers.base import BudgetExhausted, Outcome, ProposerUnavailable
+from evolve.proposers.llm import LLMProposer, build_prompt, extract_policy
+from evolve.proposers.mutate import MutateProposer
+from evolve.proposers.optuna_search import OptunaProposer
+from evolve.proposers.tree import get_at, set_at
+from store import EvaluationRecord, PolicyInfo, Store, TaskResult
+
+
+def candidate(pid: int, name: str, score: float = 0.5, cost: float = 0.01) -> Candidate:
+    rows = (TaskResult("train-1", "train", "ok", score, cost), TaskResult("train-2", "train", "max_steps", 0.0, cost,
+                                                                          error="gave up at the step budget"))
+    return Candidate(pid, load_checked(name).text, 0, score, cost, rows)
+
+
+def context(front, seed=0, known=frozenset()) -> ProposerContext:
+    return ProposerContext(tuple(front), tuple(front), frozenset(known), random.Random(seed), seed)
+
+
+def test_extract_policy_takes_the_last_fenced_block():
+    answer = "Idea:\n```\nmode text\n```\nBetter:\n```akvp\nmode kv\nreposition never\n```\nDone."
+    assert extract_policy(answer) == "mode kv\nreposition never"
+    assert extract_policy("mode kv without a fence") is None
+
+
+def test_mutate_children_are_valid_new_and_carry_their_lineage():
+    front = [candidate(1, "expert-8k"), candidate(2, "token-based")]
+    known = {check_policy(c.text).hash for c in front}
+    proposer = MutateProposer(MutateProposerConfig(crossover_rate=0.0), library_texts())
+    hashes = set()
+    for seed in range(6):
+        proposal = proposer.ask(context(front, seed, known))
+        assert proposal.rejection_reason is None, proposal.rejection_reason
+        checked = check_policy(proposal.text)
+        assert checked.text == proposal.text and checked.hash == proposal.hash not in known
+        assert len(proposal.parent_ids) == 1 and proposal.generation == 1 and proposal.meta["edits"]
+        hashes.add(proposal.hash)
+    assert len(hashes) > 1
+
+
+def test_crossover_has_two_parents():
+    front = [candidate(1, "expert-8k"), candidate(2, "token-based")]
+    proposer = MutateProposer(MutateProposerConfig(crossover_rate=1.0), library_texts())
+    proposal = proposer.ask(context(front, 3))
+    assert proposal.rejection_reason is None and sorted(proposal.parent_ids) == [1, 2]
+    assert proposal.meta["edits"][0].startswith("crossover")
+
+
+def test_tree_edits_copy_and_leave_the_parent_intact():
+    tree = load_checked("expert-8k").ast
+    path = ("rules", 0, "action", "target", "keep_last")
+    num = get_at(tree, path)
+    edited = set_at(tree, path + ("value",), num.value + 1)
+    assert get_at(edited, path).value == num.value + 1 and get_at(tree, path).value == num.value
+
+
+def test_optuna_searches_the_tunable_ranges_and_resumes_its_study(tmp_path):
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    Store.open(url).close()  # optuna's tables live next to ours
+    front = [candidate(1, "expert-8k")]
+    first = OptunaProposer(OptunaProposerConfig(), url, "run-a", seed=0)
+    proposal = first.ask(context(front, 0))
+    assert proposal.rejection_reason is None and proposal.parent_ids == (1,)
+    (path, value), = proposal.meta["params"].items()
+    assert path == "rules[0].action.target.keep_last" and 1 <= value <= 12
+    assert f"keep last {value} in 1..12" in proposal.text
+    first.tell(proposal, 10, Outcome("evaluated", 0.75, 0.004))
+    again = OptunaProposer(OptunaProposerConfig(sampler="nsga2"), url, "run-a", seed=0)  # a resumed process
+    second = again.ask(context(front, 1))
+    assert second.meta["study"] == proposal.meta["study"] and second.meta["trial"] == 1
+    study = optuna.load_study(study_name=proposal.meta["study"], storage=url)
+    assert study.trials[0].values == [0.75, 0.004]
+
+
+def test_optuna_rejects_when_no_policy_has_a_range():
+    front = [candidate(1, "full")]
+    proposal = OptunaProposer(OptunaProposerConfig(), "sqlite://", "run-b", 0).ask(context(front))
+    assert proposal.rejection_reason and "tunable" in proposal.rejection_reason
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when we return: connections are refused
+
+
+def test_unreachable_llm_endpoint_is_retried_with_backoff_then_stops():
+    delays = []
+    cfg = LLMProposerConfig(endpoint=f"http://127.0.0.1:{_closed_port()}/v1", retries=2, backoff_s=0.01, timeout_s=5)
+    proposer = LLMProposer(cfg, library_texts()[:1], sleep=delays.append)
+    with pytest.raises(ProposerUnavailable) as err:
+        proposer.ask(context([candidate(1, "expert-8k")]))
+    assert delays == [0.01, 0.02] and "after 3 attempts" in str(err.value) and "--resume" in str(err.value)
+
+
+def test_llm_budget_is_checked_before_any_request():
+    cfg = LLMProposerConfig(endpoint=f"http://127.0.0.1:{_closed_port()}/v1", max_usd=0.5)
+    proposer = LLMProposer(cfg, library_texts()[:1], spent_usd=0.5)
+    with pytest.raises(BudgetExhausted, match="USD budget"):
+        proposer.ask(context([candidate(1, "expert-8k")]))
+
+
+def test_llm_prompt_holds_the_parent_its_failures_and_inspirations():
+    parent, other = candidate(1, "expert-8k", 0.5), candidate(2, "token-based", 0.9)
+    prompt = build_prompt(parent, [other])
+    assert parent.text.strip() in prompt and other.text.strip() in prompt
+    assert "gave up at the step budget" in prompt and "train-2" in prompt
+
+
+def _policy(pid: int, text: str) -> PolicyInfo:
+    return PolicyInfo(pid, 1, f"h{pid}", text, text, None, 0, "seed", "evaluated", None, (), 0, 0, 0.0, {})
+
+
+def test_proposer_context_refuses_held_out_evaluations():
+    text = load_checked("expert-8k").text
+    train = [EvaluationRecord(1, TaskResult("t1", "train", "ok", 1.0, 0.01))]
+    ctx = build_context([_policy(1, text)], train, ["t1"], random.Random(0))
+    assert [c.policy_id for c in ctx.front] == [1]
+    leaked = train + [EvaluationRecord(1, TaskResult("h1", "heldout", "ok", 1.0, 0.01))]
+    with pytest.raises(HeldOutLeak, match="heldout"):
+        build_context([_policy(1, text)], leaked, ["t1"], random.Random(0))
+
+
+def test_only_policies_with_the_whole_train_split_compete():
+    text_a, text_b = load_checked("expert-8k").text, load_checked("full").text
+    evals = [EvaluationRecord(1, TaskResult("t1", "train", "ok", 1.0, 0.02)),
+             EvaluationRecord(1, TaskResult("t2", "train", "ok", 1.0, 0.02)),
+             EvaluationRecord(2, TaskResult("t1", "train", "ok", 1.0, 0.001))]  # t2 missing: pruned early
+    ctx = build_context([_policy(1, text_a), _policy(2, text_b)], evals, ["t1", "t2"], random.Random(0))
+    assert [c.policy_id for c in ctx.population] == [1]

@@ -1,0 +1,143 @@
+"""Properties over random histories and random policies: cumulative decisions, safety, round trips."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_policy_support import CharCounter, histories
+
+from policy_dsl import PolicyError, builtin_names, compile_policy, format_policy, load_policy, parse, validate
+from policy_dsl import nodes as n
+
+KV_BUILTINS = [name for name in builtin_names() if load_policy(name).mode == "kv"]
+SMALL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def nums(lo: int, hi: int) -> st.SearchStrategy[n.Num]:
+    plain = st.integers(lo, hi).map(n.Num)
+    ranged = st.tuples(st.integers(lo, hi), st.integers(lo, hi), st.integers(lo, hi)).map(
+        lambda t: n.Num(sorted(t)[1], sorted(t)[0], sorted(t)[2]))
+    return st.one_of(plain, ranged)
+
+
+UNITS = st.sampled_from(n.COUNT_UNITS)
+TRIGGER_ATOMS = st.one_of(
+    st.builds(n.Every, nums(1, 5), UNITS),
+    st.builds(n.After, nums(1, 8), UNITS),
+    st.builds(n.TokensAbove, st.sampled_from(["visible", "history"]), nums(1, 3000)),
+    st.builds(n.TokensAbove, st.sampled_from(["visible", "history"]), nums(1, 3000)),
+    st.just(n.DropContextCalled()),
+)
+TRIGGERS = st.recursive(TRIGGER_ATOMS, lambda inner: st.one_of(
+    st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.AnyOf(tuple(ps))),
+    st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.AllOf(tuple(ps))),
+), max_leaves=4)
+OPS = st.sampled_from(n.COMPARISONS)
+SELECTOR_ATOMS = st.one_of(
+    st.just(n.AllMessages()), st.sampled_from(n.ROLES).map(n.Role),
+    st.sampled_from(["search", "open", "drop_context"]).map(n.ToolName),
+    st.builds(n.Age, OPS, nums(0, 6), UNITS), st.builds(n.Size, OPS, nums(0, 300)),
+    st.sampled_from(["error", "ok", 'q"\\\n\u00e9']).map(n.Contains), st.just(n.Requested()),
+)
+SIMPLE_SELECTORS = st.one_of(st.just(n.AllMessages()), st.sampled_from(["tool", "assistant"]).map(n.Role),
+                             st.builds(n.Age, st.just(">="), nums(0, 4), UNITS))
+SELECTORS = SIMPLE_SELECTORS | st.recursive(SELECTOR_ATOMS, lambda inner: st.one_of(
+    inner.map(n.Not),
+    st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.And(tuple(ps))),
+    st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.Or(tuple(ps))),
+), max_leaves=5)
+MESSAGE_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000))
+KV_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, MESSAGE_TARGETS))
+REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDrop()),
+                        st.builds(n.RepositionEvery, nums(1, 4), st.sampled_from(n.REPOSITION_UNITS)),
+                        st.builds(n.RepositionGap, nums(1, 500)))
+KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS)
+TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
+    st.builds(n.Omit, MESSAGE_TARGETS), st.builds(n.Omit, st.builds(n.Thinking, st.none() | SELECTORS)),
+    st.builds(n.Summarize, st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6)), nums(16, 500)),
+))
+ANY_POLICIES = st.one_of(KV_POLICIES, st.builds(n.Policy, st.just("text"), st.lists(TEXT_RULES, max_size=3).map(tuple)))
+
+
+def valid(ast: n.Policy) -> bool:
+    try:
+        validate(ast)
+    except PolicyError:
+        return False
+    return True
+
+
+class ScaledCounter(CharCounter):
+    """Thirty tokens per character: small histories reach the built-ins' real thresholds."""
+
+    def count(self, message) -> int:
+        return 30 * super().count(message)
+
+
+COUNTERS = st.sampled_from([CharCounter(), ScaledCounter()])
+
+
+def check_cumulative_and_safe(policy, history, counter) -> None:
+    full = policy.decide(history, counter)
+    protected = {0} if history[0]["role"] == "system" else set()
+    protected.add(next(i for i, m in enumerate(history) if m["role"] == "user"))
+    seen: set[int] = set()
+    for key, dropped in full.drop_message.items():
+        trigger = int(key)
+        assert 0 <= trigger < len(history)
+        assert dropped == sorted(dropped) and dropped, key
+        assert all(0 <= j < trigger for j in dropped), key
+        assert not protected & set(dropped)
+        assert not seen & set(dropped), "dropped twice"
+        seen |= set(dropped)
+    assert list(full.drop_message) == sorted(full.drop_message, key=int)
+    assert full.reposition == sorted(set(full.reposition))
+    assert all(0 <= r < len(history) for r in full.reposition)
+    for k in range(1, len(history)):
+        prefix = policy.decide(history[:k], counter)
+        assert prefix.drop_message == {key: v for key, v in full.drop_message.items() if int(key) < k}
+        assert prefix.reposition == [r for r in full.reposition if r < k]
+        assert not prefix.thinking_drop or full.thinking_drop
+
+
+@pytest.mark.parametrize("name", KV_BUILTINS)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), counter=COUNTERS)
+def test_builtin_kv_decisions_are_cumulative_and_safe(name, history, counter) -> None:
+    check_cumulative_and_safe(load_policy(name), history, counter)
+
+
+@SMALL
+@given(history=histories(max_rounds=8), ast=KV_POLICIES.filter(valid), counter=COUNTERS)
+def test_random_kv_policies_are_cumulative_and_safe(history, ast, counter) -> None:
+    check_cumulative_and_safe(compile_policy(ast), history, counter)
+
+
+@SMALL
+@given(history=histories(max_rounds=8), ast=ANY_POLICIES.filter(valid))
+def test_text_edits_are_in_range_and_never_touch_protected_messages(history, ast) -> None:
+    decision = compile_policy(ast).decide(history, CharCounter())
+    latest = len(history) - 1
+    first_user = next(i for i, m in enumerate(history) if m["role"] == "user")
+    covered: list[int] = []
+    for edit in decision.text_edits:
+        assert 0 <= edit.start <= edit.end < latest
+        covered += range(edit.start, edit.end + 1)
+        if edit.kind == "summarize":
+            assert history[edit.end + 1]["role"] != "tool"  # tool batches stay whole
+    assert len(covered) == len(set(covered)) and first_user not in covered
+
+
+@settings(max_examples=150, deadline=None)
+@given(ast=ANY_POLICIES)
+def test_printer_round_trips_every_valid_ast_and_parse_rejects_the_rest(ast) -> None:
+    text = format_policy(ast)
+    if valid(ast):
+        assert parse(text) == ast
+        assert format_policy(parse(text)) == text
+    else:
+        try:
+            parse(text)
+        except PolicyError:
+            return
+        raise AssertionError("parse accepted the text of an invalid policy")

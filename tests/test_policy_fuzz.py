@@ -1,0 +1,67 @@
+"""Fuzzing the front end: whatever the text, only the language's own errors may escape."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policy_dsl import PolicyError, builtin_names, builtin_source, compile_policy, parse
+from policy_dsl.parser import decode_source
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOURCES = [builtin_source(name) for name in builtin_names()]
+WORDS = ["mode", "kv", "text", "on", "each", "every", "after", "drop", "omit", "summarize", "within", "tokens",
+         "keep", "last", "until", "visible_tokens", "history_tokens", "<=", ">", ">=", "(", ")", ":", "and", "or",
+         "not", "role", "tool", "tool_name", "age", "contains", "requested", "drop_context", "thinking", "where",
+         "reposition", "never", "gap", "in", "..", "0", "12", "99999999999999", '"x"', '"\\q"', "#", "\n", "\x00"]
+
+
+def parse_and_compile(text: str) -> None:
+    try:
+        compile_policy(parse(text, filename="fuzz.akvp"))
+    except PolicyError as err:
+        assert str(err).startswith("fuzz.akvp:") and "\n" not in err.message
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_random_text(text: str) -> None:
+    parse_and_compile(text)
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_random_bytes(data: bytes) -> None:
+    parse_and_compile(data.decode("utf-8", errors="replace"))
+    try:
+        decode_source(data, "fuzz.akvp")
+    except PolicyError:
+        pass
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(WORDS), max_size=40))
+def test_random_keyword_soup(words: list[str]) -> None:
+    parse_and_compile(" ".join(words))
+
+
+@FUZZ
+@given(source=st.sampled_from(SOURCES), data=st.data())
+def test_mutated_builtins(source: str, data: st.DataObject) -> None:
+    text = source
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(text)))
+        edit = data.draw(st.sampled_from(["delete", "insert", "duplicate"]))
+        if edit == "delete":
+            text = text[:at] + text[at + data.draw(st.integers(1, 8)):]
+        elif edit == "insert":
+            text = text[:at] + data.draw(st.sampled_from(WORDS) | st.text(max_size=3)) + text[at:]
+        else:
+            text = text[:at] + text[at: at + 20] + text[at:]
+    parse_and_compile(text)
+
+
+def test_deep_nesting_is_a_limit_error_not_a_crash() -> None:
+    for text in ["mode kv on each turn: drop " + "(" * 30_000 + "all" + ")" * 30_000,
+                 "mode kv on each turn: drop " + "not " * 15_000 + "all",
+                 "mode kv on " + "(each turn and " * 3000 + "each turn" + ")" * 3000 + ": drop all"]:
+        parse_and_compile(text)

@@ -73,7 +73,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool) -> ModelConf
         architecture=arch, num_layers=get("block_count"), hidden_size=get("embedding_length"),
         intermediate_size=get("feed_forward_length"), num_heads=heads,
         num_kv_heads=get("attention.head_count_kv", heads), head_dim=head_dim,
-        vocab_size=get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())),
+        vocab_size=get("vocab_size") or meta.get("tokenizer.ggml.tokens"),
         context_length=get("context_length"), rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(get("rope.freq_base", 10000.0)), rotary_dim=get("rope.dimension_count") or head_dim,
         rope_scaling=scaling, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3",

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from akv_core.model.config import ModelConfig, config_from_gguf, config_from_hf
+from akv_core.model.gguf_file import GGUFFile
 from akv_core.model.llama import CausalLM, LayerWeights
 from akv_core.model.locate import EMBEDDED_NAME, locate
 
@@ -75,13 +76,8 @@ def _unpermute(w: Tensor, heads: int) -> Tensor:
 
 
 def _open_gguf(path: Path) -> tuple[ModelConfig, Fetch]:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    skip = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
-    meta = {key: field.contents() for key, field in reader.fields.items() if key not in skip}
-    tensors = {t.name: t for t in reader.tensors}
-    config = config_from_gguf(meta, has_output_weight="output.weight" in tensors)
+    gguf = GGUFFile(path)
+    config = config_from_gguf(gguf.meta, has_output_weight="output.weight" in gguf.tensors)
 
     def fetch(name: str) -> Tensor | None:
         if name.startswith("layers."):
@@ -89,11 +85,9 @@ def _open_gguf(path: Path) -> tuple[ModelConfig, Fetch]:
             gguf_name = f"blk.{layer}.{_GGUF_LAYER[part]}"
         else:
             gguf_name = _GGUF_NAMES[name]
-        info = tensors.get(gguf_name)
-        if info is None:
+        if gguf_name not in gguf.tensors:
             return None
-        array = gguf.quants.dequantize(info.data, info.tensor_type)
-        tensor = torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: the file is mapped read-only
+        tensor = torch.from_numpy(np.array(gguf.array(gguf_name)))  # a copy: the file is mapped read-only
         if config.architecture == "llama" and name.endswith((".q", ".k")):
             heads = config.num_heads if name.endswith(".q") else config.num_kv_heads
             tensor = _unpermute(tensor, heads)

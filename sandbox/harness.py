@@ -117,14 +117,15 @@ class _TaskRun:
             view = AgentView(self.task, request.messages, _visible(len(self.history), request.drop_message),
                              reply.message, step)
             action = self.agent.act(view)
+            message = _with_call_ids(action.message, step)
             usage = reply.usage
             if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
-                usage = usage.with_completion(self.counter.count(action.message))
+                usage = usage.with_completion(self.counter.count(message))
             self._record(step, "agent", request, reply.message, usage)
-            self.history.append(action.message)
+            self.history.append(message)
             if action.final_answer is not None:
                 return "ok", action.final_answer
-            self._run_tools(env, action.message, step)
+            self._run_tools(env, message)
         return "max_steps", None
 
     def _decide(self, step: int) -> dict[str, Any]:
@@ -141,11 +142,10 @@ class _TaskRun:
             decision = self.policy.decide(self.history, self.counter)
         return decision.api_fields()
 
-    def _run_tools(self, env: Any, message: Message, step: int) -> None:
+    def _run_tools(self, env: Any, message: Message) -> None:
         for call in message.get("tool_calls") or ():
             name, text = self._call_tool(env, call)
-            self.history.append({"role": "tool", "tool_call_id": call.get("id") or f"call_{step}",
-                                 "name": name, "content": text})
+            self.history.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": text})
 
     def _call_tool(self, env: Any, call: Mapping[str, Any]) -> tuple[str, str]:
         """(tool name, result text); mistakes of the agent become the result text."""
@@ -178,6 +178,16 @@ class _TaskRun:
 
     def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: Usage) -> None:
         self._record(step, "summary", request, reply, usage)
+
+
+def _with_call_ids(message: Message, step: int) -> Message:
+    """The message with an id on every tool call (its results must name it); unchanged when all have one."""
+    calls = message.get("tool_calls") or ()
+    if all(isinstance(c, Mapping) and c.get("id") for c in calls):
+        return message
+    fixed = [{**c, "id": c.get("id") or f"call_{step}_{n}"} if isinstance(c, Mapping) else
+             {"id": f"call_{step}_{n}", "type": "function", "function": {}} for n, c in enumerate(calls)]
+    return {**message, "tool_calls": fixed}
 
 
 def _visible(n_messages: int, drop_message: Mapping[str, Sequence[int]]) -> tuple[bool, ...]:

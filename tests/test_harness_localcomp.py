@@ -38,20 +38,52 @@ def test_results_have_exactly_the_documented_fields_and_land_on_disk(localcomp, 
     assert report.summary["n_tasks"] == 2 and report.summary["errors"] == {}
 
 
-def test_expert_is_cheaper_than_full_and_standard_pays_for_summaries(localcomp) -> None:
-    costs = {}
-    for policy in ("full", "expert", "standard-8k"):
-        costs[policy] = run_tasks(localcomp, "train", policy, limit=3).summary
-    assert costs["expert"]["total_cost_usd"] < costs["full"]["total_cost_usd"]
-    assert costs["expert"]["tokens"]["drop_skipped"] > 0 and costs["expert"]["tokens"]["repos"] > 0
-    assert costs["full"]["tokens"]["drop_skipped"] == costs["full"]["tokens"]["repos"] == 0
-    # standard-8k summarizes: each summary is an extra billed request with its own output
-    policy = resolve_policy("standard-8k")
+class _Reader:
+    """Reads documents lc-00001.. one per step, whatever it can see, then answers: a trajectory
+    that is the same under every policy, so cost differences are the policy's alone."""
+
+    name = "reader"
+
+    def __init__(self, n_docs: int) -> None:
+        self.n_docs = n_docs
+
+    def act(self, view: AgentView) -> AgentAction:
+        if view.step >= self.n_docs:
+            return AgentAction({"role": "assistant", "content": "done"}, final_answer="unknown")
+        call = {"id": f"r{view.step}", "type": "function",
+                "function": {"name": "get_document", "arguments": json.dumps({"docid": f"lc-{view.step + 1:05d}"})}}
+        return AgentAction({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _read(localcomp, policy: str, n_docs: int):
     task = localcomp.tasks("train")[0]
-    result, trajectory = run_task(task, localcomp, policy, localcomp.scripted_agent(task), ReplayBackend())
+    return run_task(task, localcomp, resolve_policy(policy), _Reader(n_docs), ReplayBackend())
+
+
+def test_on_the_same_trajectory_expert_is_cheaper_than_full(localcomp) -> None:
+    (full, _), (expert, _) = _read(localcomp, "full", 20), _read(localcomp, "expert", 20)
+    assert full.n_requests == expert.n_requests == 21
+    assert expert.tokens.input == full.tokens.input  # drops never cost a prefill
+    assert expert.tokens.drop_skipped > 0 and expert.tokens.repos > 0
+    assert full.tokens.drop_skipped == full.tokens.repos == 0
+    assert expert.cost_usd < full.cost_usd
+
+
+def test_text_mode_pays_for_its_summaries(localcomp) -> None:
+    result, trajectory = _read(localcomp, "standard-8k", 60)
     summaries = [e for e in trajectory.exchanges if e.purpose == "summary"]
     assert summaries and all(e.cost_usd > 0 and e.usage.completion_tokens > 0 for e in summaries)
-    assert result.n_requests == len(trajectory.exchanges)
+    assert result.n_requests == 61 + len(summaries)
+    assert result.cost_usd == pytest.approx(sum(e.cost_usd for e in trajectory.exchanges))
+    # after a summary the history restarts short: the next agent request re-prefills its tail
+    after = trajectory.exchanges[trajectory.exchanges.index(summaries[0]) + 1]
+    assert after.purpose == "agent" and after.usage.prefilled_tokens > after.usage.cached_tokens
+
+
+def test_policies_compare_on_the_suite_with_its_scripted_agent(localcomp) -> None:
+    summaries = {p: run_tasks(localcomp, "train", p, limit=3).summary for p in ("full", "expert-8k")}
+    assert summaries["full"]["statuses"]["ok"] == 3 and summaries["full"]["tokens"]["drop_skipped"] == 0
+    assert summaries["expert-8k"]["tokens"]["drop_skipped"] > 0
 
 
 class _Watching:

@@ -70,11 +70,47 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
     return any(matches(p, j, b) for p in selector.parts)
 
 
+def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
+    """Per message, a necessary condition for `selector` built from facts that never change.
+
+    None means no restriction. Rules keep only the messages that pass as their candidates, so a
+    firing looks at the few tool responses still visible instead of the whole history.
+    """
+    if isinstance(selector, (n.Role, n.ToolName, n.Size, n.Contains)):
+        return [_static_matches(selector, j, view) for j in range(len(view))]
+    if isinstance(selector, n.Not) and _is_static(selector.part):
+        return [not _static_matches(selector.part, j, view) for j in range(len(view))]
+    if isinstance(selector, (n.And, n.Or)):
+        masks = [prefilter(p, view) for p in selector.parts]
+        known = [m for m in masks if m is not None]
+        if isinstance(selector, n.And) and known:
+            return [all(column) for column in zip(*known)]
+        if isinstance(selector, n.Or) and len(known) == len(masks):
+            return [any(column) for column in zip(*known)]
+    return None
+
+
+def _is_static(selector: n.Selector) -> bool:
+    if isinstance(selector, (n.Age, n.Requested)):
+        return False
+    if isinstance(selector, n.Not):
+        return _is_static(selector.part)
+    if isinstance(selector, (n.And, n.Or)):
+        return all(_is_static(p) for p in selector.parts)
+    return True
+
+
+def _static_matches(selector: n.Selector, j: int, view: HistoryView) -> bool:
+    """`matches` for selectors that do not depend on the boundary."""
+    return matches(selector, j, Boundary(view, j, set(), 0, 0))
+
+
 def select_messages(target: n.Messages, b: Boundary, live: list[int],
                     token_cost: Callable[[int], int]) -> list[int]:
     """Messages the target picks at b, oldest first.
 
-    `live` lists messages 0..i not yet gone, in order. keep_last N spares the N most recent live
+    `live` lists, in order, the messages 0..i not yet gone that may match (all of them, or those
+    passing the selector's prefilter). keep_last N spares the N most recent live
     matches (the trigger message and protected ones count among them); until_visible takes picks
     oldest first only while visible tokens exceed the target, each pick saving token_cost(j).
     """

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 from policy_dsl import nodes as n
 from policy_dsl.counter import ApproxTokenCounter, TokenCounter
 from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEdit
-from policy_dsl.evaluate import Boundary, fires, matches, select_messages
+from policy_dsl.evaluate import Boundary, fires, matches, prefilter, select_messages
 from policy_dsl.history import HistoryView, view_history
 from policy_dsl.printer import format_policy
 from policy_dsl.validator import validate
@@ -47,7 +47,9 @@ def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:
 
 def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
     gone: set[int] = set()
-    live: list[int] = []
+    masks = [None if isinstance(r.action.target, n.Thinking) else prefilter(r.action.target.selector, view)
+             for r in policy.rules]
+    candidates: list[list[int]] = [[] for _ in policy.rules]  # per rule: live messages passing its prefilter
     history_tokens = visible = positions = drop_events = 0
     drop_message: dict[str, list[int]] = {}
     reposition: list[int] = []
@@ -55,23 +57,24 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
     for i in range(len(view)):
         t = view.tokens[i]
         history_tokens, visible, positions = history_tokens + t, visible + t, positions + t
-        live.append(i)
+        for mask, live in zip(masks, candidates):
+            if mask is None or mask[i]:
+                live.append(i)
         b = Boundary(view, i, gone, visible, history_tokens)
         dropped_here: list[int] = []
-        for rule in policy.rules:
+        for r, rule in enumerate(policy.rules):
             if not fires(rule.trigger, b):
                 continue
             target = rule.action.target
             if isinstance(target, n.Thinking):
                 thinking_drop = True
                 continue
-            picks = select_messages(target, b, live, lambda j: view.tokens[j])
+            candidates[r] = [j for j in candidates[r] if j not in gone]  # forget what other rules dropped
+            picks = select_messages(target, b, candidates[r], lambda j: view.tokens[j])
             for j in picks:
                 gone.add(j)
                 b.visible_tokens -= view.tokens[j]
-            if picks:
-                dropped_here += picks
-                live = [j for j in live if j not in gone]
+            dropped_here += picks
         visible = b.visible_tokens
         if dropped_here:
             drop_message[str(i)] = sorted(dropped_here)

@@ -1,0 +1,250 @@
+"""The scripted agent: a deterministic navigator that follows a task's research plan.
+
+It keeps no memory between steps. Each step it re-reads what it can still see (the messages
+marked visible) and works out the next action from the plan in `Task.meta`:
+
+- Its own assistant messages carry short notes of *identity* ("Found A.e: Chlorine [lc-01690]",
+  "Ruled out: Manganese [lc-03126]"), as a careful human researcher would write down.
+- The *values* it needs (a year, a subdivision count, a producer's name) it reads only from
+  documents that are visible now. When one is gone (kv-dropped, summarized, replaced by a
+  placeholder) it fetches the document again and pays for those tokens again.
+- The final answer is computed from visible documents only, never from the gold data.
+
+So its accuracy measures how well a cache policy retains evidence, not how good a model is.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from sandbox.suite import AgentAction, AgentView, Task
+from sandbox.suites.localcomp.documents import LIST_SEPARATOR
+from sandbox.suites.localcomp.reading import Article, read_articles
+
+MAX_STEPS = 60
+_FOUND = re.compile(r"^Found (\S+): (.+) \[(lc-\d{5})\]$", re.MULTILINE)
+_NOTED = re.compile(r"^Noted (\S+): (.+)$", re.MULTILINE)
+_RULED_OUT = re.compile(r"^Ruled out: .+ \[(lc-\d{5})\]$", re.MULTILINE)
+
+
+@dataclass
+class Context:
+    """What the agent can see now."""
+
+    docs: dict[str, Article] = field(default_factory=dict)
+    searches: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    found: dict[str, tuple[str, str]] = field(default_factory=dict)  # var -> (docid, title)
+    noted: dict[str, str] = field(default_factory=dict)  # value var -> value
+    ruled_out: set[str] = field(default_factory=set)
+
+
+def read_context(messages: list[Mapping[str, Any]], visible: list[bool]) -> Context:
+    ctx = Context()
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    for message, seen in zip(messages, visible):
+        if not seen:
+            continue
+        content = message.get("content") or ""
+        if message.get("role") == "assistant":
+            ctx.found.update({v: (d, t) for v, t, d in _FOUND.findall(content)})
+            ctx.noted.update(dict(_NOTED.findall(content)))
+            ctx.ruled_out.update(_RULED_OUT.findall(content))
+            for call in message.get("tool_calls") or ():
+                fn = call.get("function", {})
+                calls[call.get("id", "")] = (fn.get("name", ""), _arguments(fn.get("arguments")))
+        elif message.get("role") == "tool" and content.startswith("["):
+            name, args = calls.get(message.get("tool_call_id", ""), ("", {}))
+            if name == "search" and _is_hit_list(content):
+                ctx.searches[args.get("query", "")] = json.loads(content)
+                continue
+        if message.get("role") != "assistant":
+            for article in read_articles(content):
+                ctx.docs[article.docid] = _merge(ctx.docs.get(article.docid), article)
+    return ctx
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _is_hit_list(content: str) -> bool:
+    try:
+        value = json.loads(content)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, list) and all(isinstance(h, dict) and "docid" in h for h in value)
+
+
+def _merge(old: Article | None, new: Article) -> Article:
+    """Two visible copies (or fragments) of one document: the union of what they show."""
+    if old is None:
+        return new
+    return Article(new.docid, new.title, new.kind or old.kind, {**old.fields, **new.fields},
+                   {**old.tables, **new.tables})
+
+
+class _Need(Exception):
+    """Evidence the next step depends on is not visible: fetch it with this tool call."""
+
+    def __init__(self, tool: str, arguments: dict[str, str], why: str):
+        super().__init__(why)
+        self.tool, self.arguments, self.why = tool, arguments, why
+
+
+class _GiveUp(Exception):
+    pass
+
+
+@dataclass
+class Binding:
+    docid: str
+    title: str
+
+
+class Planner:
+    """Walks the plan against one Context; raises _Need for the first missing piece of evidence."""
+
+    def __init__(self, plan: Mapping[str, Any], ctx: Context):
+        self.plan, self.ctx = plan, ctx
+        self.bound: dict[str, Binding] = {}
+        self.values: dict[str, str] = {}
+        self.notes: list[str] = []
+
+    def answer(self) -> tuple[str, str]:
+        """(final answer, explanation), or raises _Need / _GiveUp."""
+        years: list[tuple[int, str, str]] = []
+        for leg in self.plan["legs"]:
+            for step in leg["steps"]:
+                getattr(self, "_" + step["op"])(step)
+            years.append((int(self._payload(leg["payload"])), self._value(leg["entity"]), leg["label"]))
+        said = "; ".join(f"{label} = {year} ({entity})" for year, entity, label in years)
+        if self.plan["combine"] == "earlier":
+            return min(years)[1], said
+        return str(max(years)[0] - min(years)[0]), said
+
+    def doc(self, var: str) -> Article:
+        b = self.bound[var]
+        if b.docid not in self.ctx.docs:
+            raise _Need("get_document", {"docid": b.docid}, f"Re-reading {b.title} [{b.docid}]: it is no longer in view.")
+        return self.ctx.docs[b.docid]
+
+    def _value(self, ref: Mapping[str, Any]) -> str:
+        var = ref["var"]
+        if "field" not in ref:
+            return self.values[var]
+        if ref["field"] == "Name" and var in self.bound:
+            return self.bound[var].title
+        article = self.doc(var)
+        if ref["field"] not in article.fields:
+            b = self.bound[var]
+            raise _Need("get_document", {"docid": b.docid},
+                        f"Re-reading {b.title} [{b.docid}]: its {ref['field']} is no longer in view.")
+        value = article.fields[ref["field"]]
+        return value.split(LIST_SEPARATOR)[ref["item"]] if "item" in ref else value
+
+    def _fill(self, template: str, refs: Mapping[str, Any]) -> str:
+        return template.format(**{k: self._value(r) for k, r in refs.items()}) if refs else template
+
+    def _find(self, step: Mapping[str, Any]) -> None:
+        var = step["var"]
+        if var in self.ctx.found:
+            self.bound[var] = Binding(*self.ctx.found[var])
+            return
+        refs = step.get("refs", {})
+        where = {k: self._fill(v, refs) for k, v in step["where"].items()}
+        for article in self.ctx.docs.values():
+            if article.kind == step["kind"] and all(article.fields.get(k) == v for k, v in where.items()):
+                self.bound[var] = Binding(article.docid, article.title)
+                self.notes.append(f"Found {var}: {article.title} [{article.docid}]")
+                return
+        for query in (self._fill(q, refs) for q in step["queries"]):
+            if query not in self.ctx.searches:
+                raise _Need("search", {"query": query}, f"Searching for {var}.")
+            for hit in self.ctx.searches[query]:
+                if hit["docid"] in self.ctx.ruled_out or ("Name" in where and hit["title"] != where["Name"]):
+                    continue
+                if hit["docid"] in self.ctx.docs:  # seen and not matching
+                    self.notes.append(f"Ruled out: {hit['title']} [{hit['docid']}]")
+                    continue
+                raise _Need("get_document", {"docid": hit["docid"]},
+                            f"Checking whether {hit['title']} [{hit['docid']}] is {var}.")
+        raise _GiveUp(f"no document found for {var}")
+
+    def _pick(self, step: Mapping[str, Any]) -> None:
+        var = step["var"]
+        if var in self.ctx.found:
+            self.bound[var] = Binding(*self.ctx.found[var])
+            return
+        scores = [(int(self._value({"var": v, "field": step["field"]})), v) for v in step["among"]]
+        best = max(scores)[1]
+        self.bound[var] = self.bound[best]
+        self.notes.append(f"Found {var}: {self.bound[best].title} [{self.bound[best].docid}]")
+
+    def _cell(self, step: Mapping[str, Any]) -> None:
+        var = step["var"]
+        if var in self.ctx.noted:
+            self.values[var] = self.ctx.noted[var]
+            return
+        exclude = {k: self._fill(v, step.get("refs", {})) for k, v in step.get("exclude", {}).items()}
+        for row in self._table(step["doc"], step["table"]):
+            if all(row.get(k, "").endswith(v) for k, v in step["match"].items()) and \
+                    not any(row.get(k) == v for k, v in exclude.items()):
+                self.values[var] = row[step["column"]]
+                self.notes.append(f"Noted {var}: {self.values[var]}")
+                return
+        raise _GiveUp(f"no row for {var}")
+
+    def _table(self, var: str, table: str) -> list[dict[str, str]]:
+        rows = self.doc(var).tables.get(table)
+        if rows is None:
+            b = self.bound[var]
+            raise _Need("get_document", {"docid": b.docid},
+                        f"Re-reading {b.title} [{b.docid}]: its {table} table is no longer in view.")
+        return rows
+
+    def _payload(self, payload: Mapping[str, Any]) -> str:
+        if "field" in payload:
+            return self._value(payload)
+        refs = payload.get("refs", {})
+        want = {k: self._fill(v, refs) for k, v in payload["row"].items()}
+        for row in self._table(payload["var"], payload["table"]):
+            if all(row.get(k) == v for k, v in want.items()):
+                return row[payload["column"]]
+        raise _GiveUp(f"no {payload['column']} for {want}")
+
+
+class ScriptedAgent:
+    name = "scripted"
+
+    def __init__(self, task: Task, max_steps: int = MAX_STEPS):
+        self.task, self.max_steps = task, max_steps
+
+    def act(self, view: AgentView) -> AgentAction:
+        if view.step >= self.max_steps:
+            return _final("", f"I stop here: the step budget of {self.max_steps} is spent.")
+        planner = Planner(self.task.meta["plan"], read_context(list(view.messages), list(view.visible)))
+        try:
+            answer, said = planner.answer()
+        except _Need as need:
+            note = "\n".join(dict.fromkeys(planner.notes))
+            return _tool_call(view.step, need, note)
+        except _GiveUp as stop:
+            return _final("", f"I could not finish the research: {stop}.")
+        return _final(answer, "\n".join([*dict.fromkeys(planner.notes), f"{said}.", f"Answer: {answer}"]))
+
+
+def _tool_call(step: int, need: _Need, note: str) -> AgentAction:
+    call = {"id": f"call_{step:03d}", "type": "function",
+            "function": {"name": need.tool, "arguments": json.dumps(need.arguments, ensure_ascii=False)}}
+    content = (note + "\n" if note else "") + need.why
+    return AgentAction(message={"role": "assistant", "content": content, "tool_calls": [call]})
+
+
+def _final(answer: str, content: str) -> AgentAction:
+    return AgentAction(message={"role": "assistant", "content": content}, final_answer=answer)

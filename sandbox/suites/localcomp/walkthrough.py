@@ -1,0 +1,65 @@
+"""Run the scripted agent on a task without a backend or a policy: everything stays visible
+unless `hidden` says otherwise. The build uses it to keep only questions the plan can answer
+and whose trajectories have the intended length; tests use it to hide evidence on purpose.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from sandbox.suite import Agent, AgentView, Message, Task, TaskEnv, ToolError
+
+Hidden = Callable[[int, list[Message]], set[int]]  # (step, history) -> indices the model cannot see
+
+
+@dataclass(frozen=True)
+class Walk:
+    messages: tuple[Message, ...]
+    answer: str | None
+    steps: int
+    tool_calls: tuple[tuple[str, str], ...]  # (tool, argument) in order
+
+
+def walk(task: Task, env: TaskEnv, agent: Agent, hidden: Hidden | None = None, max_steps: int = 100) -> Walk:
+    history: list[Message] = task.initial_messages()
+    calls: list[tuple[str, str]] = []
+    for step in range(max_steps):
+        gone = hidden(step, history) if hidden else set()
+        view = AgentView(task, tuple(history), tuple(i not in gone for i in range(len(history))), None, step)
+        action = agent.act(view)
+        history.append(action.message)
+        if action.final_answer is not None:
+            return Walk(tuple(history), action.final_answer, step + 1, tuple(calls))
+        for call in action.message.get("tool_calls") or ():
+            name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+            calls.append((name, next(iter(arguments.values()), "")))
+            try:
+                result = env.call_tool(name, arguments)
+            except ToolError as err:
+                result = f"error: {err}"
+            history.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": result})
+    return Walk(tuple(history), None, max_steps, tuple(calls))
+
+
+@lru_cache(maxsize=1)
+def _tokenizer() -> Any:
+    """The embedded model's chat tokenizer; None where its files are not installed."""
+    try:
+        from akv_core.chat import ChatTokenizer
+
+        return ChatTokenizer.from_model("smollm2")
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def trajectory_tokens(task: Task, messages: tuple[Message, ...]) -> int:
+    """Prompt tokens of the last request of a trajectory (the whole history, rendered).
+
+    Counted with the smollm2 chat template; a rough chars/4 estimate where it is unavailable.
+    """
+    tokenizer = _tokenizer()
+    if tokenizer is None:
+        return sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4
+    return len(tokenizer.render(list(messages[:-1]), tools=list(task.tools)).token_ids)

@@ -65,3 +65,28 @@ def test_deep_nesting_is_a_limit_error_not_a_crash() -> None:
                  "mode kv on each turn: drop " + "not " * 15_000 + "all",
                  "mode kv on " + "(each turn and " * 3000 + "each turn" + ")" * 3000 + ": drop all"]:
         parse_and_compile(text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+MESSAGE_LIKE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "robot"])},
+    optional={"content": JSON_VALUES, "tool_calls": JSON_VALUES, "tool_call_id": JSON_VALUES,
+              "name": JSON_VALUES, "reasoning_content": JSON_VALUES},
+)
+
+
+@FUZZ
+@given(history=st.lists(MESSAGE_LIKE | JSON_VALUES, max_size=12), name=st.sampled_from(builtin_names()))
+def test_odd_histories_decide_or_raise_history_error(history: list, name: str) -> None:
+    from policy_dsl import HistoryError, load_policy
+
+    try:
+        decision = load_policy(name).decide(history)
+    except HistoryError as err:
+        assert str(err).startswith("message ")
+        return
+    assert all(0 <= int(k) < len(history) for k in decision.drop_message)

@@ -1,0 +1,313 @@
+"""The serving engine: requests in, batched forwards over the AKV cache, tokens out.
+
+`submit` renders and validates a request on the caller's thread and queues it;
+`step` (on one loop thread, or driven by `generate`) admits waiting requests,
+runs ONE forward over every admitted request's next prompt stage plus one
+decode token for every running request, samples, streams, and finishes
+requests (eos, stop strings, max_tokens, context length). Cache bookkeeping
+lives in `akv_core.cache`; this file only does the tensor work its plans ask for.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from akv_core.cache.key import build_key
+from akv_core.cache.kv_cache import KVCache, KVCapacityError
+from akv_core.cache.layout import Rerotations, Stage
+from akv_core.cache.ops import validate_operations
+from akv_core.cache.usage import Usage
+from akv_core.chat import ChatTokenizer
+from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.request import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Generation, Request,
+                              RequestEvent, RequestHandle, SamplingParams, StreamText)
+from akv_core.sampling import sample
+from akv_core.scheduler import Scheduler
+
+DEFAULT_CPU_KV_TOKENS = 16_384
+# Measured on a 2-core CPU with this model size: decode is fastest on one thread, prefill on two.
+DEFAULT_THREADS = {"prefill": 2, "decode": 1}
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    kv_slots_total: int
+    kv_slots_used: int
+    kv_slots_free: int
+    kv_slots_cached: int
+    running: int
+    waiting: int
+    requests_finished: int
+    prompt_tokens: int
+    prefilled_tokens: int
+    cached_tokens: int
+    repos_tokens: int
+    drop_skipped_tokens: int
+    completion_tokens: int
+
+
+class Engine:
+    """A model, its tokenizer, one KV pool with its radix cache, and the batching loop."""
+
+    def __init__(self, model: Any, tokenizer: ChatTokenizer, kv_tokens: int, max_running: int = 8,
+                 threads: Mapping[str, int] | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.kv = model.new_kv_buffers(kv_tokens)
+        self.cache = KVCache(kv_tokens)
+        self.scheduler = Scheduler(self.cache, max_running)
+        self.context_length: int = model.config.context_length
+        self._threads = dict(DEFAULT_THREADS if threads is None else threads)
+        self._lock = threading.Lock()              # one step at a time; guards scheduler and cache
+        self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._loop_running = False
+        # Called with (handle, logits row) for every sampled token; tests compare logits through it.
+        self.logits_probe: Callable[[RequestHandle, torch.Tensor], None] | None = None
+        self._totals = dict.fromkeys(("requests_finished", "prompt_tokens", "prefilled_tokens", "cached_tokens",
+                                      "repos_tokens", "drop_skipped_tokens", "completion_tokens"), 0)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "smollm2", device: str = "auto", kv_tokens: int | None = None,
+                        max_running: int = 8) -> Engine:
+        """Load `smollm2`, a GGUF file or a safetensors folder onto `device` ("auto", "cpu" or "cuda")."""
+        from akv_core.model.loader import load_model
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+            raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+        model = load_model(name_or_path, device=device)
+        if kv_tokens is None:
+            kv_tokens = _default_kv_tokens(model, device)
+        return cls(model, ChatTokenizer.from_model(name_or_path), kv_tokens, max_running)
+
+    # -- the client side -------------------------------------------------------------------------
+
+    def submit(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
+               reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
+               max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+               stop: str | Sequence[str] | None = None) -> RequestHandle:
+        """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input."""
+        if not messages:
+            raise ValueError("messages: at least one message is required")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens: must be at least 1, got {max_tokens}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        operations = validate_operations(len(messages), drop_message, reposition)
+        rendered = self.tokenizer.render(messages, tools)
+        if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
+            raise KVCapacityError(f"messages: the prompt ({len(rendered.token_ids)} tokens) plus max_tokens "
+                                  f"({max_tokens}) exceeds the KV pool ({self.cache.allocator.total} slots)")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
+        generator = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+        handle = RequestHandle()
+        request = Request(handle, build_key(rendered, operations), len(rendered.spans), params,
+                          StreamText(self.tokenizer.decode, stops), generator,
+                          frozenset(self.tokenizer.eos_token_ids))
+        self._inbox.put(request)
+        self._wakeup.set()
+        return handle
+
+    def generate(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
+                 reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
+                 max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None) -> Generation:
+        """Run one request to the end (steps the engine itself unless a loop thread does)."""
+        handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop)
+        if not self._loop_running:
+            while not _has_final(handle):
+                self.step()
+        return handle.result()
+
+    # -- the loop side ---------------------------------------------------------------------------
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        """Step until `stop_event` is set; sleeps while there is nothing to do."""
+        self._loop_running = True
+        try:
+            while not stop_event.is_set():
+                if not self.step():
+                    self._wakeup.wait(timeout=0.05)
+                    self._wakeup.clear()
+        finally:
+            self._loop_running = False
+
+    def step(self) -> bool:
+        """One scheduling step; returns whether any work was done."""
+        with self._lock:
+            self._take_inbox()
+            self._end_cancelled()
+            admitted, refused = self.scheduler.admit()
+            for request, reason in refused:
+                request.handle.events.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
+            running = list(self.scheduler.running)
+            if not running:
+                return bool(refused)
+            self._forward_and_sample(running)
+            return True
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                self.scheduler.add(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _end_cancelled(self) -> None:
+        for request in [r for r in self.scheduler.waiting if r.handle.cancelled]:
+            self.scheduler.remove_waiting(request)
+            request.handle.events.put(RequestEvent(None, "", FINISH_CANCELLED, Usage.of_prompt(0, 0, 0, 0)))
+        for request in [r for r in self.scheduler.running if r.handle.cancelled]:
+            self._finish(request, FINISH_CANCELLED)
+
+    def _forward_and_sample(self, running: list[Request]) -> None:
+        batch, owners, prefill_tokens = self._build_batch(running)
+        self._set_threads("prefill" if prefill_tokens else "decode")
+        logits = self.model.forward(batch, self.kv)
+        for request in running:
+            if request.prefilling:
+                request.next_stage += 1
+        for row, request in enumerate(owners):
+            if self.logits_probe is not None:
+                self.logits_probe(request.handle, logits[row])
+            self._accept(request, sample(logits[row], request.params.temperature, request.params.top_p,
+                                         request.generator))
+
+    def _build_batch(self, running: list[Request]) -> tuple[ForwardBatch, list[Request], int]:
+        ids: list[int] = []
+        positions: list[int] = []
+        out_slots: list[int] = []
+        seqs: list[SeqAttention] = []
+        logits_rows: list[int] = []
+        owners: list[Request] = []
+        prefill_tokens = 0
+        for request in running:
+            start = len(ids)
+            if request.prefilling:
+                stage = request.layout.stages[request.next_stage]
+                self._rerotate(stage.rerotations)
+                ids += stage.token_ids
+                positions += stage.positions
+                out_slots += stage.out_slots
+                seqs.append(SeqAttention(start, len(stage.token_ids), _slots(stage.kv_slots), _stage_mask(stage)))
+                prefill_tokens += len(stage.token_ids)
+                if request.next_stage < len(request.layout.stages) - 1:
+                    continue
+            else:
+                slot = request.lease.take_decode_slot()
+                ids.append(request.generated[-1])
+                positions.append(request.layout.end_position + len(request.generated) - 1)
+                out_slots.append(slot)
+                used = request.lease.decode_slots[:request.lease.decode_used]
+                seqs.append(SeqAttention(start, 1, _slots(request.layout.view_slots + used)))
+            logits_rows.append(len(ids) - 1)
+            owners.append(request)
+        batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                             _slots(out_slots), seqs, torch.tensor(logits_rows, dtype=torch.long))
+        return _to_device(batch, self.kv.device), owners, prefill_tokens
+
+    def _rerotate(self, work: Rerotations) -> None:
+        """Write re-rotated copies of keys (values copied as they are) into their new slots."""
+        if not work.dst:
+            return
+        device = self.kv.device
+        src, dst = _slots(work.src).to(device), _slots(work.dst).to(device)
+        old, new = _slots(work.old_positions).to(device), _slots(work.new_positions).to(device)
+        with torch.inference_mode():
+            for layer in range(self.kv.num_layers):
+                self.kv.k[layer][dst] = self.model.rope.rerotate(self.kv.k[layer][src], old, new)
+                self.kv.v[layer][dst] = self.kv.v[layer][src]
+
+    def _accept(self, request: Request, token: int) -> None:
+        """Take a sampled token: stream it, and finish the request if it is done."""
+        request.generated.append(token)
+        if token in request.eos_token_ids:
+            self._finish(request, FINISH_STOP)
+            return
+        delta = request.stream.feed(token)
+        request.handle.events.put(RequestEvent(token, delta))
+        if request.stream.stopped:
+            self._finish(request, FINISH_STOP)
+        elif len(request.generated) >= request.params.max_tokens:
+            self._finish(request, FINISH_LENGTH)
+        elif request.layout.end_position + len(request.generated) > self.context_length:
+            self._finish(request, FINISH_LENGTH)   # the token would be fed past the context
+
+    def _finish(self, request: Request, reason: str) -> None:
+        usage = request.usage.with_completion(len(request.generated))
+        self.scheduler.finish(request)
+        for name in self._totals:
+            if name == "requests_finished":
+                self._totals[name] += 1
+            else:
+                self._totals[name] += getattr(usage, name)
+        request.handle.events.put(RequestEvent(None, request.stream.flush(), reason, usage))
+
+    def _set_threads(self, phase: str) -> None:
+        wanted = self._threads.get(phase)
+        if self.kv.device.type == "cpu" and wanted and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        pool = self.cache.stats()
+        return EngineStats(pool.slots_total, pool.slots_used, pool.slots_free, pool.slots_cached,
+                           len(self.scheduler.running), len(self.scheduler.waiting) + self._inbox.qsize(),
+                           **self._totals)
+
+    def check_integrity(self) -> None:
+        """AssertionError unless every KV slot has one owner and lock refs match the running requests."""
+        with self._lock:
+            self.cache.check_integrity()
+            leases = {id(r.lease) for r in self.scheduler.running}
+            if len(leases) != len(self.scheduler.running) or any(r.lease is not None for r in self.scheduler.waiting):
+                raise AssertionError("engine integrity: a lease is shared or held by a waiting request")
+
+
+def _has_final(handle: RequestHandle) -> bool:
+    return any(event.finish_reason is not None for event in list(handle.events.queue))
+
+
+def _slots(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
+def _stage_mask(stage: Stage) -> torch.Tensor | None:
+    """Causal among the new tokens, plus the drops that happen inside the stage."""
+    if not stage.hidden:
+        return None
+    q, k = len(stage.token_ids), len(stage.kv_slots)
+    mask = torch.ones(q, k, dtype=torch.bool)
+    mask[:, k - q:] = torch.ones(q, q, dtype=torch.bool).tril()
+    for row, columns in stage.hidden:
+        mask[row:, list(columns)] = False
+    return mask
+
+
+def _to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
+    if device.type == "cpu":
+        return batch
+    seqs = [SeqAttention(s.q_start, s.q_len, s.kv_slots.to(device), None if s.mask is None else s.mask.to(device))
+            for s in batch.seqs]
+    return ForwardBatch(batch.input_ids.to(device), batch.positions.to(device), batch.out_slots.to(device), seqs,
+                        batch.logits_rows.to(device))
+
+
+def _default_kv_tokens(model: Any, device: str) -> int:
+    """CPU: a fixed pool; CUDA: half of the free memory."""
+    if device == "cpu":
+        return DEFAULT_CPU_KV_TOKENS
+    free, _ = torch.cuda.mem_get_info()
+    c = model.config
+    per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.finfo(model.dtype).bits // 8
+    return max(1024, int(free * 0.5) // per_token)

@@ -1,0 +1,159 @@
+"""One generation request: its arguments, its events, and its state inside the engine.
+
+Ownership: a `Request` owns its cache `Lease` (slots and locked path) from
+admission until the engine releases it; the client holds only the
+`RequestHandle`, whose thread-safe queue carries the events and whose
+`cancel()` asks the engine to end the request at its next step.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from akv_core.cache.key import CacheKey
+from akv_core.cache.kv_cache import Lease
+from akv_core.cache.layout import PromptLayout
+from akv_core.cache.usage import Usage
+
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """A generated token (`token_id`, `text` the newly decodable text), or the final event.
+
+    The final event has `finish_reason` set ("stop", "length", "cancelled" or
+    "error") and the request's `usage`; `error` explains an "error".
+    """
+
+    token_id: int | None
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+
+
+class RequestHandle:
+    """The client's side of a submitted request."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[RequestEvent] = queue.Queue()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the engine to end the request (a no-op once it has finished)."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def result(self, timeout: float | None = None) -> Generation:
+        """Wait for the final event and collect the whole generation."""
+        tokens: list[int] = []
+        pieces: list[str] = []
+        while True:
+            event = self.events.get(timeout=timeout)
+            if event.token_id is not None:
+                tokens.append(event.token_id)
+            pieces.append(event.text)
+            if event.finish_reason is not None:
+                if event.finish_reason == FINISH_ERROR:
+                    raise RuntimeError(event.error or "the request failed")
+                return Generation("".join(pieces), tokens, event.finish_reason, event.usage)
+
+
+class StreamText:
+    """Decoded text of generated tokens, released as soon as it can no longer change.
+
+    Text is held back while it ends in an incomplete UTF-8 sequence or in what
+    could still become a stop string; a completed stop string ends the text.
+    """
+
+    def __init__(self, decode: Any, stop: Sequence[str]) -> None:
+        self._decode = decode
+        self._stop = [s for s in stop if s]
+        self._ids: list[int] = []
+        self._emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def feed(self, token_id: int) -> str:
+        """Add a token; returns the newly released text."""
+        self._ids.append(token_id)
+        text = self._decode(self._ids)
+        if text.endswith("\ufffd"):
+            return ""
+        for stop in self._stop:
+            at = text.find(stop, max(0, self._emitted - len(stop)))
+            if at >= 0:
+                text, self.stopped = text[:at], True
+        self.text = text
+        if self.stopped:
+            return self.flush()
+        safe = len(text) - self._held_back(text)
+        delta = text[self._emitted:safe] if safe > self._emitted else ""
+        self._emitted = max(self._emitted, safe)
+        return delta
+
+    def flush(self) -> str:
+        """Release everything decoded so far (at the end of the request)."""
+        delta = self.text[self._emitted:]
+        self._emitted = len(self.text)
+        return delta
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest suffix of `text` that starts some stop string."""
+        longest = 0
+        for stop in self._stop:
+            for n in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
+
+
+@dataclass(eq=False)
+class Request:
+    """A request inside the engine."""
+
+    handle: RequestHandle
+    key: CacheKey
+    span_count: int
+    params: SamplingParams
+    stream: StreamText
+    generator: Any                      # torch.Generator for sampling
+    eos_token_ids: frozenset[int]
+    lease: Lease | None = None
+    layout: PromptLayout | None = None
+    next_stage: int = 0                 # index into layout.stages while prefilling
+    generated: list[int] = field(default_factory=list)
+    usage: Usage | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.layout is not None and self.next_stage < len(self.layout.stages)
+
+    @property
+    def prompt_computed(self) -> bool:
+        return self.layout is not None and self.next_stage >= len(self.layout.stages)

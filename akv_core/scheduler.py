@@ -1,0 +1,64 @@
+"""Continuous batching: which requests wait, which run, and when a waiting one is admitted.
+
+Admission is strictly first come, first served: the head of the queue is
+planned against the cache as it is now, and admitted when its slots (prompt,
+re-rotated keys, and a reservation of `max_tokens` decode slots) fit after
+evicting unlocked least-recently-used leaves; otherwise it and everyone behind
+it wait. A running request's slots and locked path are never touched, and its
+decode reservation means it never has to wait for a slot again.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from akv_core.cache.kv_cache import KVCache, KVCapacityError
+from akv_core.cache.layout import expand
+from akv_core.request import Request
+
+
+class Scheduler:
+    def __init__(self, cache: KVCache, max_running: int) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
+        self.cache = cache
+        self.max_running = max_running
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def admit(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Admit from the head of the queue; returns (admitted, refused with the reason)."""
+        admitted: list[Request] = []
+        refused: list[tuple[Request, str]] = []
+        while self.waiting and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            plan = self.cache.plan(request.key)
+            reserve = request.params.max_tokens
+            if not self.cache.can_admit(plan, reserve):
+                if self.running:
+                    break   # room comes back when a running request ends
+                try:
+                    self.cache.check_fits(plan, reserve)
+                except KVCapacityError as error:
+                    self.waiting.popleft()
+                    refused.append((request, str(error)))
+                    continue
+                break
+            lease = self.cache.admit(plan, reserve)
+            request.lease = lease
+            request.layout = expand(self.cache.tree.path(plan.match.node), lease)
+            request.usage = plan.usage
+            self.waiting.popleft()
+            self.running.append(request)
+            admitted.append(request)
+        return admitted, refused
+
+    def remove_waiting(self, request: Request) -> None:
+        self.waiting.remove(request)
+
+    def finish(self, request: Request) -> None:
+        """Release a running request: its computed prompt goes into the cache, the rest is freed."""
+        self.running.remove(request)
+        self.cache.release(request.lease, keep_prompt=request.prompt_computed)

@@ -152,8 +152,10 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
 def print_comparison(console: Console, validations) -> None:
     rows = text_table(comparison_rows(validations))
     table = Table(title="held-out comparison (± half-width of the 95% bootstrap CI)")
-    for header in rows[0]:
-        table.add_column(header)
+    widest = max(len(cells[0]) for cells in rows)
+    table.add_column(rows[0][0], no_wrap=True, min_width=widest)  # policy names stay whole
+    for header in rows[0][1:]:
+        table.add_column(header, overflow="fold")
     for cells in rows[1:]:
         table.add_row(*cells)
     console.print(table)

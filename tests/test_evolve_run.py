@@ -1,0 +1,170 @@
+"""An evolution run as a user runs it: `akv evolve` in a subprocess, killed with SIGKILL mid-run,
+resumed, then inspected with runs/lineage/export/compare and the report opened in Chromium."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from akv_cli.main import app
+
+AKV = [sys.executable, "-m", "akv_cli.main"]
+SMALL = """\
+max_candidates: 4
+seed: 3
+cascade:
+  subset_size: 2
+  train_limit: 4
+validation:
+  heldout_limit: 6
+  top_k: 2
+"""
+
+
+def akv_env() -> dict[str, str]:
+    from akv_core.home import akv_home
+
+    # Share the data folder (the built task suite) with the rest of the test session.
+    return {**os.environ, "AKV_HOME": str(akv_home().resolve()), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def wait_for_candidate_mid_cascade(db: Path, process: subprocess.Popen, timeout: float = 150) -> None:
+    """Block until a proposed candidate has some, not all, of its train results stored."""
+    deadline = time.monotonic() + timeout
+    sql = ("SELECT count(*) FROM akv_policies p JOIN akv_evaluations e ON e.policy_id = p.id "
+           "WHERE p.status = 'proposed' AND p.proposer IN ('mutate', 'optuna')")
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            if db.exists() and rows(db, sql)[0][0] >= 1:
+                return
+        except sqlite3.OperationalError:
+            pass  # tables not created yet
+        time.sleep(0.05)
+    pytest.fail("the run never reached a candidate's cascade")
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("evolve")
+    db, config = folder / "akv.db", folder / "small.yaml"
+    config.write_text(SMALL)
+    url = f"sqlite:///{db}"
+    name = f"resume-{os.getpid()}"
+    process = subprocess.Popen([*AKV, "evolve", "--config", str(config), "--db", url, "--run-name", name],
+                               env=akv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_candidate_mid_cascade(db, process)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    before = rows(db, "SELECT id, policy_id, task_id, split, score, cost_usd FROM akv_evaluations")
+    resumed = subprocess.run([*AKV, "evolve", "--resume", "--run-name", name, "--db", url], env=akv_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    return {"db": db, "url": url, "name": name, "before": before, "stdout": resumed.stdout, "folder": folder}
+
+
+def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(killed_and_resumed):
+    db = killed_and_resumed["db"]
+    after = rows(db, "SELECT id, policy_id, task_id, split, score, cost_usd FROM akv_evaluations")
+    assert set(killed_and_resumed["before"]) <= set(after)  # every committed row survived, unchanged
+    assert len(after) == len({(r[1], r[2], r[3]) for r in after})
+    hashes = [h for (h,) in rows(db, "SELECT hash FROM akv_policies WHERE hash IS NOT NULL")]
+    assert len(hashes) == len(set(hashes))
+    made = rows(db, "SELECT status FROM akv_policies WHERE proposer IN ('mutate', 'optuna', 'llm')")
+    assert len(made) == 4 and all(status != "proposed" for (status,) in made)
+    # Every fully evaluated policy has all 4 train tasks; the run finished with a validation.
+    full = rows(db, "SELECT p.id, count(e.id) FROM akv_policies p JOIN akv_evaluations e ON e.policy_id = p.id "
+                    "WHERE p.status = 'evaluated' AND e.split = 'train' GROUP BY p.id")
+    assert full and all(n == 4 for _, n in full)
+    assert rows(db, "SELECT status FROM akv_runs")[0][0] == "finished"
+    assert len(rows(db, "SELECT id FROM akv_validations")) >= 3
+    out = killed_and_resumed["stdout"]
+    assert "standard-8k" in out and "expert-8k" in out and "text-engineering-8k" in out
+    assert "exported" in out and ".akvp" in out
+
+
+def test_runs_list_show_and_lineage(killed_and_resumed):
+    runner, url, name = CliRunner(), killed_and_resumed["url"], killed_and_resumed["name"]
+    listed = runner.invoke(app, ["runs", "list", "--db", url], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0 and name in listed.output and "finished" in listed.output
+    shown = runner.invoke(app, ["runs", "show", name, "--db", url], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "train front" in shown.output and "held-out" in shown.output
+    tree = runner.invoke(app, ["lineage", name, "--db", url], env={"COLUMNS": "200"})
+    assert tree.exit_code == 0 and "expert-8k" in tree.output
+    assert tree.output.count("mutate") + tree.output.count("optuna") >= 4
+    missing = runner.invoke(app, ["runs", "show", "no-such-run", "--db", url])
+    assert missing.exit_code == 2 and "no run named" in missing.output
+
+
+def test_export_writes_a_loadable_policy_and_its_provenance(killed_and_resumed, tmp_path):
+    from policy_dsl import load_policy
+
+    url, name = killed_and_resumed["url"], killed_and_resumed["name"]
+    db = killed_and_resumed["db"]
+    best = rows(db, "SELECT policy_id FROM akv_validations WHERE role = 'candidate' ORDER BY cost_mean LIMIT 1")[0][0]
+    out = tmp_path / "best.akvp"
+    result = CliRunner().invoke(app, ["export", name, "--db", url, "--out", str(out), "--policy", str(best)])
+    assert result.exit_code == 0, result.output
+    load_policy(str(out))  # the exported file is a valid policy
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["run"]["name"] == name and record["policy"]["id"] == best
+    assert record["metrics"]["heldout"]["tasks"] == 6 and record["metrics"]["train"]["tasks"] == 4
+    assert record["lineage"][0]["id"] == best and record["run"]["code_version"]
+
+
+def test_compare_prints_the_table_and_writes_a_report_chromium_renders(killed_and_resumed, tmp_path):
+    url, name = killed_and_resumed["url"], killed_and_resumed["name"]
+    report = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["compare", name, "--db", url, "--out", str(report)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "standard-8k" in result.output and "cost vs Std" in result.output
+    html = report.read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
+    dom = chromium(report, "--dump-dom")
+    assert '<table id="comparison">' in dom and '<svg id="pareto"' in dom and '<svg id="lineage"' in dom
+    assert dom.count("<circle") >= 5 and "text-engineering-8k" in dom
+    shot = tmp_path / "shot.png"
+    chromium(report, f"--screenshot={shot}", "--window-size=1000,1400")
+    assert distinct_bytes(shot) > 20, "the screenshot is blank"
+
+
+def chromium(page: Path, *args: str) -> str:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("headless Chromium is required for the report test: apt-get install -y chromium")
+    profile = page.parent / "chromium-profile"
+    result = subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                             f"--user-data-dir={profile}", *args, page.as_uri()],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def distinct_bytes(png: Path) -> int:
+    """Distinct values in the decoded image data (a blank page has two or three)."""
+    data, pos, idat = png.read_bytes(), 8, b""
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return len(set(zlib.decompress(idat)))

@@ -80,8 +80,8 @@ def decide(
         typer.echo(f"{history}: {error}", err=True)
         raise typer.Exit(1) from None
     out: dict[str, Any] = decision.api_fields()
-    if compiled.mode == "text":
-        out = {"text_edits": [_edit_json(e) for e in decision.text_edits]}
+    if compiled.mode == "text":  # text policies send no cache fields; the harness applies these edits
+        out["text_edits"] = [_edit_json(e) for e in decision.text_edits]
     typer.echo(json.dumps(out, indent=2))
 
 

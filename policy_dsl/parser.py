@@ -63,7 +63,7 @@ def decode_source(data: bytes, filename: str) -> str:
         raise PolicyLimitError(f"policy is {len(data)} bytes; the limit is {MAX_SOURCE_BYTES}",
                                filename=filename)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # editors may add a byte-order mark
     except UnicodeDecodeError as err:
         before = data[: err.start]
         line = before.count(b"\n") + 1

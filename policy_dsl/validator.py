@@ -36,6 +36,7 @@ FIELD_WORDS = {
 def validate(policy: n.Policy, filename: str = "<policy>") -> None:
     """Raise PolicyValidationError for the first problem found, in source order."""
     checker = _Checker(filename)
+    checker.structure(policy)
     if policy.mode not in ("kv", "text"):
         raise checker.fail(f"unknown mode {policy.mode!r}; expected kv or text", policy)
     checker.numbers(policy)
@@ -72,6 +73,38 @@ class _Checker:
 
     def fail(self, message: str, node: object) -> PolicyValidationError:
         return located(PolicyValidationError, message, getattr(node, "loc", None), self.filename)  # type: ignore[return-value]
+
+    def structure(self, policy: object) -> None:
+        """Node types in their slots: ASTs built by program (mutation, crossover) may mix them up."""
+        expect(self, policy, n.Policy, "a policy")
+        if not isinstance(policy.rules, tuple):
+            raise self.fail("rules must be a tuple of Rule", policy)
+        for rule in policy.rules:
+            expect(self, rule, n.Rule, "a rule")
+            self.trigger_structure(rule.trigger)
+            expect(self, rule.action, (n.Drop, n.Omit, n.Summarize), "an action (drop, omit, summarize)")
+            target = rule.action.target
+            expect(self, target, (n.Messages, n.Thinking), "a target (messages or thinking)")
+            if target.selector is not None:
+                self.selector_structure(target.selector)
+        expect(self, policy.reposition, (n.RepositionNever, n.RepositionEachDrop, n.RepositionEvery,
+                                         n.RepositionGap), "a reposition rule")
+        for node in _walk(policy):
+            for (kind, name) in BOUNDS:
+                value = getattr(node, name, None) if type(node) is kind else None
+                if value is not None:
+                    expect(self, value, n.Num, f"a number for {FIELD_WORDS[name]}")
+
+    def trigger_structure(self, trigger: object) -> None:
+        expect(self, trigger, (n.Every, n.After, n.TokensAbove, n.DropContextCalled, n.AllOf, n.AnyOf), "a trigger")
+        for part in getattr(trigger, "parts", ()):
+            self.trigger_structure(part)
+
+    def selector_structure(self, selector: object) -> None:
+        expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.Requested,
+                                n.Not, n.And, n.Or), "a selector")
+        for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
+            self.selector_structure(part)
 
     def numbers(self, policy: n.Policy) -> None:
         for path, num, (low, high), owner in numbers_with_bounds(policy):
@@ -159,6 +192,11 @@ class _Checker:
             if uses_requested and not any(isinstance(x, n.DropContextCalled) for x in _walk(rule.trigger)):
                 raise self.fail("'requested' selects the ids of a drop_context call; "
                                 "the rule's trigger must include drop_context", rule.action)
+
+
+def expect(checker: _Checker, node: object, kinds: type | tuple[type, ...], what: str) -> None:
+    if not isinstance(node, kinds):
+        raise checker.fail(f"expected {what}, got {type(node).__name__}", node)
 
 
 def _walk(node: object) -> Iterator[object]:

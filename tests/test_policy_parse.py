@@ -113,6 +113,12 @@ def test_binary_garbage_is_located_at_the_first_bad_byte(tmp_path) -> None:
         load_policy(str(junk))
 
 
+def test_a_byte_order_mark_is_accepted(tmp_path) -> None:
+    path = tmp_path / "bom.akvp"
+    path.write_bytes(b"\xef\xbb\xbf" + EXPERT.encode())
+    assert load_policy(str(path)).source == EXPERT
+
+
 def test_unknown_policy_name_lists_the_builtins() -> None:
     with pytest.raises(PolicyError, match="no built-in policy and no file named 'nope'.*expert"):
         load_policy("nope")
@@ -139,3 +145,22 @@ def test_tunables_list_ranged_numbers_and_with_tunables_sets_them() -> None:
 def test_with_tunables_rejects_bad_values(values: dict, words: str) -> None:
     with pytest.raises(PolicyValidationError, match=words.replace("[", r"\[").replace("]", r"\]")):
         with_tunables(load_policy("token-based").ast, values)
+
+
+def test_programmatic_asts_with_misplaced_nodes_are_rejected() -> None:
+    from dataclasses import replace
+
+    from policy_dsl import compile_policy
+
+    ast = load_policy("expert").ast
+    rule = ast.rules[0]
+    swapped = replace(ast, rules=(replace(rule, trigger=n.Role("tool")),))
+    with pytest.raises(PolicyValidationError, match="expected a trigger, got Role"):
+        compile_policy(swapped)
+    nested = replace(ast, rules=(replace(rule, action=n.Drop(n.Messages(n.And((n.Role("tool"), n.Every(n.Num(1),
+                                                                                                     "turns")))))),))
+    with pytest.raises(PolicyValidationError, match="expected a selector, got Every"):
+        compile_policy(nested)
+    bare = replace(ast, rules=(replace(rule, action=n.Drop(n.Messages(n.Role("tool"), keep_last=12))),))
+    with pytest.raises(PolicyValidationError, match="expected a number for keep last, got int"):
+        compile_policy(bare)

@@ -21,7 +21,7 @@ Selectors (which messages; protected messages are never selected):
 
 Reposition rules:
     RepositionNever() RepositionEachDrop() RepositionEvery(n, unit)  unit: "drops" | "tool_calls"
-    RepositionGap(threshold)
+    RepositionGap(threshold) RepositionPositions(threshold)
 
 Every number is a `Num`; one with a range (`12 in 4..32`) is tunable. Source locations are kept
 for error messages but take no part in equality, so parse(format_policy(ast)) == ast.
@@ -234,7 +234,13 @@ class RepositionGap:
     loc: Loc | None = _loc()
 
 
-RepositionRule = Union[RepositionNever, RepositionEachDrop, RepositionEvery, RepositionGap]
+@dataclass(frozen=True)
+class RepositionPositions:
+    threshold: Num
+    loc: Loc | None = _loc()
+
+
+RepositionRule = Union[RepositionNever, RepositionEachDrop, RepositionEvery, RepositionGap, RepositionPositions]
 
 
 # ---- the policy --------------------------------------------------------------------------------

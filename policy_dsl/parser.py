@@ -269,4 +269,6 @@ class _Builder:
             return n.RepositionEachDrop(loc=loc)
         if kind == "every_n":
             return n.RepositionEvery(self.number(kids[0]), self.unit(kids[1], _REPOSITION_UNIT_WORDS), loc=loc)
+        if kind == "positions":
+            return n.RepositionPositions(self.number(kids[0]), loc=loc)
         return n.RepositionGap(self.number(kids[0]), loc=loc)

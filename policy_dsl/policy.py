@@ -79,15 +79,18 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
         if dropped_here:
             drop_message[str(i)] = sorted(dropped_here)
             drop_events += 1
-        if _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions - visible):
+        if _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions, positions - visible):
             reposition.append(i)
             positions = visible  # survivors now sit at 0..visible-1
     return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
 
 
 def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: bool, drop_events: int,
-                 gap: int) -> bool:
-    """Whether to compact positions after message i; `gap` = positions freed by drops since the last one."""
+                 positions: int, gap: int) -> bool:
+    """Whether to compact positions after message i.
+
+    `positions` is the next free position; `gap` the positions freed by drops since the last compaction.
+    """
     if isinstance(rule, n.RepositionEachDrop):
         return dropped
     if isinstance(rule, n.RepositionEvery) and rule.unit == "drops":
@@ -97,6 +100,8 @@ def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: boo
         return view.batch_end[i] and view.tool_calls[i] % rule.n.value == 0 and gap > 0
     if isinstance(rule, n.RepositionGap):
         return gap > rule.threshold.value
+    if isinstance(rule, n.RepositionPositions):
+        return positions > rule.threshold.value and gap > 0
     return False
 
 

@@ -98,4 +98,6 @@ def format_reposition(rule: n.RepositionRule) -> str:
         return f"every {format_num(rule.n)} {rule.unit}"
     if isinstance(rule, n.RepositionGap):
         return f"when gap > {format_num(rule.threshold)}"
+    if isinstance(rule, n.RepositionPositions):
+        return f"when positions > {format_num(rule.threshold)}"
     return "never"

@@ -26,6 +26,7 @@ BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
     (n.Summarize, "budget"): (16, TOKENS_MAX),
     (n.RepositionEvery, "n"): (1, COUNT_MAX),
     (n.RepositionGap, "threshold"): (1, TOKENS_MAX),
+    (n.RepositionPositions, "threshold"): (1, TOKENS_MAX),
 }
 FIELD_WORDS = {
     "n": "count", "threshold": "token threshold", "keep_last": "keep last", "until_visible": "visible-token target",
@@ -88,7 +89,7 @@ class _Checker:
             if target.selector is not None:
                 self.selector_structure(target.selector)
         expect(self, policy.reposition, (n.RepositionNever, n.RepositionEachDrop, n.RepositionEvery,
-                                         n.RepositionGap), "a reposition rule")
+                                         n.RepositionGap, n.RepositionPositions), "a reposition rule")
         for node in _walk(policy):
             for (kind, name) in BOUNDS:
                 value = getattr(node, name, None) if type(node) is kind else None

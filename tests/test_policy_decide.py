@@ -141,6 +141,15 @@ def test_reposition_every_n_drops_and_by_gap() -> None:
     assert gap.reposition == [tools[4], tools[7]]  # gaps of 300 tokens, after 3 drops of 100
 
 
+def test_reposition_when_positions_pass_a_threshold() -> None:
+    history = agent_history(8, response="r" * 100, system=False)  # user 17 tokens, tools 100, assistants 0
+    rolling = "mode kv\non each tool_response: drop role tool keep last 2\n"
+    tools = tool_indices(history)
+    decision = decide(rolling + "reposition when positions > 450\n", history)
+    # Positions reach 517 at tool 5 (tools 1-3 dropped) -> compact to 217; 517 again at tool 8.
+    assert decision.reposition == [tools[4], tools[7]]
+
+
 def test_reposition_every_n_tool_calls_needs_a_gap() -> None:
     history = agent_history(6, system=False)
     quiet = decide("mode kv\non after 5 tool_calls: drop role tool keep last 1\nreposition every 2 tool_calls\n",

@@ -51,7 +51,7 @@ MESSAGE_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.no
 KV_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, MESSAGE_TARGETS))
 REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDrop()),
                         st.builds(n.RepositionEvery, nums(1, 4), st.sampled_from(n.REPOSITION_UNITS)),
-                        st.builds(n.RepositionGap, nums(1, 500)))
+                        st.builds(n.RepositionGap, nums(1, 500)), st.builds(n.RepositionPositions, nums(1, 3000)))
 KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS)
 TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
     st.builds(n.Omit, MESSAGE_TARGETS), st.builds(n.Omit, st.builds(n.Thinking, st.none() | SELECTORS)),

@@ -14,6 +14,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from policy_dsl import nodes as n
 from policy_dsl.errors import Loc, PolicyLimitError, PolicySyntaxError, located
+from policy_dsl.validator import validate
 
 MAX_SOURCE_BYTES = 64 * 1024
 MAX_NESTING = 32       # parentheses and `not` chains; keeps every recursive walk shallow
@@ -38,10 +39,10 @@ def _lark() -> lark.Lark:
     return lark.Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
 
 
-def parse(text: str, filename: str = "<policy>") -> n.Policy:
-    """Parse and validate policy text; raises PolicyError (with file, line and column)."""
-    from policy_dsl.validator import validate
-
+def parse(text: str | bytes, filename: str = "<policy>") -> n.Policy:
+    """Parse and validate policy text (or UTF-8 bytes); raises PolicyError (with file, line and column)."""
+    if isinstance(text, bytes):
+        text = decode_source(text, filename)
     policy = parse_unvalidated(text, filename)
     validate(policy, filename)
     return policy

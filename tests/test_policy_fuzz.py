@@ -5,7 +5,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy_dsl import PolicyError, builtin_names, builtin_source, compile_policy, parse
-from policy_dsl.parser import decode_source
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCES = [builtin_source(name) for name in builtin_names()]
@@ -33,9 +32,9 @@ def test_random_text(text: str) -> None:
 def test_random_bytes(data: bytes) -> None:
     parse_and_compile(data.decode("utf-8", errors="replace"))
     try:
-        decode_source(data, "fuzz.akvp")
-    except PolicyError:
-        pass
+        compile_policy(parse(data, filename="fuzz.akvp"))
+    except PolicyError as err:
+        assert str(err).startswith("fuzz.akvp:")
 
 
 @FUZZ

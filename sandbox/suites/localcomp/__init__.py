@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from sandbox.suite import Task
 from sandbox.suites.localcomp.agent import ScriptedAgent
@@ -28,8 +28,10 @@ TRAJECTORY_TOKENS = (10_000, 30_000)  # a full scripted trajectory must land in 
 class LocalComp:
     name = "localcomp"
 
-    def __init__(self, home: Path | None = None):
+    def __init__(self, home: Path | None = None, quota: Mapping[str, int] | None = None):
+        """`quota` caps the tasks per split (default: 48 train, 170 heldout); tests build less."""
         self._home = home
+        self._quota = dict(quota or QUOTA)
         self._tasks: dict[str, list[Task]] | None = None
         self._corpus: Corpus | None = None
 
@@ -39,7 +41,7 @@ class LocalComp:
         self._home, self._tasks = Path(home), None
         root = self.root
         root.mkdir(parents=True, exist_ok=True)
-        manifest = {"version": BUILD_VERSION, "seed": seed}
+        manifest = {"version": BUILD_VERSION, "seed": seed, "quota": self._quota}
         if _read_json(root / "build.json") == manifest and (root / "corpus.sqlite").exists() \
                 and (root / "tasks.json").exists():
             return
@@ -50,7 +52,7 @@ class LocalComp:
         write_index(render_corpus(atlas, seed), index)
         corpus = Corpus(index)
         try:
-            tasks = _generate(atlas, corpus, seed)
+            tasks = _generate(atlas, corpus, seed, self._quota)
         finally:
             corpus.close()
         os.replace(index, root / "corpus.sqlite")
@@ -104,13 +106,15 @@ def _facts(root: Path) -> Facts:
     return facts
 
 
-def _generate(atlas: Atlas, corpus: Corpus, seed: int) -> list[Task]:
+def _generate(atlas: Atlas, corpus: Corpus, seed: int, quota: Mapping[str, int]) -> list[Task]:
     """Drafts in seeded order; a draft becomes a task when the scripted agent, seeing everything,
     reaches the gold answer with a trajectory of the intended length."""
     count = {s: 0 for s in SPLITS}
     tasks = []
     for draft in drafts(atlas, seed):
-        if count[draft.split] >= QUOTA[draft.split]:
+        if count[draft.split] >= quota[draft.split]:
+            if all(count[s] >= quota[s] for s in SPLITS):
+                break
             continue
         task = make_task(draft, count[draft.split], corpus.docid_of)
         env = LocalCompEnv(corpus, task)

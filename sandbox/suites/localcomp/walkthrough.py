@@ -1,5 +1,5 @@
 """Run the scripted agent on a task without a backend or a policy: everything stays visible
-unless `hidden` says otherwise. The build uses it to keep only questions the plan can answer
+unless `hidden` says otherwise (kv mode) or `edit` rewrites the history (text mode). The build uses it to keep only questions the plan can answer
 and whose trajectories have the intended length; tests use it to hide evidence on purpose.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Callable
 from sandbox.suite import Agent, AgentView, Message, Task, TaskEnv, ToolError
 
 Hidden = Callable[[int, list[Message]], set[int]]  # (step, history) -> indices the model cannot see
+Edit = Callable[[int, list[Message]], list[Message]]  # (step, history) -> the history as text mode edits it
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,12 @@ class Walk:
     tool_calls: tuple[tuple[str, str], ...]  # (tool, argument) in order
 
 
-def walk(task: Task, env: TaskEnv, agent: Agent, hidden: Hidden | None = None, max_steps: int = 100) -> Walk:
+def walk(task: Task, env: TaskEnv, agent: Agent, hidden: Hidden | None = None, edit: Edit | None = None,
+         max_steps: int = 100) -> Walk:
     history: list[Message] = task.initial_messages()
     calls: list[tuple[str, str]] = []
     for step in range(max_steps):
+        history = edit(step, history) if edit else history
         gone = hidden(step, history) if hidden else set()
         view = AgentView(task, tuple(history), tuple(i not in gone for i in range(len(history))), None, step)
         action = agent.act(view)

@@ -1,0 +1,112 @@
+"""The scripted agent: solves tasks from what it sees, re-fetches what it lost, gives up on budget."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sandbox.suite import Message
+from sandbox.suites.localcomp import TRAJECTORY_TOKENS, LocalComp
+from sandbox.suites.localcomp.agent import MAX_STEPS
+from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
+
+TEST_QUOTA = {"train": 16, "heldout": 24}  # same folder and quota as the other localcomp tests
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> LocalComp:
+    built = LocalComp(quota=TEST_QUOTA)
+    built.build(tmp_path_factory.getbasetemp() / "localcomp-home", seed=0)
+    yield built
+    built.close()
+
+
+def _tool_indices(history: list[Message]) -> list[int]:
+    return [i for i, m in enumerate(history) if m["role"] == "tool"]
+
+
+def keep_last_tool_responses(k: int):
+    """A rolling window over tool responses, like the expert policy with a small window."""
+    return lambda step, history: set(_tool_indices(history)[:-k])
+
+
+def test_sees_everything_reaches_gold_on_every_train_task(suite: LocalComp) -> None:
+    lengths = []
+    for task in suite.tasks("train"):
+        run = walk(task, suite.open(task), suite.scripted_agent(task))
+        assert suite.open(task).grade(run.answer).score == 1.0, task.id
+        lengths.append(trajectory_tokens(task, run.messages))
+    assert all(TRAJECTORY_TOKENS[0] <= n <= TRAJECTORY_TOKENS[1] for n in lengths), lengths
+
+
+def test_messages_are_openai_tool_calls(suite: LocalComp) -> None:
+    task = suite.tasks("train")[0]
+    run = walk(task, suite.open(task), suite.scripted_agent(task))
+    assistant = [m for m in run.messages if m["role"] == "assistant"]
+    ids = [c["id"] for m in assistant[:-1] for c in m["tool_calls"]]
+    assert len(ids) == len(set(ids)) == len(assistant) - 1
+    for m in assistant[:-1]:
+        call = m["tool_calls"][0]
+        assert call["type"] == "function" and isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert "tool_calls" not in assistant[-1]
+    assert assistant[-1]["content"].endswith(f"Answer: {run.answer}")
+
+
+def test_lost_evidence_is_fetched_again(suite: LocalComp) -> None:
+    task = suite.tasks("train")[0]
+    full = walk(task, suite.open(task), suite.scripted_agent(task))
+    windowed = walk(task, suite.open(task), suite.scripted_agent(task), hidden=keep_last_tool_responses(4))
+    opened = [arg for tool, arg in windowed.tool_calls if tool == "get_document"]
+    assert len(opened) > len(set(opened))  # some document was read twice
+    assert len(windowed.tool_calls) > len(full.tool_calls)
+    assert suite.open(task).grade(windowed.answer).score == 1.0
+    assert any("no longer in view" in (m.get("content") or "") for m in windowed.messages)
+
+
+def test_text_mode_placeholders_count_as_lost(suite: LocalComp) -> None:
+    task = suite.tasks("train")[1]
+
+    def omit_old_tool_responses(step: int, history: list[Message]) -> list[Message]:
+        old = set(_tool_indices(history)[:-4])
+        return [{**m, "content": "[tool output omitted]"} if i in old else m for i, m in enumerate(history)]
+
+    run = walk(task, suite.open(task), suite.scripted_agent(task), edit=omit_old_tool_responses)
+    opened = [arg for tool, arg in run.tool_calls if tool == "get_document"]
+    assert len(opened) > len(set(opened))
+    assert suite.open(task).grade(run.answer).score == 1.0
+
+
+def test_without_memory_it_gives_up_at_the_step_budget(suite: LocalComp) -> None:
+    task = suite.tasks("train")[2]
+
+    def only_the_last_two(step: int, history: list[Message]) -> set[int]:
+        return set(range(2, len(history) - 2))  # its own notes scroll away too
+
+    run = walk(task, suite.open(task), suite.scripted_agent(task), hidden=only_the_last_two, max_steps=200)
+    assert run.answer == "" and run.steps == MAX_STEPS + 1
+    assert "step budget" in run.messages[-1]["content"]
+
+
+def test_answer_comes_from_the_documents_it_read(suite: LocalComp) -> None:
+    task = next(t for t in suite.tasks("train") if t.meta["gold"]["type"] == "number")
+    first = task.meta["plan"]["legs"][0]
+    year = task.meta["years"][first["label"]]
+    target = next(e for e in task.meta["evidence"] if e["value"] == str(year))
+
+    class AlteredCorpus:
+        """The real environment, with the first leg's year changed in the document that holds it."""
+
+        def __init__(self, env):
+            self.env = env
+
+        def call_tool(self, name, arguments):
+            text = self.env.call_tool(name, arguments)
+            if name == "get_document" and arguments["docid"] == target["docid"]:
+                text = re.sub(rf"\| {year} \|", f"| {year - 1000} |", text)
+            return text
+
+    run = walk(task, AlteredCorpus(suite.open(task)), suite.scripted_agent(task))
+    years = dict(task.meta["years"], **{first["label"]: year - 1000})
+    assert run.answer == str(max(years.values()) - min(years.values()))
+    assert run.answer != task.meta["gold"]["answer"]

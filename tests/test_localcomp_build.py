@@ -1,0 +1,107 @@
+"""localcomp build: sizes, determinism, idempotence and split disjointness."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sandbox.suites import get_suite
+from sandbox.suites.localcomp import LocalComp
+from sandbox.suites.localcomp.atlas import Atlas
+from sandbox.suites.localcomp.corpus import render_corpus
+from sandbox.suites.localcomp.facts import Facts
+from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts
+
+
+TEST_QUOTA = {"train": 16, "heldout": 24}  # the full build (48 / 170) takes too long for a test
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> LocalComp:
+    # One build per test session: every localcomp test module names the same folder and quota,
+    # and the build is a no-op when that folder already holds them.
+    home = tmp_path_factory.getbasetemp() / "localcomp-home"
+    built = LocalComp(quota=TEST_QUOTA)
+    built.build(home, seed=0)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def atlas(suite: LocalComp) -> Atlas:
+    return Atlas(Facts.from_json(json.loads((suite.root / "facts.json").read_text(encoding="utf-8"))))
+
+
+def test_registry_returns_the_suite() -> None:
+    assert get_suite("localcomp").name == "localcomp"
+
+
+def test_build_fills_each_split_to_its_quota(suite: LocalComp) -> None:
+    assert {s: len(suite.tasks(s)) for s in SPLITS} == TEST_QUOTA
+
+
+def test_full_quotas_have_room_to_spare(atlas: Atlas) -> None:
+    # The full build keeps a draft only when the scripted agent solves it at the intended length
+    # (about 85% do), so each split needs well over its quota in drafts.
+    assert QUOTA["train"] >= 40 and QUOTA["heldout"] >= 150
+    supply = Counter(d.split for d in drafts(atlas, 0))
+    for split in SPLITS:
+        assert supply[split] >= 1.5 * QUOTA[split], split
+
+
+def test_unknown_split_names_the_known_ones(suite: LocalComp) -> None:
+    with pytest.raises(ValueError, match="train, heldout"):
+        suite.tasks("test")
+
+
+def test_unbuilt_suite_says_how_to_build(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="akv tasks build"):
+        LocalComp(tmp_path).tasks("train")
+
+
+def test_splits_share_no_question_fact_or_anchor(suite: LocalComp) -> None:
+    train, heldout = suite.tasks("train"), suite.tasks("heldout")
+    assert not {t.prompt for t in train} & {t.prompt for t in heldout}
+    for key in ("hinges", "anchors"):
+        train_keys = {k for t in train for k in t.meta[key]}
+        heldout_keys = {k for t in heldout for k in t.meta[key]}
+        assert train_keys and heldout_keys
+        assert not train_keys & heldout_keys, key
+
+
+def test_tasks_are_well_formed(suite: LocalComp) -> None:
+    tasks = suite.tasks("train") + suite.tasks("heldout")
+    assert len({t.id for t in tasks}) == len(tasks)
+    for task in tasks:
+        assert task.suite == "localcomp"
+        assert {tool["function"]["name"] for tool in task.tools} == {"search", "get_document"}
+        assert task.meta["gold_docs"] and task.meta["evidence"]
+        assert set(task.meta["gold_docs"]).isdisjoint(task.meta["hard_negatives"])
+        for leg in task.meta["plan"]["legs"]:
+            assert leg["label"] in task.prompt
+
+
+def test_second_build_keeps_the_files(suite: LocalComp) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in suite.root.iterdir()}
+    LocalComp(quota=TEST_QUOTA).build(suite.root.parent, seed=0)
+    after = {p.name: p.stat().st_mtime_ns for p in suite.root.iterdir()}
+    assert before == after
+
+
+def test_corpus_and_drafts_are_deterministic_in_the_seed(atlas: Atlas) -> None:
+    first, again, other = render_corpus(atlas, 0), render_corpus(atlas, 0), render_corpus(atlas, 1)
+    assert 3000 <= len(first) == len(other)
+    assert first == again
+    assert {d.key: d.docid for d in first} != {d.key: d.docid for d in other}
+    prompts = [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0)]
+    assert prompts == [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0)]
+    assert prompts != [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 1)]
+
+
+def test_documents_have_realistic_sizes(atlas: Atlas) -> None:
+    docs = render_corpus(atlas, 0)
+    long_kinds = [d for d in docs if d.kind in ("element", "country")]
+    median = sorted(len(d.text) for d in long_kinds)[len(long_kinds) // 2]
+    assert 1600 <= median <= 6000  # roughly 400 to 1500 tokens

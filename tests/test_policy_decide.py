@@ -208,3 +208,24 @@ def test_malformed_history_gets_a_clear_error() -> None:
         load_policy("expert").decide([{"role": "user", "content": "x"}, "oops"])
     with pytest.raises(HistoryError, match="list of messages"):
         load_policy("expert").decide("not a list")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["expert", "turn-based", "token-based"])
+def test_builtin_evaluation_work_grows_linearly_with_the_history(name: str, monkeypatch) -> None:
+    import policy_dsl.evaluate as evaluate
+
+    calls = 0
+    real = evaluate.matches
+
+    def counted(selector, j, b):
+        nonlocal calls
+        calls += 1
+        return real(selector, j, b)
+
+    monkeypatch.setattr(evaluate, "matches", counted)
+    work = []
+    for rounds in (100, 400):
+        calls = 0
+        load_policy(name).decide(agent_history(rounds, response="r" * 8000))  # ~2000 tokens each
+        work.append(calls)
+    assert work[1] <= 5 * work[0], work  # 4x the history: linear work is ~4x, quadratic ~16x

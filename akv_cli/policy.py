@@ -86,10 +86,15 @@ def decide(
 
 
 def _description(source: str) -> str:
+    """The first sentence of the policy's leading comment."""
+    words = []
     for line in source.splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#"):
+            break
+        words.append(line.lstrip("# ").strip())
+    text = " ".join(words)
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
 
 
 def _raw_text(file: str) -> str | None:

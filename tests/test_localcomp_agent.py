@@ -88,25 +88,52 @@ def test_without_memory_it_gives_up_at_the_step_budget(suite: LocalComp) -> None
     assert "step budget" in run.messages[-1]["content"]
 
 
+def _year_document(task) -> tuple[str, int, str] | None:
+    """(leg label, year, docid) of a leg whose year sits in a document no other leg's year uses."""
+    holders = {label: next(e["docid"] for e in task.meta["evidence"] if e["value"] == str(year))
+               for label, year in task.meta["years"].items()}
+    for label, docid in holders.items():
+        if list(holders.values()).count(docid) == 1:
+            return label, task.meta["years"][label], docid
+    return None
+
+
 def test_answer_comes_from_the_documents_it_read(suite: LocalComp) -> None:
-    task = next(t for t in suite.tasks("train") if t.meta["gold"]["type"] == "number")
-    first = task.meta["plan"]["legs"][0]
-    year = task.meta["years"][first["label"]]
-    target = next(e for e in task.meta["evidence"] if e["value"] == str(year))
+    task = next(t for t in suite.tasks("train") if t.meta["gold"]["type"] == "number" and _year_document(t))
+    label, year, docid = _year_document(task)
 
     class AlteredCorpus:
-        """The real environment, with the first leg's year changed in the document that holds it."""
+        """The real environment, with one leg's year changed in the document that holds it."""
 
         def __init__(self, env):
             self.env = env
 
         def call_tool(self, name, arguments):
             text = self.env.call_tool(name, arguments)
-            if name == "get_document" and arguments["docid"] == target["docid"]:
+            if name == "get_document" and arguments["docid"] == docid:
                 text = re.sub(rf"\| {year} \|", f"| {year - 1000} |", text)
             return text
 
     run = walk(task, AlteredCorpus(suite.open(task)), suite.scripted_agent(task))
-    years = dict(task.meta["years"], **{first["label"]: year - 1000})
+    years = dict(task.meta["years"], **{label: year - 1000})
     assert run.answer == str(max(years.values()) - min(years.values()))
     assert run.answer != task.meta["gold"]["answer"]
+
+
+def test_after_a_summary_it_keeps_its_notes_and_rereads_documents(suite: LocalComp) -> None:
+    from policy_dsl.decision import SUMMARY_PREFIX
+    from sandbox.summarize import extractive_summary
+
+    task = suite.tasks("train")[3]
+
+    def summarize_once(step: int, history: list[Message]) -> list[Message]:
+        if step != 12:
+            return history
+        body = extractive_summary(history[2:], 512, lambda text: len(text) // 4)
+        return history[:2] + [{"role": "user", "content": SUMMARY_PREFIX + body}]
+
+    run = walk(task, suite.open(task), suite.scripted_agent(task), edit=summarize_once)
+    assert suite.open(task).grade(run.answer).score == 1.0
+    after = [m for m in run.messages[3:] if m["role"] == "assistant"]
+    rereads = [m for m in after if "no longer in view" in m["content"]]
+    assert rereads  # documents were summarized away and fetched again by their noted docids

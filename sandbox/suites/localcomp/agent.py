@@ -27,6 +27,7 @@ MAX_STEPS = 60
 _FOUND = re.compile(r"^Found (\S+): (.+) \[(lc-\d{5})\]$", re.MULTILINE)
 _NOTED = re.compile(r"^Noted (\S+): (.+)$", re.MULTILINE)
 _RULED_OUT = re.compile(r"^Ruled out: .+ \[(lc-\d{5})\]$", re.MULTILINE)
+_UNPAIRED_RESULT = "[result of get_document]"  # a tool result whose call was summarized away
 
 
 @dataclass
@@ -41,25 +42,30 @@ class Context:
 
 
 def read_context(messages: list[Mapping[str, Any]], visible: list[bool]) -> Context:
+    """Notes come from the agent's own messages and from summaries of them (the extractive
+    summarizer keeps the agent's lines whole). Documents come only from whole tool results:
+    a summary's stray infobox row cannot be tied to its article for sure, so a summarized
+    document counts as lost and is fetched again."""
     ctx = Context()
     calls: dict[str, tuple[str, dict[str, Any]]] = {}
     for message, seen in zip(messages, visible):
-        if not seen:
-            continue
         content = message.get("content") or ""
-        if message.get("role") == "assistant":
+        if not seen or not isinstance(content, str):
+            continue
+        role = message.get("role")
+        if role != "tool":
             ctx.found.update({v: (d, t) for v, t, d in _FOUND.findall(content)})
             ctx.noted.update(dict(_NOTED.findall(content)))
             ctx.ruled_out.update(_RULED_OUT.findall(content))
-            for call in message.get("tool_calls") or ():
-                fn = call.get("function", {})
-                calls[call.get("id", "")] = (fn.get("name", ""), _arguments(fn.get("arguments")))
-        elif message.get("role") == "tool" and content.startswith("["):
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function", {})
+            calls[call.get("id", "")] = (fn.get("name", ""), _arguments(fn.get("arguments")))
+        if role == "tool":
             name, args = calls.get(message.get("tool_call_id", ""), ("", {}))
             if name == "search" and _is_hit_list(content):
                 ctx.searches[args.get("query", "")] = json.loads(content)
                 continue
-        if message.get("role") != "assistant":
+        if role == "tool" or (role == "user" and content.startswith(_UNPAIRED_RESULT)):
             for article in read_articles(content):
                 ctx.docs[article.docid] = _merge(ctx.docs.get(article.docid), article)
     return ctx
@@ -87,6 +93,15 @@ def _merge(old: Article | None, new: Article) -> Article:
         return new
     return Article(new.docid, new.title, new.kind or old.kind, {**old.fields, **new.fields},
                    {**old.tables, **new.tables})
+
+
+def _judge(article: Article, kind: str, where: Mapping[str, str]) -> bool | None:
+    """Does the article satisfy the constraints? None when what is visible of it cannot tell."""
+    if article.kind != kind:
+        return False
+    if any(k not in article.fields for k in where):
+        return None
+    return all(article.fields[k] == v for k, v in where.items())
 
 
 class _Need(Exception):
@@ -159,7 +174,7 @@ class Planner:
         refs = step.get("refs", {})
         where = {k: self._fill(v, refs) for k, v in step["where"].items()}
         for article in self.ctx.docs.values():
-            if article.kind == step["kind"] and all(article.fields.get(k) == v for k, v in where.items()):
+            if _judge(article, step["kind"], where):
                 self.bound[var] = Binding(article.docid, article.title)
                 self.notes.append(f"Found {var}: {article.title} [{article.docid}]")
                 return
@@ -169,7 +184,8 @@ class Planner:
             for hit in self.ctx.searches[query]:
                 if hit["docid"] in self.ctx.ruled_out or ("Name" in where and hit["title"] != where["Name"]):
                     continue
-                if hit["docid"] in self.ctx.docs:  # seen and not matching
+                seen = self.ctx.docs.get(hit["docid"])
+                if seen is not None and _judge(seen, step["kind"], where) is False:
                     self.notes.append(f"Ruled out: {hit['title']} [{hit['docid']}]")
                     continue
                 raise _Need("get_document", {"docid": hit["docid"]},

@@ -88,7 +88,7 @@ class Corpus:
             return ()
         match = " OR ".join(f'"{t}"' for t in terms)
         rows = self._db.execute(
-            "SELECT docid, title, snippet(docs_fts, -1, '', '', ' ... ', 32) FROM docs_fts "
+            "SELECT docid, title, snippet(docs_fts, -1, '', '', ' ... ', 64) FROM docs_fts "
             "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 0.0, 20.0, 3.0, 1.0) LIMIT ?", (match, k)).fetchall()
         return tuple(Hit(docid=d, title=t, snippet=" ".join(s.split())) for d, t, s in rows)
 

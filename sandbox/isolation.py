@@ -15,7 +15,11 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
   us create one; otherwise a `sitecustomize` that refuses Python-level socket connections
   (weaker: it does not stop a subprocess written in C);
 - a wall timeout after which every process of the command is killed;
-- bounded output: the first `output_bytes` of stdout+stderr are kept, the rest counted.
+- bounded output: the first `output_bytes` of stdout+stderr are kept, the rest counted;
+- no address-space randomization (personality ADDR_NO_RANDOMIZE): Python 3.11 hashes
+  None by its address, so with ASLR a test suite parametrized from a set of tuples gets
+  different test ids on every run. Reproducible runs matter more to us than ASLR inside
+  a sandbox that already has no network and owns nothing.
 
 Paths given by an agent are confined with `Sandbox.resolve`: symlinks resolved, no `..`,
 no absolute path outside the folder. `containment()` says what this machine enforces.
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 _CLONE_NEWNET = 0x40000000
+_ADDR_NO_RANDOMIZE = 0x0040000
 _UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per sandbox
 _NO_NET_SITE = '''\
 """Installed by the sandbox when no network namespace is available: no outbound sockets."""
@@ -226,6 +231,13 @@ class Sandbox:
         self._hand_over(real)
         return real
 
+    def replace_folder(self, path: str, source: Path) -> None:
+        """Make folder `path` a fresh copy of `source` (e.g. restore the original tests)."""
+        real = self.resolve(path)
+        shutil.rmtree(real, ignore_errors=True)
+        shutil.copytree(source, real, symlinks=True)
+        self._hand_over(real)
+
     # -- commands ----------------------------------------------------------------------
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
@@ -273,6 +285,7 @@ class Sandbox:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         os.umask(0o002)  # files a command creates stay writable for the next command's uid
+        _libc().personality(_ADDR_NO_RANDOMIZE)
         if uid is not None:
             _become(uid, self.gid)
 

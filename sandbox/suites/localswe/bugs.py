@@ -1,0 +1,140 @@
+"""Injecting bugs into a host and keeping only those its own tests catch.
+
+A candidate bug (one mutation from `mutate.bugs_in`) is kept iff, with the bug in place,
+the host's relevant test modules still collect and at least one test that passed before now
+fails. Its FAIL_TO_PASS tests are those; PASS_TO_PASS are the tests of the same modules
+that pass before and after. "Relevant" modules are the test files that mention the mutated
+module or a name it defines (so validation runs a fraction of the suite); a module no test
+file mentions falls back to the whole suite.
+
+Validation runs tests, so it is the slow part of a build: results are cached per host and
+seed in the data folder and reused by later builds.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sandbox.isolation import Limits, Sandbox
+from sandbox.suites.localswe.hosts import BuildError, Host, source_files
+from sandbox.suites.localswe.mutate import Mutation, bugs_in
+from sandbox.suites.localswe.testrun import run_pytest
+
+VALIDATION_LIMITS = Limits(cpu_s=60, wall_s=90)
+
+
+@dataclass(frozen=True)
+class Bug:
+    id: str
+    host: str  # Host.key
+    mutation: Mutation
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    messages: tuple[tuple[str, str], ...]  # (FAIL_TO_PASS id, pytest's one-line message)
+    test_files: tuple[str, ...]  # the test modules the bug was validated on
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Bug":
+        return cls(data["id"], data["host"], Mutation(**data["mutation"]), tuple(data["fail_to_pass"]),
+                   tuple(data["pass_to_pass"]), tuple(tuple(m) for m in data["messages"]),
+                   tuple(data["test_files"]))
+
+
+def validated_bugs(host: Host, tree: Path, cache: Path, seed: int, count: int, max_tries: int) -> list[Bug]:
+    """`count` validated bugs of `host` (fewer if `max_tries` candidates run out), cached."""
+    cached = cache / f"{host.key}-seed{seed}-n{count}-t{max_tries}.json"
+    if cached.exists():
+        return [Bug.from_json(b) for b in json.loads(cached.read_text())]
+    with Sandbox.copy_of(tree, VALIDATION_LIMITS) as sandbox:
+        baseline = run_pytest(sandbox, host, list(host.tests))
+        if not baseline.usable or not baseline.passed():
+            raise BuildError(f"{host.key}: its own test suite does not pass ({baseline.result.summary()})")
+        modules = _test_modules(host, tree)
+        bugs: list[Bug] = []
+        for mutation in _candidates(host, tree, seed)[:max_tries]:
+            bug = _validate(sandbox, host, mutation, modules, baseline.passed())
+            if bug is not None:
+                bugs.append(bug)
+            if len(bugs) == count:
+                break
+    cache.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps([b.to_json() for b in bugs], indent=1))
+    return bugs
+
+
+def _candidates(host: Host, tree: Path, seed: int) -> list[Mutation]:
+    """All bugs of the host, shuffled from the seed and interleaved by kind, one per line."""
+    by_kind: dict[str, list[Mutation]] = defaultdict(list)
+    for rel in source_files(host, tree):
+        for mutation in bugs_in((tree / rel).read_text(), rel):
+            by_kind[mutation.kind].append(mutation)
+    rng = random.Random(f"{seed}:{host.key}")
+    for kind in sorted(by_kind):
+        rng.shuffle(by_kind[kind])
+    order, seen_lines = [], set()
+    queues = [by_kind[k] for k in sorted(by_kind)]
+    while any(queues):
+        for queue in queues:
+            if queue:
+                mutation = queue.pop()
+                if (mutation.path, mutation.line) not in seen_lines:
+                    seen_lines.add((mutation.path, mutation.line))
+                    order.append(mutation)
+    return order
+
+
+def _validate(sandbox: Sandbox, host: Host, mutation: Mutation, modules: dict[str, str],
+              passed_before: set[str]) -> Bug | None:
+    original = (sandbox.root / mutation.path).read_text()
+    buggy = mutation.apply(original)
+    try:
+        compile(buggy, mutation.path, "exec")
+    except SyntaxError:
+        return None
+    selected = _relevant(buggy, mutation, modules)
+    sandbox.write_text(mutation.path, buggy)
+    try:
+        run = run_pytest(sandbox, host, selected)
+    finally:
+        sandbox.write_text(mutation.path, original)
+    if not run.usable:
+        return None
+    in_scope = {t for t in passed_before if t.split("::")[0] in selected}
+    fail_to_pass = sorted(in_scope & run.failed())
+    if not fail_to_pass:
+        return None
+    pass_to_pass = sorted(in_scope & run.passed())
+    messages = tuple((t, run.messages.get(t, "")) for t in fail_to_pass)
+    digest = hashlib.sha256(f"{mutation.path}:{mutation.line}:{mutation.after}".encode()).hexdigest()
+    bug_id = f"{host.name}-{digest[:8]}"
+    return Bug(bug_id, host.key, mutation, tuple(fail_to_pass), tuple(pass_to_pass), messages,
+               tuple(selected))
+
+
+def _test_modules(host: Host, tree: Path) -> dict[str, str]:
+    """Test module path -> its text."""
+    return {p.relative_to(tree).as_posix(): p.read_text(errors="replace")
+            for folder in host.tests for p in sorted((tree / folder).rglob("test_*.py"))}
+
+
+def _relevant(source: str, mutation: Mutation, modules: dict[str, str]) -> list[str]:
+    names = {Path(mutation.path).stem} | _defined_names(source)
+    names.discard("__init__")
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b") if names else None
+    chosen = [m for m, text in modules.items() if pattern and pattern.search(text)]
+    return chosen or sorted(modules)
+
+
+def _defined_names(source: str) -> set[str]:
+    tree = ast.parse(source)
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            if not n.name.startswith("__")}

@@ -1,0 +1,198 @@
+"""One live repair task: a fresh sandboxed copy of the buggy project, its tools, its grade.
+
+Tools print what a developer would see: numbered file views, grep hits, pytest's own output
+with short tracebacks. Outputs are cut at realistic sizes so a long session grows its context
+the way real agents' do. Grading follows SWE-bench: the test folders are restored from the
+pristine tree (an agent cannot pass by editing tests), the bug's test modules run, and the
+task is resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test still does.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from sandbox.isolation import Limits, PathEscape, Sandbox
+from sandbox.suite import Grade, Task, ToolError
+from sandbox.suites.localswe.bugs import Bug
+from sandbox.suites.localswe.hosts import Host
+from sandbox.suites.localswe.testrun import run_pytest
+
+TOOL_LIMITS = Limits(cpu_s=60, wall_s=120)
+MAX_VIEW_LINES = 400
+MAX_GREP_LINES = 200
+MAX_LISTED_FILES = 1000
+MAX_TEST_OUTPUT = 24_000  # characters kept from a test run: the head and the tail
+MAX_EDIT_BYTES = 1 << 20
+_HIDDEN = {"__pycache__", ".git", ".tox", ".venv", ".pytest_cache"}
+
+
+def _params(required: dict[str, str], optional: dict[str, str] | None = None) -> dict[str, Any]:
+    props = {name: {"type": kind} for name, kind in {**required, **(optional or {})}.items()}
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+def _tool(name: str, description: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+TOOLS = (
+    _tool("list_files", "List the files under a folder of the repository (default: the root).",
+          _params({}, {"path": "string"})),
+    _tool("read_file", "Show a file with line numbers; `start` and `end` (1-based, inclusive) pick lines.",
+          _params({"path": "string"}, {"start": "integer", "end": "integer"})),
+    _tool("grep", "Search the repository (or `path`) for an extended regular expression.",
+          _params({"pattern": "string"}, {"path": "string"})),
+    _tool("run_tests", "Run pytest on test files or test ids separated by spaces (default: the whole suite).",
+          _params({}, {"selector": "string"})),
+    _tool("edit", "Replace the exact text `old` (it must occur once) with `new` in a file; "
+          "an empty `old` creates a new file.", _params({"path": "string", "old": "string", "new": "string"})),
+    _tool("submit", "Submit the repository in its current state for grading.", _params({})),
+)
+
+
+class RepairEnv:
+    """The TaskEnv of one localswe task run."""
+
+    def __init__(self, task: Task, host: Host, tree: Path, limits: Limits = TOOL_LIMITS):
+        self.task, self.host, self.tree = task, host, tree
+        self.bug = Bug.from_json(task.meta["bug"])
+        self.sandbox = Sandbox.copy_of(tree, limits)
+        mutation = self.bug.mutation
+        self.sandbox.write_text(mutation.path, mutation.apply((tree / mutation.path).read_text()))
+        self.submitted = False
+        self._tools: dict[str, Callable[..., str]] = {
+            "list_files": self.list_files, "read_file": self.read_file, "grep": self.grep,
+            "run_tests": self.run_tests, "edit": self.edit, "submit": self.submit,
+        }
+
+    # -- the TaskEnv protocol ------------------------------------------------------------
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+        tool = self._tools.get(name)
+        if tool is None:
+            raise ToolError(f"unknown tool {name!r}: expected one of {', '.join(self._tools)}")
+        spec = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
+        _check_arguments(name, spec, arguments)
+        try:
+            return tool(**arguments)
+        except PathEscape as escape:
+            raise ToolError(f"{name}: {escape}") from None
+
+    def grade(self, answer: str | None) -> Grade:
+        for folder in self.host.tests:  # SWE-bench runs the original tests, whatever the agent did
+            self.sandbox.replace_folder(folder, self.tree / folder)
+        run = run_pytest(self.sandbox, self.host, list(self.bug.test_files))
+        if not run.usable:
+            return Grade(0.0, f"unresolved: the test run did not complete ({run.result.summary()}"
+                              f"{', collection failed' if run.collection_failed else ''})")
+        passed = run.passed()
+        f2p = sum(t in passed for t in self.bug.fail_to_pass)
+        p2p = sum(t in passed for t in self.bug.pass_to_pass)
+        resolved = f2p == len(self.bug.fail_to_pass) and p2p == len(self.bug.pass_to_pass)
+        return Grade(1.0 if resolved else 0.0,
+                     f"{'resolved' if resolved else 'unresolved'}: FAIL_TO_PASS {f2p}/{len(self.bug.fail_to_pass)}"
+                     f" pass, PASS_TO_PASS {p2p}/{len(self.bug.pass_to_pass)} pass")
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    # -- tools ---------------------------------------------------------------------------
+
+    def list_files(self, path: str = ".") -> str:
+        folder = self.sandbox.root if path in ("", ".") else self.sandbox.resolve(path)
+        if not folder.is_dir():
+            raise ToolError(f"list_files: {path!r} is not a folder")
+        files = sorted(p.relative_to(self.sandbox.root).as_posix() for p in folder.rglob("*")
+                       if p.is_file() and not _HIDDEN & set(p.relative_to(self.sandbox.root).parts))
+        shown = files[:MAX_LISTED_FILES]
+        more = f"\n[... {len(files) - len(shown)} more files]" if len(files) > len(shown) else ""
+        return "\n".join(shown) + more if shown else f"(no files under {path})"
+
+    def read_file(self, path: str, start: int = 1, end: int | None = None) -> str:
+        target = self.sandbox.resolve(path)
+        if not target.is_file():
+            raise ToolError(f"read_file: no file {path!r}")
+        lines = target.read_text(errors="replace").splitlines()
+        start = max(1, start)
+        end = min(len(lines), end if end is not None else start + MAX_VIEW_LINES - 1,
+                  start + MAX_VIEW_LINES - 1)
+        if start > len(lines):
+            raise ToolError(f"read_file: {path} has {len(lines)} lines; start={start} is past the end")
+        body = "\n".join(f"{n:>6}\t{lines[n - 1]}" for n in range(start, end + 1))
+        return f"{path} (lines {start}-{end} of {len(lines)})\n{body}"
+
+    def grep(self, pattern: str, path: str = ".") -> str:
+        target = "." if path in ("", ".") else self.sandbox.resolve(path).relative_to(self.sandbox.root).as_posix()
+        # GNU grep runs in the sandbox: no regular expression can stall the harness.
+        result = self.sandbox.run(["grep", "-rnIE", "--exclude-dir=__pycache__", "-e", pattern, "--", target],
+                                  wall_s=30)
+        if result.returncode == 1:
+            return f"no matches for {pattern!r}"
+        if result.returncode != 0:
+            raise ToolError(f"grep: {result.output.strip() or result.summary()}")
+        hits = [line.removeprefix("./") for line in result.output.splitlines()]
+        more = f"\n[... {len(hits) - MAX_GREP_LINES} more matches]" if len(hits) > MAX_GREP_LINES else ""
+        return "\n".join(hits[:MAX_GREP_LINES]) + more
+
+    def run_tests(self, selector: str = "") -> str:
+        try:
+            selectors = shlex.split(selector)
+        except ValueError as bad:
+            raise ToolError(f"run_tests: cannot split selector {selector!r}: {bad}") from None
+        for item in selectors:
+            if item.startswith("-"):
+                raise ToolError(f"run_tests: {item!r} is an option; give test files or test ids only")
+            self.sandbox.resolve(item.split("::")[0])
+        run = run_pytest(self.sandbox, self.host, selectors or list(self.host.tests), report="fE")
+        output = _cut(run.result.output, MAX_TEST_OUTPUT)
+        if run.result.timed_out or run.result.signal_name:
+            raise ToolError(f"run_tests: the test run was {run.result.summary()}\n{output}")
+        return output
+
+    def edit(self, path: str, old: str, new: str) -> str:
+        target = self.sandbox.resolve(path)
+        if len(new.encode()) > MAX_EDIT_BYTES:
+            raise ToolError(f"edit: the new text is over {MAX_EDIT_BYTES} bytes")
+        if old == "" and not target.exists():
+            self.sandbox.write_text(path, new)
+            return f"Created {path} ({len(new.splitlines())} lines)"
+        if not target.is_file():
+            raise ToolError(f"edit: no file {path!r}")
+        text = target.read_text(errors="replace")
+        count = text.count(old) if old else 0
+        if count != 1:
+            what = "is empty" if not old else ("was not found" if count == 0 else f"occurs {count} times")
+            raise ToolError(f"edit: the old text {what} in {path}; give text that occurs exactly once")
+        at = text.index(old)
+        self.sandbox.write_text(path, text[:at] + new + text[at + len(old):])
+        first = text[:at].count("\n") + 1
+        return f"Edited {path}.\n" + self.read_file(path, max(1, first - 2), first + new.count("\n") + 2)
+
+    def submit(self) -> str:
+        self.submitted = True
+        return "Submitted. The repository will be graded by running its tests; end with a final message."
+
+
+def _check_arguments(name: str, spec: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+    if not isinstance(arguments, Mapping):
+        raise ToolError(f"{name}: arguments must be an object")
+    known = spec["properties"]
+    unknown = sorted(set(arguments) - set(known))
+    if unknown:
+        raise ToolError(f"{name}: unknown argument(s) {', '.join(unknown)}; expected {', '.join(known) or 'none'}")
+    missing = [p for p in spec["required"] if p not in arguments]
+    if missing:
+        raise ToolError(f"{name}: missing argument(s) {', '.join(missing)}")
+    for param, value in arguments.items():
+        kind = known[param]["type"]
+        ok = isinstance(value, str) if kind == "string" else (isinstance(value, int) and not isinstance(value, bool))
+        if not ok and not (value is None and param not in spec["required"]):
+            raise ToolError(f"{name}: argument {param!r} must be a{'n' if kind == 'integer' else ''} {kind}")
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = limit // 4, limit - limit // 4
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[-tail:]}"

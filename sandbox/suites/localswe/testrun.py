@@ -1,0 +1,64 @@
+"""Running a host's pytest suite inside a sandbox and reading per-test outcomes.
+
+Outcomes come from pytest's `-rA` short summary (`PASSED id`, `FAILED id - message`,
+`ERROR id - message`, ...). A run whose collection failed, or that timed out, reports no
+outcomes: every test it should have run counts as not passing.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from sandbox.isolation import CommandResult, Sandbox
+from sandbox.suites.localswe.hosts import Host
+
+_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")
+_COLLECTION = re.compile(r"Interrupted: \d+ errors? during collection|^ERROR collecting ", re.M)
+
+
+@dataclass(frozen=True)
+class TestRun:
+    result: CommandResult
+    outcomes: dict[str, str] = field(default_factory=dict)  # test id -> PASSED / FAILED / ERROR / ...
+    messages: dict[str, str] = field(default_factory=dict)  # test id -> the summary's message
+
+    @property
+    def collection_failed(self) -> bool:
+        return bool(_COLLECTION.search(self.result.output))
+
+    @property
+    def usable(self) -> bool:
+        """Whether the outcomes can be trusted: no timeout, no kill, collection went through."""
+        return not self.result.timed_out and self.result.returncode in (0, 1) and not self.collection_failed
+
+    def passed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o in ("PASSED", "XFAIL")} if self.usable else set()
+
+    def failed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o in ("FAILED", "ERROR")}
+
+
+def pytest_argv(selectors: Sequence[str], report: str = "A", traceback: str = "short") -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"-r{report}", f"--tb={traceback}",
+            "-q", "-o", "console_output_style=classic", *selectors]
+
+
+def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: float | None = None,
+               report: str = "A", traceback: str = "short") -> TestRun:
+    """Run pytest on `selectors` (test files or ids) in the sandbox's copy of `host`."""
+    # No bytecode: an edit that keeps a file's size within the same second would otherwise
+    # run the stale compiled module.
+    env = {"PYTHONPATH": str(sandbox.root / host.pythonpath), "PYTHONDONTWRITEBYTECODE": "1",
+           "COLUMNS": "160"}  # wide enough that summary messages are not cut to "..."
+    result = sandbox.run(pytest_argv(selectors, report, traceback), env=env, wall_s=wall_s)
+    outcomes, messages = {}, {}
+    for line in result.output.splitlines():
+        match = _SUMMARY.match(line)
+        if match:
+            outcome, test_id, message = match.groups()
+            outcomes[test_id] = outcome
+            if message:
+                messages[test_id] = message
+    return TestRun(result, outcomes, messages)

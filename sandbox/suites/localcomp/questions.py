@@ -56,6 +56,19 @@ def element_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
              "where": {"Discovered by": e.discoverers, "Group": str(e.group)}})
 
 
+def discovery_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
+    """Name an element by where and when it was discovered. Searching for that also surfaces the
+    elements found in the same place or year, which must be opened and ruled out."""
+    place, year = e.discovery_location, e.discovery_year
+    if not place or not year or sum((x.discovery_location, x.discovery_year) == (place, year)
+                                    for x in atlas.facts.elements) > 1:
+        return None
+    return (f"the element discovered in {place} in {year}",
+            {"op": "find", "var": v, "kind": "Chemical element",
+             "queries": [f"discovered {year} {place}", f"element discovered in {place}"],
+             "where": {"Discovery year": str(year), "Discovery location": place}})
+
+
 def country_clue(c: Country, v: str) -> tuple[str, Step]:
     if int(c.numeric) % 2:
         return (f"the country or territory whose ISO 3166-1 numeric code is {c.numeric}",
@@ -113,7 +126,7 @@ def country_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
 
 def producer_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
     """Element -> its three top producers -> the one with most subdivisions -> its currency's year."""
-    clue = element_clue(e, atlas, f"{label}.e")
+    clue = (e.number % 3 == 0 and discovery_clue(e, atlas, f"{label}.e")) or element_clue(e, atlas, f"{label}.e")
     if clue is None or len(e.producers) != 3:
         return None
     counts = [atlas.subdivision_count(atlas.countries[p]) for p in e.producers]

@@ -146,7 +146,8 @@ class Planner:
     def doc(self, var: str) -> Article:
         b = self.bound[var]
         if b.docid not in self.ctx.docs:
-            raise _Need("get_document", {"docid": b.docid}, f"Re-reading {b.title} [{b.docid}]: it is no longer in view.")
+            raise _Need("get_document", {"docid": b.docid},
+                        f"Re-reading {b.title} [{b.docid}]: it is no longer in view.")
         return self.ctx.docs[b.docid]
 
     def _value(self, ref: Mapping[str, Any]) -> str:

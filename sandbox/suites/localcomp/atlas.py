@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from sandbox.suites.localcomp.facts import Country, Currency, Element, Facts, Language, Subdivision, is_official
+from sandbox.suites.localcomp.facts import (Country, Currency, Element, Facts, Language, Subdivision,
+                                            is_official)
 
 
 class Atlas:

@@ -80,8 +80,10 @@ class Corpus:
         self._db.close()
 
     def _search(self, query: str, k: int = SEARCH_TOP_K) -> tuple[Hit, ...]:
-        """BM25 over title, lead and body (weighted 20 : 3 : 1); common stopwords are ignored. Any term matches and more terms rank higher;
-        a term is a whitespace-separated chunk, so "7440-18-8" is searched as one phrase."""
+        """BM25 over title, lead and body (weighted 20 : 3 : 1); common stopwords are ignored.
+
+        Any term matches and more terms rank higher; a term is a whitespace-separated chunk, so
+        "7440-18-8" is searched as one phrase."""
         terms = [" ".join(_WORD.findall(chunk)) for chunk in query.split()]
         terms = [t for t in terms if t and t not in _STOPWORDS]  # "AND" (Andorra's code) stays
         if not terms:
@@ -89,7 +91,8 @@ class Corpus:
         match = " OR ".join(f'"{t}"' for t in terms)
         rows = self._db.execute(
             "SELECT docid, title, snippet(docs_fts, -1, '', '', ' ... ', 64) FROM docs_fts "
-            "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 0.0, 20.0, 3.0, 1.0) LIMIT ?", (match, k)).fetchall()
+            "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 0.0, 20.0, 3.0, 1.0) LIMIT ?",
+            (match, k)).fetchall()
         return tuple(Hit(docid=d, title=t, snippet=" ".join(s.split())) for d, t, s in rows)
 
     def text(self, docid: str) -> str | None:

@@ -61,7 +61,8 @@ def element_doc(docid: str, e: Element, atlas: Atlas) -> str:
              + (f" in {e.discovery_location}." if e.discovery_location else ".")
              if e.discovery_year else "It has been known since antiquity.")
     lead = (f"{e.name} is a chemical element with the symbol {e.symbol} and atomic number {e.number}. "
-            f"It belongs to the {e.series.lower() or 'elements'}, in group {e.group or 'none'} in period {e.period} "
+            f"It belongs to the {e.series.lower() or 'elements'}, in group {e.group or 'none'} "
+            f"in period {e.period} "
             f"of the periodic table ({e.block}-block). {found}")
     iso = "\n".join(f"| {e.symbol}-{m} | {'' if a is None else f'{a:g} %'} | {life} |"
                     for m, a, life in e.isotopes)

@@ -156,11 +156,13 @@ _PROPERTIES = (
     ("atomic_radius", "Atomic radius", "pm"), ("covalent_radius_pyykko", "Covalent radius", "pm"),
     ("vdw_radius", "Van der Waals radius", "pm"), ("electron_affinity", "Electron affinity", "eV"),
     ("dipole_polarizability", "Dipole polarizability", "a.u."), ("fusion_heat", "Heat of fusion", "kJ/mol"),
-    ("evaporation_heat", "Heat of vaporization", "kJ/mol"), ("heat_of_formation", "Heat of formation", "kJ/mol"),
+    ("evaporation_heat", "Heat of vaporization", "kJ/mol"),
+    ("heat_of_formation", "Heat of formation", "kJ/mol"),
     ("thermal_conductivity", "Thermal conductivity", "W/(m K)"),
     ("specific_heat_capacity", "Specific heat capacity", "J/(g K)"),
-    ("molar_heat_capacity", "Molar heat capacity", "J/(mol K)"), ("lattice_structure", "Lattice structure", ""),
-    ("lattice_constant", "Lattice constant", "angstrom"), ("abundance_crust", "Abundance in the crust", "mg/kg"),
+    ("molar_heat_capacity", "Molar heat capacity", "J/(mol K)"),
+    ("lattice_structure", "Lattice structure", ""), ("lattice_constant", "Lattice constant", "angstrom"),
+    ("abundance_crust", "Abundance in the crust", "mg/kg"),
     ("abundance_sea", "Abundance in sea water", "mg/L"), ("goldschmidt_class", "Goldschmidt class", ""),
     ("geochemical_class", "Geochemical class", ""), ("mendeleev_number", "Mendeleev number", ""),
     ("pettifor_number", "Pettifor number", ""), ("price_per_kg", "Price", "USD/kg"),
@@ -195,11 +197,13 @@ def _elements() -> tuple[Element, ...]:
         isotopes.setdefault(int(row["atomic_number"]), []).append(
             (int(row["mass_number"]), abundance, life))
     ionization: dict[int, list[float]] = {}
-    for row in fetch_table("ionizationenergies").sort_values(["atomic_number", "ion_charge"]).to_dict("records"):
+    energies = fetch_table("ionizationenergies").sort_values(["atomic_number", "ion_charge"])
+    for row in energies.to_dict("records"):
         if _num(row["ionization_energy"]) is not None:
             ionization.setdefault(int(row["atomic_number"]), []).append(float(row["ionization_energy"]))
     oxidation: dict[int, list[int]] = {}
-    for row in fetch_table("oxidationstates").sort_values(["atomic_number", "oxidation_state"]).to_dict("records"):
+    states = fetch_table("oxidationstates").sort_values(["atomic_number", "oxidation_state"])
+    for row in states.to_dict("records"):
         oxidation.setdefault(int(row["atomic_number"]), []).append(int(row["oxidation_state"]))
     out = []
     for r in table.to_dict("records"):

@@ -126,7 +126,8 @@ def country_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
 
 def producer_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
     """Element -> its three top producers -> the one with most subdivisions -> its currency's year."""
-    clue = (e.number % 3 == 0 and discovery_clue(e, atlas, f"{label}.e")) or element_clue(e, atlas, f"{label}.e")
+    var = f"{label}.e"
+    clue = (e.number % 3 == 0 and discovery_clue(e, atlas, var)) or element_clue(e, atlas, var)
     if clue is None or len(e.producers) != 3:
         return None
     counts = [atlas.subdivision_count(atlas.countries[p]) for p in e.producers]
@@ -167,17 +168,19 @@ def language_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
     if year is None:
         return None
     text, find = country_clue(c, f"{label}.c")
-    steps, payload = currency_steps(label, f"{label}.o")
+    find_language = find_by_name(f"{label}.lang", "Language", ref(f"{label}.c", "Main official language"),
+                                 "language")
+    # the language's table lists countries by share, largest first: the first official row not home
     cell = {"op": "cell", "var": f"{label}.x", "doc": f"{label}.lang", "table": "Status by country",
             "match": {"Status": "official"}, "exclude": {"Country": "{home}"}, "column": "Country",
             "refs": {"home": ref(f"{label}.c", "Name")}}
+    find_other = find_by_name(f"{label}.o", "Country", {"var": f"{label}.x"}, "country")
+    steps, payload = currency_steps(label, f"{label}.o")
     return Leg(label=label, clue=(f"the year in which the other country where the main official language of "
                                   f"{text} is official by the largest share of the population adopted "
                                   "its current currency"),
-               steps=(find, find_by_name(f"{label}.lang", "Language", ref(f"{label}.c", "Main official language"),
-                                         "language"),
-                      cell, find_by_name(f"{label}.o", "Country", {"var": f"{label}.x"}, "country"), *steps),
-               payload=payload, year=year, entity=other.name, aliases=country_aliases(other),
+               steps=(find, find_language, cell, find_other, *steps), payload=payload, year=year,
+               entity=other.name, aliases=country_aliases(other),
                hinge=f"adoption:{other.alpha_2}:{other.currency}", anchor=f"country:{c.alpha_2}",
                evidence=((f"country:{c.alpha_2}", "Main official language", lang.name),
                          (f"language:{lang.code}", f"Official share ({other.name})", f"{others[0][1]:g} %"),

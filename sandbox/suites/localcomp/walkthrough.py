@@ -1,5 +1,6 @@
 """Run the scripted agent on a task without a backend or a policy: everything stays visible
-unless `hidden` says otherwise (kv mode) or `edit` rewrites the history (text mode). The build uses it to keep only questions the plan can answer
+unless `hidden` says otherwise (kv mode) or `edit` rewrites the history (text mode).
+The build uses it to keep only questions the plan can answer
 and whose trajectories have the intended length; tests use it to hide evidence on purpose.
 """
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Cascade evaluation: a cheap train subset first, the full train split only for promising candidates.
 
 Stage 1 runs the first `subset_size` train tasks. A candidate is pruned there when some policy
-on the current front did better on the very same tasks: a higher mean score (by more than the
-margin) at no higher mean cost. Survivors run the rest of the train split. Results already
-stored are never run again, which is what makes a killed run resumable.
+on the current front dominates it on the very same tasks: a mean score at least as high (higher
+by at least the margin) at no higher mean cost, and better in one of the two. Survivors run the
+rest of the train split. Results already stored are never run again, which is what makes a
+killed run resumable.
 """
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def summarize(results: Sequence[TaskResult]) -> Summary:
         return Summary(0.0, 0.0, 0)
     return Summary(sum(r.score for r in results) / len(results), sum(r.cost_usd for r in results) / len(results),
                    len(results))
+
+
+def _dominates(other: Summary, own: Summary, margin: float) -> bool:
+    """`other` is no worse in both objectives (score by at least `margin` more) and better in one."""
+    return (other.score >= own.score + margin and other.cost <= own.cost
+            and (other.score > own.score or other.cost < own.cost))
 
 
 class Cascade:
@@ -73,7 +80,7 @@ class Cascade:
             if any(t not in theirs for t in self.subset_ids):
                 continue
             other = summarize([theirs[t] for t in self.subset_ids])
-            if other.score > own.score + self.margin and other.cost <= own.cost:
+            if _dominates(other, own, self.margin):
                 return (f"pruned on the {len(self.subset_ids)}-task train subset: front policy #{point.policy_id} "
                         f"scores {other.score:.3f} vs {own.score:.3f} at cost ${other.cost:.5f} vs ${own.cost:.5f}")
         return None

@@ -54,7 +54,7 @@ class CascadeConfig(Strict):
     train_limit: Optional[int] = Field(None, ge=1, description="Use only the first N train tasks "
                                        "(default: the whole train split).")
     promote_margin: float = Field(0.0, ge=0.0, description="A candidate is pruned after the subset stage "
-                                  "when a front policy beats it by more than this score at no higher cost.")
+                                  "when a front policy dominates it there, scoring at least this much higher.")
 
 
 class ValidationConfig(Strict):

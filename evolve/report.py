@@ -47,16 +47,20 @@ def _pm(low: float, high: float, scale: float = 1.0, digits: int = 3) -> str:
     return f"±{(high - low) / 2 * scale:.{digits}f}"
 
 
+def _p(p: float) -> str:
+    return "p<.001" if p < 0.001 else f"p={p:.3f}".replace("0.", ".", 1)
+
+
 def text_table(rows: Sequence[Row]) -> list[list[str]]:
     """Header plus one line per policy, the same cells the CLI and the HTML show."""
-    table = [["policy", "score %", "cost/task USD", "cost vs Std", "score vs Std", "verdict"]]
+    table = [["policy", "score %", "¢/task", "cost\nvs Std", "score\nvs Std", "verdict"]]
     for r in rows:
         table.append([
             ("★ " if r.champion else "") + r.label,
-            f"{100 * r.score:.1f} {_pm(*r.score_ci, scale=100, digits=1)}",
-            f"{r.cost:.5f} {_pm(*r.cost_ci, digits=5)}",
-            f"{r.cost_change_pct:+.1f}% (p={r.cost_p:.2g})",
-            f"{r.score_change:+.1f} pt (p={r.score_p:.2g})",
+            f"{100 * r.score:.1f}{_pm(*r.score_ci, scale=100, digits=1)}",
+            f"{100 * r.cost:.3f}{_pm(*r.cost_ci, scale=100, digits=3)}",
+            f"{r.cost_change_pct:+.1f}%\n{_p(r.cost_p)}",  # two lines keep the table inside 80 columns
+            f"{r.score_change:+.1f}pt\n{_p(r.score_p)}",
             short_verdict(r.verdict),
         ])
     return table
@@ -66,6 +70,8 @@ def short_verdict(verdict: str) -> str:
     """The verdict's leading clause, for narrow tables."""
     if verdict.startswith("champion"):
         return "champion"
+    if verdict.startswith("saves"):
+        return "eligible"  # passed the rule; a larger saving was crowned
     return verdict.split(" (")[0].replace("cost saving vs Standard not significant", "saving n.s.")
 
 
@@ -105,6 +111,10 @@ def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: i
            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (USD)</text>',
            f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
            'score</text>']
+    for frac in (0.0, 0.5, 1.0):  # three ticks per axis are enough to read the scale
+        xv, yv = x0 + frac * (x1 - x0), y0 + frac * (y1 - y0)
+        out.append(f'<text x="{sx(xv):.1f}" y="{h - pad + 16}" font-size="10" text-anchor="middle">{xv:.5f}</text>'
+                   f'<text x="{pad - 6}" y="{sy(yv) + 3:.1f}" font-size="10" text-anchor="end">{yv:.2f}</text>')
     front = pareto_front(train)
     line = " ".join(f"{sx(p.cost):.1f},{sy(p.score):.1f}" for p in sorted(front, key=lambda p: p.cost))
     if line:
@@ -145,7 +155,7 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
         why = f" — {p.rejection_reason}" if p.rejection_reason else ""
         out.append(f'<circle cx="{x}" cy="{y}" r="7" fill="{colours.get(p.status, "#999")}"{ring}>'
                    f'<title>{escape(p.label)} gen {p.generation} {p.proposer} {p.status}{escape(why)}</title>'
-                   f'</circle>')
+                   f'</circle><text x="{x}" y="{y + 19}" font-size="9" text-anchor="middle">{p.id}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -216,5 +226,7 @@ def _rejections(policies: Sequence[PolicyInfo]) -> str:
     rows = "".join(f'<tr class="rej"><td>{escape(p.label)}</td><td>{escape(p.proposer)}</td><td>{escape(p.status)}'
                    f"</td><td>{escape(p.rejection_reason or '')}</td></tr>"
                    for p in policies if p.status in ("rejected", "pruned"))
+    if not rows:
+        return "<h2>Rejected and pruned candidates</h2><p>None.</p>"
     return ("<h2>Rejected and pruned candidates</h2><table id='rejections'><tr><th>policy</th><th>proposer</th>"
             f"<th>status</th><th>reason</th></tr>{rows}</table>")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -35,24 +36,39 @@ def next_run_name(taken: set[str]) -> str:
     return f"evolve-{n:03d}"
 
 
-def open_run(store: Store, config: EvolveConfig, resume: bool, suite_version: str) -> tuple[RunInfo, EvolveConfig]:
-    """Create a new run or find the one to resume; a resumed run keeps its stored config."""
-    if resume:
-        if config.run_name:
-            run = store.run(config.run_name)
-        else:
-            open_runs = [r for r in store.runs() if r.status in RESUMABLE]
-            if not open_runs:
-                raise EvolveError("--resume: no unfinished run to resume (see `akv runs list`)")
-            run = open_runs[-1]
-        stored = EvolveConfig.model_validate(run.config)
-        # Only the budget and the proposer endpoint may change on resume: the rest defines the run.
-        config = stored.model_copy(update={"max_candidates": max(config.max_candidates, stored.max_candidates)
-                                           if config.max_candidates != EvolveConfig().max_candidates
-                                           else stored.max_candidates,
-                                           "llm": config.llm if config.llm.endpoint else stored.llm})
-        store.set_run_status(run.id, "running")
-        return store.run(run.id), config
+RESUME_OVERRIDES = ("max_candidates", "llm.endpoint", "llm.model")
+
+
+def find_resumable(store: Store, name: str | None) -> RunInfo:
+    if name:
+        return store.run(name)
+    open_runs = [r for r in store.runs() if r.status in RESUMABLE]
+    if not open_runs:
+        raise EvolveError("--resume: no unfinished run to resume (see `akv runs list`)")
+    return open_runs[-1]
+
+
+def resumed_config(run: RunInfo, overrides: Mapping[str, Any], console: Console) -> EvolveConfig:
+    """The run's stored settings; only the budget and the proposer endpoint/model may change."""
+    data = EvolveConfig.model_validate(run.config).model_dump(mode="json")
+    for key, value in overrides.items():
+        if value is None or key in ("run_name", "db"):
+            continue
+        if key not in RESUME_OVERRIDES:
+            console.print(f"note: --{key.replace('_', '-')} is ignored on resume; the run keeps its stored setting")
+            continue
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    try:
+        return EvolveConfig.model_validate(data)
+    except ValueError as err:
+        raise EvolveError(f"--resume: {err}") from None
+
+
+def new_run(store: Store, config: EvolveConfig, suite_version: str) -> tuple[RunInfo, EvolveConfig]:
     name = config.run_name or next_run_name(store.run_names())
     config = config.model_copy(update={"run_name": name})
     run = store.create_run(name, config.model_dump(mode="json"), config.seed, code_version(), suite_version)
@@ -89,31 +105,34 @@ def run_session(config_path: Path | None, overrides: Mapping[str, Any], resume: 
     except (ConfigError, StoreError) as err:
         raise EvolveError(str(err)) from None
     try:
-        return _run(store, config, resume, console)
+        return _run(store, config, dict(overrides), resume, console)
     except (StoreError, UnknownPolicy) as err:
         raise EvolveError(str(err)) from None
     finally:
         store.close()
 
 
-def _run(store: Store, config: EvolveConfig, resume: bool, console: Console) -> EvolutionResult:
+def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: bool,
+         console: Console) -> EvolutionResult:
+    run = None
+    if resume:
+        run = find_resumable(store, config.run_name)
+        config = resumed_config(run, overrides, console)
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
     except ValueError as err:
         raise EvolveError(f"--suite/--backend: {err}") from None
     try:
-        run, config = open_run(store, config, resume, evaluator.suite_version)
+        if run is None:
+            run, config = new_run(store, config, evaluator.suite_version)
+        else:
+            store.set_run_status(run.id, "running")
         console.print(f"run [bold]{run.name}[/] in {store.display_url} "
                       f"({'resumed' if resume else 'new'}; proposers {', '.join(config.proposers)}; "
                       f"{config.max_candidates} candidates)")
         try:
             proposers = make_proposers(config, store, run)
-        except ProposerUnavailable as err:
-            store.set_run_status(run.id, "stopped", str(err))
-            raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
-        evolution = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run))
-        try:
-            result = evolution.run_all()
+            result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run)).run_all()
         except ProposerUnavailable as err:
             store.set_run_status(run.id, "stopped", str(err))
             raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
@@ -151,11 +170,10 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
 
 def print_comparison(console: Console, validations) -> None:
     rows = text_table(comparison_rows(validations))
-    table = Table(title="held-out comparison (± half-width of the 95% bootstrap CI)")
-    widest = max(len(cells[0]) for cells in rows)
-    table.add_column(rows[0][0], no_wrap=True, min_width=widest)  # policy names stay whole
-    for header in rows[0][1:]:
-        table.add_column(header, overflow="fold")
+    table = Table(title="held-out comparison vs Standard (± half-width of the 95% bootstrap CI; paired p)",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header in rows[0]:
+        table.add_column(header, no_wrap=True)  # a number broken across lines misreads
     for cells in rows[1:]:
         table.add_row(*cells)
     console.print(table)

@@ -135,7 +135,7 @@ def test_compare_prints_the_table_and_writes_a_report_chromium_renders(killed_an
     report = tmp_path / "report.html"
     result = CliRunner().invoke(app, ["compare", name, "--db", url, "--out", str(report)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "standard-8k" in result.output and "cost vs Std" in result.output
+    assert "standard-8k" in result.output and "vs Std" in result.output
     html = report.read_text()
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
     dom = chromium(report, "--dump-dom")

@@ -169,4 +169,4 @@ class LLMProposer(Proposer):
                 self.sleep(delay)
                 delay *= 2
         raise ProposerUnavailable(f"llm endpoint {self.endpoint} failed after {self.config.retries + 1} "
-                                  f"attempts ({last}); the run can be resumed with --resume")
+                                  f"attempts ({last})")

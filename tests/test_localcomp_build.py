@@ -11,7 +11,7 @@ from sandbox.suites import get_suite
 from sandbox.suites.localcomp import LocalComp
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import render_corpus
-from sandbox.suites.localcomp.facts import Facts
+from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts
 from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts
 
 
@@ -31,7 +31,8 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> LocalComp:
 
 @pytest.fixture(scope="module")
 def atlas(suite: LocalComp) -> Atlas:
-    return Atlas(Facts.from_json(json.loads((suite.root / "facts.json").read_text(encoding="utf-8"))))
+    path = suite.root / f"facts.v{FACTS_VERSION}.json"
+    return Atlas(Facts.from_json(json.loads(path.read_text(encoding="utf-8"))))
 
 
 def test_registry_returns_the_suite() -> None:

@@ -17,7 +17,7 @@ from sandbox.suites.localcomp.agent import ScriptedAgent
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import Corpus, render_corpus, write_index
 from sandbox.suites.localcomp.env import TOOLS, LocalCompEnv
-from sandbox.suites.localcomp.facts import Facts, extract_facts
+from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts, extract_facts
 from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts, make_task
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
 
@@ -98,7 +98,7 @@ class LocalComp:
 
 def _facts(root: Path) -> Facts:
     """Facts are the same for every seed: extract once (mendeleev loads slowly), then reuse."""
-    path = root / "facts.json"
+    path = root / f"facts.v{FACTS_VERSION}.json"
     if path.exists():
         return Facts.from_json(json.loads(path.read_text(encoding="utf-8")))
     facts = extract_facts()

@@ -8,6 +8,7 @@ the result is kept as JSON in the data folder.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ _PLACE_ALIASES = {
     "Kyrgzstan": "KG", "Germany (likely)": "DE", "Turkey": "TR", "Bolivia": "BO",
 }
 _OFFICIAL = ("official", "de_facto_official")
+_SOURCES = ("mendeleev", "pycountry", "babel")
+FACTS_VERSION = 2  # bump when the extracted fields change: the JSON file name carries it
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,11 @@ def _alpha2(place: str) -> str | None:
 
 
 def extract_facts() -> Facts:
+    """Read the facts from the installed packages; ValueError names any that are missing."""
+    missing = [name for name in _SOURCES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"localcomp is built from {', '.join(_SOURCES)}; missing: {', '.join(missing)} "
+                         f"(pip install {' '.join(missing)})")
     return Facts(
         elements=_elements(),
         countries=_countries(),

@@ -1,0 +1,244 @@
+"""The engine on the real SmolLM2 weights: reuse, drop, reposition and restore are exact.
+
+"Exact" means: the logits of every generated token equal those of a fresh
+engine that computes the same history under the same operations from scratch
+(fp32; only the order of floating-point sums differs, so within 1e-4).
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from akv_core.cache.simulator import CacheSimulator
+from akv_core.engine import Engine
+
+pytestmark = pytest.mark.model
+
+SECRET = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "The secret code of the blue door is 4721."},
+    {"role": "user", "content": "I had pasta for lunch today."},
+    {"role": "user", "content": "What is the secret code of the blue door?"},
+]
+
+
+def agent(turns: int) -> list[dict]:
+    """A growing tool-use history, as an agent would send it."""
+    history = [{"role": "system", "content": "You are a research agent. Use the search tool."},
+               {"role": "user", "content": "Which city hosts the largest library in Europe?"}]
+    for turn in range(turns):
+        history.append({"role": "assistant", "content": f"I will search for candidate number {turn}."})
+        history.append({"role": "tool", "content": f"Result {turn}: the library in city {turn} holds "
+                                                   f"{turn + 3} million books and opened in {1900 + turn}."})
+    return history
+
+
+@pytest.fixture(scope="module")
+def shared():
+    torch.set_num_threads(1)
+    engine = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=1)
+    return engine.model, engine.tokenizer
+
+
+def new_engine(shared, kv_tokens: int = 2048, max_running: int = 8) -> Engine:
+    model, tokenizer = shared
+    # One thread per phase: on a busy shared CPU two threads wait on each other.
+    return Engine(model, tokenizer, kv_tokens, max_running, threads={"prefill": 1, "decode": 1})
+
+
+def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4):
+    """Generate greedily; returns (generation, logits of every sampled token)."""
+    logits = []
+    engine.logits_probe = lambda handle, row: logits.append(row.clone())
+    out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens)
+    engine.logits_probe = None
+    engine.check_integrity()
+    usage = out.usage
+    assert usage.prompt_tokens == (usage.prefilled_tokens + usage.cached_tokens + usage.repos_tokens
+                                   + usage.drop_skipped_tokens)
+    return out, torch.stack(logits)
+
+
+def assert_same_logits(got, want):
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_prefix_hit_decodes_as_a_fresh_run(shared):
+    engine = new_engine(shared)
+    run(engine, agent(2))
+    hit, hit_logits = run(engine, agent(3))
+    assert hit.usage.cached_tokens > hit.usage.prefilled_tokens > 0
+    fresh, fresh_logits = run(new_engine(shared), agent(3))
+    assert fresh.usage.cached_tokens == 0
+    assert hit.token_ids == fresh.token_ids
+    assert_same_logits(hit_logits, fresh_logits)
+
+
+def test_same_history_and_operations_hit_fully_and_other_operations_never_reuse_wrong_state(shared):
+    engine = new_engine(shared)
+    history = agent(4)
+    first, first_logits = run(engine, history, {"7": [3]}, [7])
+    again, again_logits = run(engine, history, {"7": [3]}, [7])
+    assert again.usage.prefilled_tokens == 1 and again.usage.repos_tokens == 0
+    assert_same_logits(again_logits, first_logits)
+    for drops, repos in [({"7": [5]}, [7]), ({"5": [3]}, [5, 7])]:
+        reused, reused_logits = run(engine, history, drops, repos)
+        assert reused.usage.prefilled_tokens < reused.usage.prompt_tokens   # some prefix is reused
+        _, fresh_logits = run(new_engine(shared), history, drops, repos)
+        assert_same_logits(reused_logits, fresh_logits)
+
+
+def test_dropped_slots_get_exactly_zero_attention(shared):
+    engine = new_engine(shared)
+    rendered = engine.tokenizer.render(SECRET)
+    secret_start, secret_end = rendered.spans[1]
+    trigger_end = rendered.spans[3][1]
+    seen = []   # (kv slots, attention weights [queries, heads, K]) of every attention call
+    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
+    try:
+        out, _ = run(engine, SECRET, {"3": [1]}, max_tokens=3)
+    finally:
+        engine.model.attention_probe = None
+    key = engine.cache.plan(_key(engine, SECRET, {"3": [1]})).match
+    path = engine.cache.tree.path(key.node)
+    prompt_slots = [s for node in path if node.record is None for s in node.slots]
+    secret = torch.tensor(prompt_slots[secret_start:secret_end])
+    after = before = 0.0
+    for slots, probs in seen:
+        on_secret = torch.isin(slots, secret)
+        if probs.shape[0] > 1:   # the prompt, computed in one forward: rows are prompt offsets
+            after += probs[trigger_end:][:, :, on_secret].abs().sum().item()
+            before += probs[secret_end:trigger_end][:, :, on_secret].sum().item()
+        else:
+            after += probs[:, :, on_secret].abs().sum().item()
+    assert len(seen) == 30 * 3 and after == 0.0
+    assert before > 0.0   # the same slots were attended to before the drop
+
+
+def _key(engine, messages, drops=None, repos=None):
+    from akv_core.cache.key import build_key
+    from akv_core.cache.ops import validate_operations
+    rendered = engine.tokenizer.render(messages)
+    return build_key(rendered, validate_operations(len(messages), drops, repos))
+
+
+def test_a_dropped_secret_is_forgotten_and_an_unrelated_drop_keeps_it(shared):
+    engine = new_engine(shared)
+    assert "4721" in run(engine, SECRET, max_tokens=14)[0].text
+    assert "4721" not in run(engine, SECRET, {"3": [1]}, max_tokens=14)[0].text
+    assert "4721" in run(engine, SECRET, {"3": [2]}, max_tokens=14)[0].text
+    assert "4721" not in run(engine, SECRET, {"3": [1]}, [3], max_tokens=14)[0].text
+
+
+def test_reposition_moves_keys_to_compacted_positions(shared):
+    engine = new_engine(shared)
+    model = engine.model
+    rendered = engine.tokenizer.render(SECRET)
+    drops, repos = {"3": [1]}, [3]
+    handle = engine.submit(SECRET, drop_message=drops, reposition=repos, max_tokens=2)
+    engine._take_inbox()
+    request = engine.scheduler.waiting[0]
+    engine.scheduler.admit()
+    while all(e.finish_reason is None for e in list(handle.events.queue)):
+        engine.step()
+    view = request.layout.view_slots
+    kept = [t for t in range(rendered.header_start) if not rendered.spans[1][0] <= t < rendered.spans[1][1]]
+    kept += list(range(rendered.header_start, len(rendered.token_ids)))
+    assert len(view) == len(kept)
+    # Layer 0 keys depend only on the token and its position: a fresh forward of the compacted
+    # sequence computes them directly.
+    compact = new_engine(shared)
+    ids = [rendered.token_ids[t] for t in kept]
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+    slots = torch.arange(len(ids))
+    batch = ForwardBatch(torch.tensor(ids), torch.arange(len(ids)), slots, [SeqAttention(0, len(ids), slots)],
+                         torch.tensor([len(ids) - 1]))
+    model.forward(batch, compact.kv)
+    torch.testing.assert_close(engine.kv.k[0][torch.tensor(view)], compact.kv.k[0][:len(ids)], atol=1e-5, rtol=0)
+    # Keys before the dropped message keep their position: the very same slots, bits untouched.
+    first = rendered.spans[1][0]
+    plain = new_engine(shared)
+    run(plain, SECRET, max_tokens=1)
+    path = plain.cache.tree.path(plain.cache.plan(request.key).match.node)
+    plain_slots = [s for node in path if node.record is None for s in node.slots][:first]
+    assert torch.equal(engine.kv.k[5][torch.tensor(view[:first])], plain.kv.k[5][torch.tensor(plain_slots)])
+
+
+def test_reposition_that_closes_no_gap_changes_nothing(shared):
+    engine = new_engine(shared)
+    plain, plain_logits = run(engine, agent(3))
+    moved, moved_logits = run(engine, agent(3), None, [5])
+    assert moved.usage.repos_tokens == 0
+    assert torch.equal(moved_logits, plain_logits)
+
+
+def test_restore_after_eviction_equals_the_never_evicted_run(shared):
+    engine = new_engine(shared, kv_tokens=640)
+    history, drops, repos = agent(4), {"5": [3], "9": [2, 4]}, [5, 9]
+    first, first_logits = run(engine, history, drops, repos)
+    # Another task with the same system prompt needs most of the pool: the history's tail is
+    # evicted, both operation records included.
+    filler = [history[0], {"role": "user", "content": "Tell me about the history of the printing press. " * 40}]
+    run(engine, filler, max_tokens=2)
+    restored, restored_logits = run(engine, history, drops, repos)
+    reused = restored.usage.prompt_tokens - restored.usage.prefilled_tokens
+    assert 0 < reused <= engine.tokenizer.render(history).spans[5][1]
+    assert restored.usage.repos_tokens > 0   # the first reposition record was re-applied, too
+    assert restored.token_ids == first.token_ids
+    assert_same_logits(restored_logits, first_logits)
+
+
+def test_batched_greedy_equals_one_at_a_time(shared):
+    requests = [(agent(2), None, None), (agent(3), {"5": [3]}, [5]), (SECRET, {"3": [1]}, None),
+                (agent(3), None, [5])]
+    alone = []
+    for messages, drops, repos in requests:
+        alone.append(run(new_engine(shared), messages, drops, repos)[0].token_ids)
+    engine = new_engine(shared)
+    handles = [engine.submit(m, drop_message=d, reposition=r, max_tokens=4) for m, d, r in requests]
+    while any(all(e.finish_reason is None for e in list(h.events.queue)) for h in handles):
+        engine.step()
+        engine.check_integrity()
+    assert [h.result().token_ids for h in handles] == alone
+
+
+def test_usage_agrees_with_the_replay_simulator(shared):
+    engine = new_engine(shared, kv_tokens=900)
+    simulator = CacheSimulator(900)
+    sequence = [(agent(1), None, None), (agent(2), None, None), (agent(3), {"7": [3]}, None),
+                (agent(4), {"7": [3], "9": [5]}, [9]), (SECRET, {"3": [1]}, [3]), (agent(4), None, None),
+                (agent(5), {"7": [3], "9": [5], "11": [7]}, [9, 11])]
+    for messages, drops, repos in sequence:
+        out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=3)
+        engine.check_integrity()
+        rendered = engine.tokenizer.render(messages)
+        replayed = simulator.request(rendered, drops, repos, completion_tokens=out.usage.completion_tokens,
+                                     max_tokens=3)
+        assert out.usage == replayed
+
+
+def test_cancel_stop_strings_and_the_loop_thread(shared):
+    engine = new_engine(shared)
+    handle = engine.submit(SECRET, max_tokens=30)
+    engine.step()
+    handle.cancel()
+    engine.step()
+    assert handle.result().finish_reason == "cancelled"
+    engine.check_integrity()
+    assert engine.stats().kv_slots_used == engine.stats().kv_slots_cached   # nothing held by a request
+    stop = threading.Event()
+    loop = threading.Thread(target=engine.run_forever, args=(stop,))
+    loop.start()
+    try:
+        out = engine.generate(SECRET, max_tokens=16, stop=["blue"])
+        assert out.finish_reason == "stop" and out.text == "The secret code of the "
+        handles = [engine.submit(SECRET, max_tokens=4), engine.submit(agent(1), max_tokens=4)]
+        assert all(h.result(timeout=120).finish_reason in ("stop", "length") for h in handles)
+    finally:
+        stop.set()
+        loop.join()
+    engine.check_integrity()
+    assert engine.stats().requests_finished == 4

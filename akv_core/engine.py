@@ -172,7 +172,7 @@ class Engine:
     def _forward_and_sample(self, running: list[Request]) -> None:
         batch, owners, prefill_tokens = self._build_batch(running)
         self._set_threads("prefill" if prefill_tokens else "decode")
-        logits = self.model.forward(batch, self.kv)
+        logits = self.model.forward(batch, self.kv).float().cpu()   # sampling generators live on the CPU
         for request in running:
             if request.prefilling:
                 request.next_stage += 1

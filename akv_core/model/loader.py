@@ -16,23 +16,31 @@ from torch import Tensor
 
 from akv_core.model.config import ModelConfig, config_from_gguf, config_from_hf
 from akv_core.model.gguf_file import GGUFFile
-from akv_core.model.llama import CausalLM, LayerWeights
+from akv_core.model.llama import PRECISIONS, CausalLM, LayerWeights, Linear
 from akv_core.model.locate import EMBEDDED_NAME, locate
 
 Fetch = Callable[[str], Tensor | None]
 
 
-def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
-    """Load `smollm2`, a `.gguf` file or a safetensors folder; weights and activations in `dtype`."""
+def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               precision: str = "float32") -> CausalLM:
+    """Load `smollm2`, a `.gguf` file or a safetensors folder.
+
+    `dtype` is the activations' and the KV pool's; `precision` the matmul weights': "float32" (exact, the
+    reference), "fp16" (fp16 weights; about twice as fast a decode on a CPU) or "mixed" (fp16 weights
+    for decode, bf16 for prefill; also a faster prefill). See docs/engine-model.md.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     files = locate(name_or_path)
     if files.kind == "gguf":
         config, fetch = _open_gguf(files.path)
     else:
         config, fetch = _open_hf(files.path)
-    return _assemble(config, fetch, device, dtype)
+    return _assemble(config, fetch, device, dtype, precision)
 
 
-def _assemble(config: ModelConfig, fetch: Fetch, device: str, dtype: torch.dtype) -> CausalLM:
+def _assemble(config: ModelConfig, fetch: Fetch, device: str, dtype: torch.dtype, precision: str) -> CausalLM:
     def need(name: str) -> Tensor:
         tensor = fetch(name)
         if tensor is None:
@@ -49,14 +57,15 @@ def _assemble(config: ModelConfig, fetch: Fetch, device: str, dtype: torch.dtype
         bias = [maybe(p + n + ".bias") for n in ("q", "k", "v")]
         layers.append(LayerWeights(
             attn_norm=need(p + "attn_norm"),
-            qkv=torch.cat([need(p + n) for n in ("q", "k", "v")]),
-            qkv_bias=torch.cat(bias) if all(b is not None for b in bias) else None,
+            qkv=Linear(torch.cat([need(p + n) for n in ("q", "k", "v")]),
+                       torch.cat(bias) if all(b is not None for b in bias) else None, precision),
             q_norm=maybe(p + "q_norm") if config.qk_norm else None,
             k_norm=maybe(p + "k_norm") if config.qk_norm else None,
-            o=need(p + "o"), mlp_norm=need(p + "mlp_norm"),
-            gate_up=torch.cat([need(p + "gate"), need(p + "up")]), down=need(p + "down")))
+            o=Linear(need(p + "o"), None, precision), mlp_norm=need(p + "mlp_norm"),
+            gate_up=Linear(torch.cat([need(p + "gate"), need(p + "up")]), None, precision),
+            down=Linear(need(p + "down"), None, precision)))
     embed = need("embed")
-    lm_head = embed if config.tie_embeddings else need("lm_head")
+    lm_head = Linear(embed if config.tie_embeddings else need("lm_head"), None, precision)
     return CausalLM(config, embed, layers, need("final_norm"), lm_head, dtype=dtype, device=device)
 
 

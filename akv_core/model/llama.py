@@ -195,6 +195,10 @@ class CausalLM:
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                 mask: Tensor | None) -> Tensor:
         """q [n, H, D] against the K/V of `slots`; only the visible slots are ever read."""
+        if q.shape[0] == 1 and mask is None and q.device.type == "cuda" and self.attention_probe is None:
+            from akv_core.kernels.decode_attention import decode_attention  # Triton: GPU decode steps
+
+            return decode_attention(q[0], kv.k[layer], kv.v[layer], slots, self._scale)[None]
         keys = kv.k[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)   # [Hkv, K, D]
         values = kv.v[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)
         queries = q.transpose(0, 1)                                             # [H, n, D]

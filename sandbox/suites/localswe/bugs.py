@@ -71,6 +71,14 @@ def validated_bugs(host: Host, tree: Path, cache: Path, seed: int, count: int, m
     return bugs
 
 
+def validate(host: Host, tree: Path, mutation: Mutation) -> Bug | None:
+    """One mutation checked on its own (the bug it makes, or None if no test catches it)."""
+    with Sandbox.copy_of(tree, VALIDATION_LIMITS) as sandbox:
+        modules = _test_modules(host, tree)
+        baseline = run_pytest(sandbox, host, _relevant((tree / mutation.path).read_text(), mutation, modules))
+        return _validate(sandbox, host, mutation, modules, baseline.passed())
+
+
 def _candidates(host: Host, tree: Path, seed: int) -> list[Mutation]:
     """All bugs of the host, shuffled from the seed and interleaved by kind, one per line."""
     by_kind: dict[str, list[Mutation]] = defaultdict(list)

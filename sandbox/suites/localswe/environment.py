@@ -167,6 +167,8 @@ class RepairEnv:
         at = text.index(old)
         self.sandbox.write_text(path, text[:at] + new + text[at + len(old):])
         first = text[:at].count("\n") + 1
+        if first > len(target.read_text(errors="replace").splitlines()):
+            return f"Edited {path}; nothing follows line {first - 1} now."
         return f"Edited {path}.\n" + self.read_file(path, max(1, first - 2), first + new.count("\n") + 2)
 
     def submit(self) -> str:

@@ -59,7 +59,7 @@ def bugs_in(source: str, path: str) -> list[Mutation]:
 # A line seen alone is rarely a whole statement: these wrappers make it parse (a block header
 # gets a body, an argument line gets a call around it, an opened bracket gets closed).
 _WRAPPERS = (("", ""), ("", " pass"), ("f(", ")"), ("", ")"), ("", "]"), ("", "}"), ("", "): pass"),
-             ("f(", ""), ("[", "]"), ("{", "}"), ("x ", ""), ("(x ", ")"), ("if x ", ": pass"),
+             ("f(", ""), ("[", "]"), ("{", "}"), ("x ", ""), ("(x ", ")"), ("(x ", ""), ("if x ", ": pass"),
              ("def f(", "): pass"), ("if (", "): pass"))
 _TRAILING_COMMENT = re.compile(r"\s+#[^'\"]*$")
 

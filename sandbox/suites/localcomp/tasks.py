@@ -36,7 +36,7 @@ class Draft:
 
     split: str
     legs: tuple[Leg, ...]
-    combine: str  # "years_apart" (two legs), "span" (three legs) or "earlier" (either)
+    combine: str  # "span" (years between the earliest and the latest) or "earlier" (whose year is earliest)
 
 
 def assign_legs(legs: list[Leg], seed: int) -> dict[str, list[Leg]]:
@@ -57,9 +57,10 @@ def assign_legs(legs: list[Leg], seed: int) -> dict[str, list[Leg]]:
 
 
 def drafts(atlas: Atlas, seed: int) -> Iterator[Draft]:
-    """Candidate questions in a seeded order. A question opens with one leg, continues with a long
-    leg and, when the opening leg was short, closes with another short leg: the opening leg's
-    evidence is read first and needed again only for the final answer."""
+    """Candidate questions in a seeded order. A question has three legs: it opens with any leg
+    and continues with a long one; a short opening is followed by another long leg, a long
+    opening by a short one. The opening leg's evidence is read first and needed again only for
+    the final answer, some twenty tool calls later."""
     labelled = {label: all_legs(atlas, label) for label in ("A", "B", "C")}
     pools = assign_legs([leg for legs in labelled["A"].values() for leg in legs], seed)
     split_of = {(leg.hinge, leg.anchor): s for s, legs in pools.items() for leg in legs}
@@ -70,22 +71,20 @@ def drafts(atlas: Atlas, seed: int) -> Iterator[Draft]:
 
     rng = random.Random(seed + 1)
     for split in SPLITS:
-        firsts, seconds, thirds = (pool("A", SHORT_KINDS + LONG_KINDS, split),
-                                   pool("B", LONG_KINDS, split), pool("C", SHORT_KINDS, split))
-        for legs in (firsts, seconds, thirds):
+        firsts, seconds = pool("A", SHORT_KINDS + LONG_KINDS, split), pool("B", LONG_KINDS, split)
+        long_thirds, short_thirds = pool("C", LONG_KINDS, split), pool("C", SHORT_KINDS, split)
+        for legs in (firsts, seconds, long_thirds, short_thirds):
             rng.shuffle(legs)
         for i, first in enumerate(firsts):
             chosen = [first]
-            for candidates in ([seconds] if _is_long(first) else [seconds, thirds]):
+            for candidates in (seconds, short_thirds if _is_long(first) else long_thirds):
                 leg = _next_compatible(candidates, i, chosen)
                 if leg is None:
                     break
                 chosen.append(leg)
             years = sorted(leg.year for leg in chosen)
-            earliest_unique = len(years) < 2 or years[0] != years[1]
-            combine = ("earlier" if i % 3 == 2 and earliest_unique
-                       else "span" if len(chosen) == 3 else "years_apart")
-            if len(chosen) >= 2:
+            combine = "earlier" if i % 3 == 2 and years[0] != years[1] else "span"
+            if len(chosen) == 3:
                 yield Draft(split, tuple(chosen), combine)
 
 

@@ -14,11 +14,11 @@ class EmbeddedBackend:
     name = "embedded"
     generates = True
 
-    def __init__(self, model: str = "smollm2") -> None:
+    def __init__(self, model: str = "smollm2", kv_tokens: int | None = None) -> None:
         from akv_core import Engine  # torch loads only when this backend is chosen
 
         try:
-            self._engine: Any = Engine.from_pretrained(model)
+            self._engine: Any = Engine.from_pretrained(model, kv_tokens=kv_tokens)
         except (FileNotFoundError, ValueError) as err:
             raise ValueError(f"cannot load model {model!r}: {err}") from err
 
@@ -26,6 +26,9 @@ class EmbeddedBackend:
         """Nothing to reset: the engine's cache is shared across tasks."""
 
     def complete(self, request: BackendRequest) -> BackendReply:
+        if request.drop_rule and any(m.get("reasoning_content") for m in request.messages):
+            raise BackendError("the embedded engine takes drop_message, not drop_rule; "
+                               "use an endpoint URL for thinking_drop")
         fields = request.api_fields()
         try:
             generation = self._engine.generate(
@@ -37,13 +40,20 @@ class EmbeddedBackend:
                 temperature=request.temperature,
                 seed=request.seed,
             )
-        except ValueError as err:  # the engine's rejection of a request (too long, bad operations)
-            raise BackendError(f"the embedded engine rejected the request: {err}") from err
-        message = {"role": "assistant", "content": generation.text}
-        tool_calls = getattr(generation, "tool_calls", None)
-        if tool_calls:
-            message["tool_calls"] = list(tool_calls)
-        return BackendReply(message, Usage.from_fields(generation.usage), generation.finish_reason)
+        except (ValueError, RuntimeError) as err:  # a request the engine refused or could not finish
+            raise BackendError(f"the embedded engine could not serve the request: {err}") from err
+        return BackendReply(self._message(generation.text, bool(request.tools)), Usage.from_fields(generation.usage),
+                            generation.finish_reason)
+
+    def _message(self, text: str, parse_calls: bool) -> dict[str, Any]:
+        """The generated text as an assistant message, tool calls parsed as the server parses them."""
+        if not parse_calls:
+            return {"role": "assistant", "content": text}
+        reply = self._engine.tokenizer.parse_reply(text)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [dict(call) for call in reply.tool_calls]
+        return message
 
     def close(self) -> None:
         close = getattr(self._engine, "close", None)

@@ -106,3 +106,15 @@ def test_documents_have_realistic_sizes(atlas: Atlas) -> None:
     long_kinds = [d for d in docs if d.kind in ("element", "country")]
     median = sorted(len(d.text) for d in long_kinds)[len(long_kinds) // 2]
     assert 1600 <= median <= 6000  # roughly 400 to 1500 tokens
+
+
+def test_questions_meet_hard_negatives(suite: LocalComp) -> None:
+    tasks = suite.tasks("train") + suite.tasks("heldout")
+    assert sum(bool(t.meta["hard_negatives"]) for t in tasks) >= len(tasks) // 2
+
+
+def test_articles_carry_look_alike_facts_about_neighbours(atlas: Atlas) -> None:
+    chlorine = next(d for d in render_corpus(atlas, 0) if d.key == "element:17")
+    own, _, neighbours = chlorine.text.partition("== Neighbours in the periodic table ==")
+    assert "| Melting point | 171.65 K |" in own
+    assert "Argon (Ar, atomic number 18)" in neighbours and "melts at 83.81 K" in neighbours

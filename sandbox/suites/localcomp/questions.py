@@ -1,9 +1,9 @@
 """Multi-hop questions generated from the facts, each with its research plan and gold data.
 
-A question joins two *legs*. A leg walks a chain of documents to one year: the discovery of an
-element, or the adoption of a country's current currency. The task asks how many years lie
-between the two (or which came first), so the first leg's evidence is read early and needed
-again at the very end, after the long second leg.
+A question joins three *legs* (tasks.py). A leg walks a chain of documents to one year: the
+discovery of an element, or the adoption of a country's current currency. The task asks how
+many years lie between the earliest and the latest (or which came first), so the first leg's
+evidence is read early and needed again at the very end, after the long legs.
 
 A leg's plan is data the scripted agent interprets (see agent.py): `find` a document by search
 and check its infobox against `where`, `pick` the maximum over found documents, take a `cell`
@@ -184,6 +184,7 @@ def language_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
                hinge=f"adoption:{other.alpha_2}:{other.currency}", anchor=f"country:{c.alpha_2}",
                evidence=((f"country:{c.alpha_2}", "Main official language", lang.name),
                          (f"language:{lang.code}", f"Official share ({other.name})", f"{others[0][1]:g} %"),
+                         (f"country:{other.alpha_2}", "Currency code", str(other.currency)),
                          (f"currency:{other.currency}", f"Adopted ({other.name})", str(year))))
 
 

@@ -1,8 +1,8 @@
-"""Tasks: two legs joined into one question, split into train and heldout without shared facts.
+"""Tasks: three legs joined into one question, split into train and heldout without shared facts.
 
 Splits are disjoint in their questions and in the facts the answers hinge on: every leg owns
 two keys (the fact its year is read from, and the entity its clue names), a key belongs to one
-split only, and a task joins two legs of the same split.
+split only, and a task joins legs of one split.
 """
 from __future__ import annotations
 

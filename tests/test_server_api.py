@@ -39,7 +39,7 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     assert server.client.get("/health").json()["status"] == "ok"
     models = server.client.get("/v1/models").json()
     assert [card["id"] for card in models["data"]] == [MODEL]
-    assert server.chat({"messages": greeting("Say hi."), "max_tokens": 2}).status_code == 200
+    assert server.chat({"messages": greeting("Say hi."), "max_tokens": 1}).status_code == 200
     metrics = server.client.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     values = {line.split(" ")[0]: float(line.split(" ")[1])
@@ -102,13 +102,13 @@ def test_invalid_json_and_a_prompt_longer_than_the_context(server: LiveServer) -
 
 def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: LiveServer) -> None:
     # An agent's earlier turn put the history in the cache; this turn drops and repositions.
-    earlier = server.chat({"messages": README_HISTORY, "max_tokens": 2, "temperature": 0})
+    earlier = server.chat({"messages": README_HISTORY, "max_tokens": 1, "temperature": 0})
     assert earlier.status_code == 200
     history = README_HISTORY + [
         {"role": "assistant", "content": "Canberra has a mild oceanic climate."},
         {"role": "user", "content": "Thanks. Summarize in three words."},
     ]
-    response = server.chat({"messages": history, "max_tokens": 4, "temperature": 0,
+    response = server.chat({"messages": history, "max_tokens": 1, "temperature": 0,
                             "drop_message": {"3": [1, 2]}, "reposition": [3]})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -120,7 +120,7 @@ def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: Liv
 
 
 def test_streaming_returns_the_same_text_with_usage_in_the_final_chunk(server: LiveServer) -> None:
-    body = {"messages": greeting("Name three colors."), "max_tokens": 12, "temperature": 0}
+    body = {"messages": greeting("Name three colors."), "max_tokens": 6, "temperature": 0}
     plain = server.chat(body).json()
     with server.client.stream("POST", "/v1/chat/completions",
                               json={"model": MODEL, **body, "stream": True,
@@ -149,7 +149,7 @@ def test_openai_client_round_trip_with_extra_body(server: LiveServer) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     server.chat({"messages": README_HISTORY, "max_tokens": 1, "temperature": 0})
     completion = client.chat.completions.create(
-        model=MODEL, messages=README_HISTORY, max_tokens=4, temperature=0,
+        model=MODEL, messages=README_HISTORY, max_tokens=1, temperature=0,
         extra_body={"drop_message": {3: [1, 2]}, "reposition": [3]},
     )
     assert completion.choices[0].message.role == "assistant"
@@ -161,7 +161,7 @@ def test_openai_client_round_trip_with_extra_body(server: LiveServer) -> None:
         client.chat.completions.create(model=MODEL, messages=README_HISTORY, max_tokens=4,
                                        extra_body={"reposition": [99]})
     assert caught.value.body["param"] == "reposition[0]"
-    stream = client.chat.completions.create(model=MODEL, messages=README_HISTORY, max_tokens=4,
+    stream = client.chat.completions.create(model=MODEL, messages=README_HISTORY, max_tokens=2,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})
     chunks = list(stream)

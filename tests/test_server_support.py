@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 
 MODEL = "smollm2"
-KV_TOKENS = 32_768
+KV_TOKENS = 8_192
 MAX_RUNNING = 8
 
 
@@ -45,8 +44,6 @@ def live_server(config: pytest.Config) -> LiveServer:
         from akv_core import Engine
         from akv_core.server import create_app, serve_in_thread
 
-        # Two cores are shared by many test processes: one thread is the honest setting.
-        torch.set_num_threads(1)
         engine = Engine.from_pretrained(MODEL, device="cpu", kv_tokens=KV_TOKENS,
                                         max_running=MAX_RUNNING)
         url = _stack.enter_context(serve_in_thread(create_app(engine, MODEL)))

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from akv_core.server.assistant_output import AssistantOutputParser
-from akv_core.server.engine_loop import ClientGone, EngineLoop, Finished
+from akv_core.server.engine_loop import ClientGone, EngineLoop, Failed, Finished
 from akv_core.server.errors import APIError, install_error_handlers
 from akv_core.server.metrics import ServerMetrics
 from akv_core.server.protocol import (
@@ -121,6 +121,9 @@ async def _complete(state: ServerState, handle: Any, request: Request,
     finished: Finished | None = None
     try:
         async for event in state.loop.events(handle, request.is_disconnected):
+            if isinstance(event, Failed):
+                raise APIError(f"messages: {event.message}", param="messages",
+                               code="kv_capacity_exceeded")
             if isinstance(event, Finished):
                 finished = event
             else:
@@ -152,7 +155,12 @@ async def _stream(state: ServerState, handle: Any, request: Request, stream: Chu
     try:
         yield stream.role_chunk()
         async for event in state.loop.events(handle, request.is_disconnected):
-            if isinstance(event, Finished):
+            if isinstance(event, Failed):
+                finished = True
+                state.metrics.count_request("chat", "rejected")
+                yield stream.error_chunk(f"messages: {event.message}", param="messages",
+                                         code="kv_capacity_exceeded")
+            elif isinstance(event, Finished):
                 finished = True
                 _record(state, event, started, first_token_at)
                 for chunk in stream.final_chunks(event):

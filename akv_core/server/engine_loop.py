@@ -15,10 +15,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from akv_core.cache.allocator import SlotAllocator
+from akv_core.cache.key import build_key
+from akv_core.cache.ops import OperationError, validate_operations
+from akv_core.cache.planner import plan_request
+from akv_core.cache.radix import RadixCache
+from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
 from akv_core.server.validation import GenerationArgs
 
 POLL_SECONDS = 0.005
+# Without max_tokens a request may generate up to this many tokens (and never past the context).
+# Each running request reserves its max_tokens in KV slots, so "the whole context" as a default
+# would let only a couple of requests run at once on a CPU-sized pool.
+DEFAULT_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,13 @@ class TextDelta:
 class Finished:
     finish_reason: str
     usage: dict[str, int]  # the HTTP usage field names
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The engine refused the request after admission planning (it can never fit the pool)."""
+
+    message: str
 
 
 class ClientGone(Exception):
@@ -58,32 +75,45 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def submit(self, args: GenerationArgs) -> Any:
-        return self.engine.submit(
-            args.messages,
-            drop_message=args.drop_message,
-            reposition=args.reposition,
-            tools=args.tools,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            seed=args.seed,
-            stop=args.stop,
-        )
+        """Queue a request; a request the engine refuses becomes a 400 naming the field."""
+        try:
+            room = self.engine.context_length - prompt_end_position(self.engine, args)
+            if room <= 0:
+                raise APIError(
+                    f"messages: the prompt needs {self.engine.context_length - room} positions "
+                    f"after its drops and repositions; the model's context is "
+                    f"{self.engine.context_length}",
+                    param="messages", code="context_length_exceeded")
+            return self.engine.submit(
+                args.messages, drop_message=args.drop_message, reposition=args.reposition,
+                tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
+                temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop)
+        except OperationError as error:
+            raise APIError(str(error), param=error.field) from None
+        except ValueError as error:  # the engine and the renderer prefix messages with the field
+            field = str(error).split(":", 1)[0]
+            raise APIError(str(error), param=field if field.isidentifier() else None) from None
 
     async def events(
         self, handle: Any, disconnected: Callable[[], Awaitable[bool]]
-    ) -> AsyncIterator[TextDelta | Finished]:
-        """The request's events until it finishes; cancels it if the client leaves."""
+    ) -> AsyncIterator[TextDelta | Finished | Failed]:
+        """The request's events until it ends; cancels it if the client leaves."""
         try:
             while True:
-                event = _next_event(handle)
-                if event is None:
+                try:
+                    event = handle.events.get_nowait()
+                except queue.Empty:
                     if await disconnected():
-                        raise ClientGone()
+                        raise ClientGone() from None
                     await asyncio.sleep(POLL_SECONDS)
                     continue
-                yield event
-                if isinstance(event, Finished):
+                if event.text:
+                    yield TextDelta(event.text)
+                if event.finish_reason == "error":
+                    yield Failed(event.error or "the engine could not serve the request")
+                    return
+                if event.finish_reason is not None:
+                    yield Finished(event.finish_reason, usage_fields(event.usage))
                     return
         finally:
             handle.cancel()  # a no-op once finished; frees the request's locks otherwise
@@ -99,14 +129,16 @@ class EngineLoop:
         )
 
 
-def _next_event(handle: Any) -> TextDelta | Finished | None:
-    try:
-        event = handle.events.get_nowait()
-    except queue.Empty:
-        return None
-    if event.finish_reason is not None:
-        return Finished(event.finish_reason, usage_fields(event.usage))
-    return TextDelta(event.text)
+def prompt_end_position(engine: Any, args: GenerationArgs) -> int:
+    """The position the first generated token takes: prompt length after drops and repositions.
+
+    Positions follow from the cache key alone, so an empty tree gives the same answer as the
+    engine's own plan.
+    """
+    rendered = engine.tokenizer.render(args.messages, args.tools)
+    operations = validate_operations(len(args.messages), args.drop_message, args.reposition)
+    key = build_key(rendered, operations)
+    return plan_request(RadixCache(SlotAllocator(1)), key).end_position
 
 
 def usage_fields(usage: Any) -> dict[str, int]:

@@ -7,6 +7,7 @@ usage and no choices, and finally `data: [DONE]`.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 
@@ -18,6 +19,8 @@ from akv_core.server.protocol import (
     ChatCompletionChunk,
     ChunkChoice,
     DeltaMessage,
+    ErrorDetail,
+    ErrorResponse,
     PromptTokensDetails,
     ToolCallDelta,
     UsageInfo,
@@ -81,10 +84,19 @@ class ChunkStream:
         chunks.append(DONE)
         return chunks
 
+    def error_chunk(self, message: str, param: str | None, code: str | None) -> str:
+        """The request failed after the stream began: an error event, then the end."""
+        error = ErrorResponse(error=ErrorDetail(message=message, type="invalid_request_error",
+                                                param=param, code=code))
+        return f"data: {error.model_dump_json()}\n\n" + DONE
+
     def _chunk(self, delta: DeltaMessage, finish_reason: str | None = None) -> str:
         choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
-        return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                       choices=[choice]))
+        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                    choices=[choice]).model_dump(exclude_none=True)
+        # OpenAI sends these two as explicit nulls on every choice; some clients read them.
+        chunk["choices"][0].update(logprobs=None, finish_reason=finish_reason)
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
 
 def _delta_message(delta: Delta) -> DeltaMessage:

@@ -110,7 +110,7 @@ class Engine:
         params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
         generator = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         handle = RequestHandle()
-        request = Request(handle, build_key(rendered, operations), len(rendered.spans), params,
+        request = Request(handle, build_key(rendered, operations), params,
                           StreamText(self.tokenizer.decode, stops), generator,
                           frozenset(self.tokenizer.eos_token_ids))
         self._inbox.put(request)
@@ -124,7 +124,7 @@ class Engine:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
         handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop)
         if not self._loop_running:
-            while not _has_final(handle):
+            while not handle.done:
                 self.step()
         return handle.result()
 
@@ -148,7 +148,7 @@ class Engine:
             self._end_cancelled()
             admitted, refused = self.scheduler.admit()
             for request, reason in refused:
-                request.handle.events.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
+                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
             running = list(self.scheduler.running)
             if not running:
                 return bool(refused)
@@ -165,7 +165,7 @@ class Engine:
     def _end_cancelled(self) -> None:
         for request in [r for r in self.scheduler.waiting if r.handle.cancelled]:
             self.scheduler.remove_waiting(request)
-            request.handle.events.put(RequestEvent(None, "", FINISH_CANCELLED, Usage.of_prompt(0, 0, 0, 0)))
+            request.handle.put(RequestEvent(None, "", FINISH_CANCELLED, Usage.of_prompt(0, 0, 0, 0)))
         for request in [r for r in self.scheduler.running if r.handle.cancelled]:
             self._finish(request, FINISH_CANCELLED)
 
@@ -234,7 +234,7 @@ class Engine:
             self._finish(request, FINISH_STOP)
             return
         delta = request.stream.feed(token)
-        request.handle.events.put(RequestEvent(token, delta))
+        request.handle.put(RequestEvent(token, delta))
         if request.stream.stopped:
             self._finish(request, FINISH_STOP)
         elif len(request.generated) >= request.params.max_tokens:
@@ -250,7 +250,7 @@ class Engine:
                 self._totals[name] += 1
             else:
                 self._totals[name] += getattr(usage, name)
-        request.handle.events.put(RequestEvent(None, request.stream.flush(), reason, usage))
+        request.handle.put(RequestEvent(None, request.stream.flush(), reason, usage))
 
     def _set_threads(self, phase: str) -> None:
         wanted = self._threads.get(phase)
@@ -272,10 +272,6 @@ class Engine:
             leases = {id(r.lease) for r in self.scheduler.running}
             if len(leases) != len(self.scheduler.running) or any(r.lease is not None for r in self.scheduler.waiting):
                 raise AssertionError("engine integrity: a lease is shared or held by a waiting request")
-
-
-def _has_final(handle: RequestHandle) -> bool:
-    return any(event.finish_reason is not None for event in list(handle.events.queue))
 
 
 def _slots(values: list[int]) -> torch.Tensor:

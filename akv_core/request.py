@@ -59,6 +59,18 @@ class RequestHandle:
     def __init__(self) -> None:
         self.events: queue.Queue[RequestEvent] = queue.Queue()
         self._cancelled = threading.Event()
+        self._finished = threading.Event()
+
+    def put(self, event: RequestEvent) -> None:
+        """The engine's side: deliver an event (the final one marks the handle done)."""
+        self.events.put(event)
+        if event.finish_reason is not None:
+            self._finished.set()
+
+    @property
+    def done(self) -> bool:
+        """Whether the final event has been delivered (it may still be unread)."""
+        return self._finished.is_set()
 
     def cancel(self) -> None:
         """Ask the engine to end the request (a no-op once it has finished)."""
@@ -139,7 +151,6 @@ class Request:
 
     handle: RequestHandle
     key: CacheKey
-    span_count: int
     params: SamplingParams
     stream: StreamText
     generator: Any                      # torch.Generator for sampling

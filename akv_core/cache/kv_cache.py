@@ -47,6 +47,7 @@ class PoolStats:
     slots_free: int
     slots_cached: int       # held by the radix tree (reusable by later requests)
     slots_evictable: int    # ... of which no live request has locked
+    slots_evicted: int      # freed by eviction since the start
 
 
 class KVCache:
@@ -114,7 +115,8 @@ class KVCache:
 
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count
-        return PoolStats(total, total - free, free, self.tree.cached_slots, self.tree.evictable_slots)
+        return PoolStats(total, total - free, free, self.tree.cached_slots, self.tree.evictable_slots,
+                         self.tree.evicted_slots)
 
     def check_integrity(self) -> None:
         """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""

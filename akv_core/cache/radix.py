@@ -61,6 +61,7 @@ class RadixCache:
         self.root = Node(None, (), [])
         self.cached_slots = 0      # slots owned by tree nodes
         self.protected_slots = 0   # ... of which on a locked node
+        self.evicted_slots = 0     # freed by eviction so far
         self._leaves: set[Node] = set()   # nodes without children (eviction candidates when unlocked)
         self._clock = 0
 
@@ -207,6 +208,7 @@ class RadixCache:
             self.allocator.free(node.slots)
             freed += len(node.slots)
             self.cached_slots -= len(node.slots)
+            self.evicted_slots += len(node.slots)
             node.parent = None
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)

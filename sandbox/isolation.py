@@ -263,7 +263,9 @@ class Sandbox:
         if uid is not None:
             _kill_uid(uid)  # also background processes that left the group and hold the pipe open
         proc.wait()
-        reader.join()
+        # Without a uid of its own a process that left the group may still hold the pipe:
+        # stop waiting for its output rather than for it.
+        reader.join(timeout=None if uid is not None else 5.0)
         return CommandResult(returncode=None if timed_out else proc.returncode,
                              output=reader.text(), timed_out=timed_out, output_dropped=reader.dropped)
 
@@ -325,8 +327,8 @@ class _OutputReader:
             self.dropped += max(len(chunk) - max(room, 0), 0)
         self._stream.close()
 
-    def join(self) -> None:
-        self._thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
     def text(self) -> str:
         text = self._kept.decode("utf-8", errors="replace")

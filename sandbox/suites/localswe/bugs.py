@@ -135,14 +135,25 @@ def _test_modules(host: Host, tree: Path) -> dict[str, str]:
 
 
 def _relevant(source: str, mutation: Mutation, modules: dict[str, str]) -> list[str]:
-    names = {Path(mutation.path).stem} | _defined_names(source)
-    names.discard("__init__")
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b") if names else None
-    chosen = [m for m, text in modules.items() if pattern and pattern.search(text)]
-    return chosen or sorted(modules)
-
-
-def _defined_names(source: str) -> set[str]:
+    """Test modules naming the function around the bug, else the module or a name it defines."""
     tree = ast.parse(source)
+    for names in (_enclosing_names(tree, mutation.line), {Path(mutation.path).stem} | _defined_names(tree)):
+        names -= {"__init__", "main"}
+        if names:
+            pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
+            chosen = [m for m, text in modules.items() if pattern.search(text)]
+            if chosen:
+                return chosen
+    return sorted(modules)
+
+
+def _enclosing_names(tree: ast.AST, line: int) -> set[str]:
+    """Names of the functions and classes whose body holds `line`."""
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.lineno <= line <= node.end_lineno and not node.name.startswith("__")}
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
             if not n.name.startswith("__")}

@@ -113,14 +113,15 @@ class RepairEnv:
         target = self.sandbox.resolve(path)
         if not target.is_file():
             raise ToolError(f"read_file: no file {path!r}")
+        if end is not None and end < start:
+            raise ToolError(f"read_file: end={end} is before start={start}")
         lines = target.read_text(errors="replace").splitlines()
         start = max(1, start)
-        end = min(len(lines), end if end is not None else start + MAX_VIEW_LINES - 1,
-                  start + MAX_VIEW_LINES - 1)
         if start > len(lines):
             raise ToolError(f"read_file: {path} has {len(lines)} lines; start={start} is past the end")
-        body = "\n".join(f"{n:>6}\t{lines[n - 1]}" for n in range(start, end + 1))
-        return f"{path} (lines {start}-{end} of {len(lines)})\n{body}"
+        last = min(len(lines), start + MAX_VIEW_LINES - 1, end if end is not None else len(lines))
+        body = "\n".join(f"{n:>6}\t{lines[n - 1]}" for n in range(start, last + 1))
+        return f"{path} (lines {start}-{last} of {len(lines)})\n{body}"
 
     def grep(self, pattern: str, path: str = ".") -> str:
         target = "." if path in ("", ".") else self.sandbox.resolve(path).relative_to(self.sandbox.root).as_posix()

@@ -1,0 +1,179 @@
+"""The localswe suite end to end on one small host: build, splits, tools, grading, hostile code.
+
+One session build (isodate, three validated bugs) is shared by the tests here and in
+test_localswe_agent.py. The source archive is downloaded from PyPI once into the default data
+folder and reused from there (verified by sha256 either way).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from akv_core.home import akv_home
+from sandbox.isolation import Limits
+from sandbox.suite import ToolError
+from sandbox.suites import get_suite
+from sandbox.suites.localswe import LocalSWE
+from sandbox.suites.localswe.hosts import fetch, load_hosts
+
+HOSTILE_LIMITS = Limits(cpu_s=10, wall_s=4.0, memory_bytes=2 << 30, processes=32)
+
+
+def built_home(factory: pytest.TempPathFactory) -> Path:
+    """A data folder with the isodate part of the suite built (three bugs)."""
+    home = factory.getbasetemp() / "localswe-home"
+    host = next(h for h in load_hosts() if h.name == "isodate")
+    archive = home / "localswe" / "archives" / host.archive
+    if not archive.exists():
+        # The default data folder caches the download across test sessions.
+        shared = fetch(host, akv_home() / "localswe" / "archives")
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shared, archive)
+    LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12).build(home, seed=0)
+    return home
+
+
+@pytest.fixture(scope="session")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> LocalSWE:
+    home = built_home(tmp_path_factory)
+    built = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
+    built.build(home, seed=0)  # already built: returns at once
+    return built
+
+
+@pytest.fixture
+def task(suite: LocalSWE):
+    return suite.tasks("train")[0]
+
+
+@pytest.fixture
+def env(suite: LocalSWE, task):
+    env = suite.open(task)
+    yield env
+    env.close()
+
+
+def test_the_registry_knows_the_suite() -> None:
+    assert isinstance(get_suite("localswe"), LocalSWE)
+
+
+def test_build_gives_validated_bugs_split_by_bug(suite: LocalSWE) -> None:
+    train, heldout = suite.tasks("train"), suite.tasks("heldout")
+    assert len(train) == 2 and len(heldout) == 1  # one host: a third of its bugs held out
+    assert not {t.id for t in train} & {t.id for t in heldout}
+    for task in train + heldout:
+        bug = task.meta["bug"]
+        assert bug["fail_to_pass"] and bug["pass_to_pass"]
+        assert not set(bug["fail_to_pass"]) & set(bug["pass_to_pass"])
+        assert bug["fail_to_pass"][0] in task.prompt and "isodate 0.7.2" in task.prompt
+        assert {t["function"]["name"] for t in task.tools} == {
+            "list_files", "read_file", "grep", "run_tests", "edit", "submit"}
+
+
+def test_a_second_build_reuses_the_first(suite: LocalSWE, tmp_path_factory) -> None:
+    before = [t.id for t in suite.tasks("train")]
+    again = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
+    again.build(tmp_path_factory.getbasetemp() / "localswe-home", seed=0)
+    assert [t.id for t in again.tasks("train")] == before
+
+
+def test_bad_names_get_clear_errors(suite: LocalSWE) -> None:
+    with pytest.raises(ValueError, match="unknown split 'test': expected one of train, heldout"):
+        suite.tasks("test")
+    with pytest.raises(ValueError, match="unknown localswe host"):
+        LocalSWE(hosts=["numpy"])
+
+
+def test_tools_show_files_and_search(env) -> None:
+    assert "src/isodate/isodates.py" in env.call_tool("list_files", {}).splitlines()
+    view = env.call_tool("read_file", {"path": "src/isodate/isodates.py", "start": 3, "end": 4})
+    assert view.startswith("src/isodate/isodates.py (lines 3-4 of ") and "\n     3\t" in view
+    assert "src/isodate/isodates.py:" in env.call_tool("grep", {"pattern": r"def parse_date\("})
+    assert env.call_tool("grep", {"pattern": "no_such_name_anywhere"}).startswith("no matches")
+
+
+@pytest.mark.parametrize("name, arguments, message", [
+    ("shell", {"cmd": "ls"}, "unknown tool 'shell'"),
+    ("read_file", {}, "missing argument(s) path"),
+    ("read_file", {"path": "setup.cfg", "start": "one"}, "'start' must be an integer"),
+    ("read_file", {"path": "../../../etc/passwd"}, "without '..'"),
+    ("read_file", {"path": "/etc/passwd"}, "without '..'"),
+    ("edit", {"path": "/tmp/evil.txt", "old": "", "new": "x"}, "must be relative"),
+    ("edit", {"path": "src/isodate/isodates.py", "old": "import", "new": "x"}, "occurs"),
+    ("grep", {"pattern": "("}, "grep:"),
+    ("run_tests", {"selector": "--collect-only"}, "is an option"),
+])
+def test_wrong_calls_are_tool_errors(env, name: str, arguments: dict, message: str) -> None:
+    with pytest.raises(ToolError, match=__import__("re").escape(message)):
+        env.call_tool(name, arguments)
+    assert not Path("/tmp/evil.txt").exists()
+
+
+def test_grading_follows_swe_bench(env, task) -> None:
+    bug = task.meta["bug"]["mutation"]
+    # With the bug in place, emptying the tests does not help: grading restores them.
+    for test_file in task.meta["bug"]["test_files"]:
+        env.call_tool("edit", {"path": test_file, "old": (env.tree / test_file).read_text(), "new": ""})
+    assert env.grade(None).score == 0.0
+    env.call_tool("edit", {"path": bug["path"], "old": bug["after"], "new": bug["before"]})
+    grade = env.grade(None)
+    assert grade.score == 1.0 and grade.detail.startswith("resolved: FAIL_TO_PASS")
+
+
+def test_each_run_starts_from_a_fresh_copy(suite: LocalSWE, task) -> None:
+    first, second = suite.open(task), suite.open(task)
+    try:
+        first.call_tool("edit", {"path": "NOTES.txt", "old": "", "new": "first run"})
+        assert first.sandbox.root != second.sandbox.root
+        assert not (second.sandbox.root / "NOTES.txt").exists()
+    finally:
+        first.close()
+        second.close()
+    assert not first.sandbox.root.exists()
+
+
+# -- hostile code: contained, reported, and the run goes on --------------------------------
+# The strict environment's wall limit is short so that hanging tests cost little here.
+
+@pytest.fixture
+def hostile_env(suite: LocalSWE, task):
+    strict = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12, limits=HOSTILE_LIMITS)
+    strict._home = suite._home
+    env = strict.open(task)
+    yield env
+    env.close()
+
+
+def run_hostile_test(env, body: str) -> str:
+    env.call_tool("edit", {"path": "tests/test_hostile.py", "old": "", "new": body})
+    try:
+        return env.call_tool("run_tests", {"selector": "tests/test_hostile.py"})
+    except ToolError as error:
+        return f"ToolError: {error}"
+
+
+def test_memory_and_network_failures_stay_inside_the_test_run(env) -> None:
+    body = ("import socket\n\ndef test_alloc():\n    b = bytearray(10 * 2**30)\n\n"
+            "def test_socket():\n    socket.create_connection(('1.1.1.1', 80), timeout=3)\n")
+    output = run_hostile_test(env, body)
+    assert "2 failed" in output and "MemoryError" in output and "OSError" in output
+    assert env.call_tool("read_file", {"path": "setup.cfg", "start": 1, "end": 1})  # the run goes on
+
+
+def test_sleeping_forever_is_a_failed_tool_call(hostile_env) -> None:
+    output = run_hostile_test(hostile_env, "import time\n\ndef test_sleep():\n    time.sleep(10**6)\n")
+    assert output.startswith("ToolError: run_tests: the test run was killed: wall-clock timeout")
+
+
+def test_a_fork_bomb_in_the_library_fails_the_task_and_the_host_survives(hostile_env) -> None:
+    bomb = "\nimport os as _os\nwhile True:\n    try:\n        _os.fork()\n    except OSError:\n        pass\n"
+    init = hostile_env.sandbox.root / "src/isodate/__init__.py"
+    hostile_env.call_tool("edit", {"path": "src/isodate/__init__.py", "old": init.read_text(),
+                                   "new": init.read_text() + bomb})
+    with pytest.raises(ToolError, match="killed"):
+        hostile_env.call_tool("run_tests", {"selector": "tests/test_date.py"})
+    grade = hostile_env.grade(None)
+    assert grade.score == 0.0 and "did not complete" in grade.detail
+    assert "setup.cfg" in hostile_env.call_tool("list_files", {})

@@ -118,3 +118,10 @@ def test_articles_carry_look_alike_facts_about_neighbours(atlas: Atlas) -> None:
     own, _, neighbours = chlorine.text.partition("== Neighbours in the periodic table ==")
     assert "| Melting point | 171.65 K |" in own
     assert "Argon (Ar, atomic number 18)" in neighbours and "melts at 83.81 K" in neighbours
+
+
+def test_damaged_task_file_says_how_to_rebuild(tmp_path: Path) -> None:
+    (tmp_path / "localcomp").mkdir()
+    (tmp_path / "localcomp" / "tasks.json").write_text("[{\"id\": ", encoding="utf-8")
+    with pytest.raises(ValueError, match="is damaged .* rebuild with `akv tasks build --suite localcomp`"):
+        LocalComp(tmp_path).tasks("train")

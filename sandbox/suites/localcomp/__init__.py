@@ -75,7 +75,10 @@ class LocalComp:
             path = self.root / "tasks.json"
             if not path.exists():
                 raise ValueError("localcomp is not built yet: run `akv tasks build --suite localcomp`")
-            loaded = [_task_from_json(t) for t in json.loads(path.read_text(encoding="utf-8"))]
+            try:
+                loaded = [_task_from_json(t) for t in json.loads(path.read_text(encoding="utf-8"))]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path} is damaged ({err}): rebuild with `akv tasks build --suite localcomp`")
             self._tasks = {s: [t for t in loaded if t.split == s] for s in SPLITS}
         return list(self._tasks[split])
 

@@ -18,25 +18,23 @@ from test_cache_support import SymbolicKV, account, reference_state, render, reu
 MESSAGES = [(1, 2, 3), (1, 2), (4,), (1, 2, 3, 4, 5), (6, 7), (6, 8, 9, 10)]
 
 
-@st.composite
-def requests(draw):
-    """One request: a history and cumulative, valid operations."""
-    n = draw(st.integers(1, 7))
-    messages = [MESSAGES[i] for i in draw(st.lists(st.integers(0, len(MESSAGES) - 1), min_size=n, max_size=n))]
+def _request(messages, drop_pairs, repositions):
+    """A history and valid cumulative operations made from freely drawn (trigger, dropped) pairs."""
+    n = len(messages)
     dropped: set[int] = set()
     drops: dict[str, list[int]] = {}
-    for trigger in range(1, n):
-        if draw(st.booleans()):
-            chosen = draw(st.sets(st.sampled_from([i for i in range(trigger) if i not in dropped]) if
-                                  len(dropped) < trigger else st.nothing(), max_size=2))
-            if chosen:
-                drops[str(trigger)] = sorted(chosen)
-                dropped |= chosen
-    repositions = draw(st.sets(st.integers(0, n - 1), max_size=3))
-    return messages, drops or None, sorted(repositions) or None
+    for trigger, index in drop_pairs:
+        if index < trigger < n and index not in dropped:
+            drops.setdefault(str(trigger), []).append(index)
+            dropped.add(index)
+    repos = sorted({t for t in repositions if t < n})
+    return [MESSAGES[i] for i in messages], drops or None, repos or None
 
 
-sequences = st.lists(requests(), min_size=1, max_size=8)
+requests = st.builds(_request, st.lists(st.integers(0, len(MESSAGES) - 1), min_size=1, max_size=7),
+                     st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), max_size=4),
+                     st.lists(st.integers(0, 6), max_size=3))
+sequences = st.lists(requests, min_size=1, max_size=8)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -86,6 +86,7 @@ NAME = {"type": "name", "answer": "Russian Federation", "aliases": ["Russian Fed
     ("171.9 K", MELT, 1.0), ("172.2", MELT, 0.0),
     ("the Russian Federation.", NAME, 1.0), ("rus", NAME, 1.0), ("Russia", NAME, 1.0), ("Belarus", NAME, 0.0),
     ("", NAME, 0.0), (None, NUMBER, 0.0),
+    ("A = 1999; B = 1774.\nAnswer: 225", NUMBER, 1.0), ("Checked 3 countries.\nANSWER: Russia", NAME, 1.0),
 ])
 def test_grading(answer, gold, score) -> None:
     assert grade_answer(answer, gold).score == score

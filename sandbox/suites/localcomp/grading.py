@@ -9,6 +9,13 @@ from sandbox.suite import Grade
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+_ANSWER_LINE = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
+
+
+def final_part(answer: str) -> str:
+    """What follows the last "Answer:" in a reply (the system prompt asks for it), else the reply."""
+    found = _ANSWER_LINE.findall(answer)
+    return found[-1].strip() if found else answer.strip()
 
 
 def normalize(text: str) -> str:
@@ -29,6 +36,7 @@ def grade_answer(answer: str | None, gold: Mapping[str, object]) -> Grade:
     """`gold` is a task's meta["gold"]: {"type": "number"|"name", "answer", "aliases", "tolerance"}."""
     if not answer or not answer.strip():
         return Grade(0.0, "no answer")
+    answer = final_part(answer)
     expected = str(gold["answer"])
     if gold["type"] == "number":
         got = first_number(answer)

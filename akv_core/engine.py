@@ -207,8 +207,10 @@ class Engine:
                 ids.append(request.generated[-1])
                 positions.append(request.layout.end_position + len(request.generated) - 1)
                 out_slots.append(slot)
-                used = request.lease.decode_slots[:request.lease.decode_used]
-                seqs.append(SeqAttention(start, 1, _slots(request.layout.view_slots + used)))
+                if request.decode_kv is None:   # the visible prompt, then every reserved decode slot
+                    request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots)
+                visible = len(request.layout.view_slots) + request.lease.decode_used
+                seqs.append(SeqAttention(start, 1, request.decode_kv[:visible]))
             logits_rows.append(len(ids) - 1)
             owners.append(request)
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),

@@ -160,6 +160,7 @@ class Request:
     next_stage: int = 0                 # index into layout.stages while prefilling
     generated: list[int] = field(default_factory=list)
     usage: Usage | None = None
+    decode_kv: Any = None               # tensor of the slots decode steps attend to (a prefix of it)
 
     @property
     def prefilling(self) -> bool:

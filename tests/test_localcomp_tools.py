@@ -8,6 +8,7 @@ import pytest
 from sandbox.suite import ToolError
 from sandbox.suites.localcomp import LocalComp
 from sandbox.suites.localcomp.grading import first_number, grade_answer, normalize
+from sandbox.suites.localcomp.reading import read_articles
 
 TEST_QUOTA = {"train": 16, "heldout": 24}  # same folder and quota as the other localcomp tests
 
@@ -98,3 +99,18 @@ def test_env_grades_against_the_task_gold(suite: LocalComp) -> None:
     gold = task.meta["gold"]["answer"]
     assert env.grade(gold).score == 1.0
     assert env.grade("Answer: nothing like it").score == 0.0
+
+
+def _top_document(env, query: str) -> str:
+    docid = json.loads(env.call_tool("search", {"query": query}))[0]["docid"]
+    return env.call_tool("get_document", {"docid": docid})
+
+
+def test_articles_read_back_from_text(env) -> None:
+    chlorine, euro = _top_document(env, "Chlorine"), _top_document(env, "Euro EUR")
+    first, second = read_articles(f"[result of get_document]\n{chlorine}\n\n{euro}")
+    assert (first.title, first.kind) == ("Chlorine", "Chemical element")
+    assert first.fields["Discovery year"] == "1774"
+    assert (second.title, second.kind, second.fields["ISO 4217 code"]) == ("Euro", "Currency", "EUR")
+    france = {"Country": "France", "Adopted": "1999", "Until": "in use"}
+    assert france in second.tables["Adoption as legal tender"]

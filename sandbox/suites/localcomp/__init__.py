@@ -78,7 +78,8 @@ class LocalComp:
             try:
                 loaded = [_task_from_json(t) for t in json.loads(path.read_text(encoding="utf-8"))]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path} is damaged ({err}): rebuild with `akv tasks build --suite localcomp`")
+                raise ValueError(f"{path} is damaged ({err}): "
+                                 "rebuild with `akv tasks build --suite localcomp`") from None
             self._tasks = {s: [t for t in loaded if t.split == s] for s in SPLITS}
         return list(self._tasks[split])
 

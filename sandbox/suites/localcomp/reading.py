@@ -28,19 +28,18 @@ def read_articles(text: str) -> tuple[Article, ...]:
 
     Cached: the agent re-reads its whole visible context at every step.
     """
-    starts = [m.start() for m in _HEADER.finditer(text)] + [len(text)]
-    return tuple(_read_one(text[a:b]) for a, b in zip(starts, starts[1:]))
+    headers = list(_HEADER.finditer(text))
+    ends = [h.start() for h in headers[1:]] + [len(text)]
+    return tuple(_read_one(h.group(1), h.group(2).strip(), text[h.end() + 1:end])
+                 for h, end in zip(headers, ends))
 
 
-def _read_one(text: str) -> Article:
-    first, _, rest = text.partition("\n")
-    m = _HEADER.match(first)
-    assert m is not None  # read_articles splits at header lines only
-    kind = rest.split("\n", 1)[0].strip()
-    sections = _sections(rest)
+def _read_one(docid: str, title: str, body: str) -> Article:
+    kind = body.split("\n", 1)[0].strip()
+    sections = _sections(body)
     infobox = sections.pop("Infobox", [])
     fields = {row["Field"]: row["Value"] for row in infobox if "Field" in row and "Value" in row}
-    return Article(docid=m.group(1), title=m.group(2).strip(), kind=kind, fields=fields,
+    return Article(docid=docid, title=title, kind=kind, fields=fields,
                    tables={k: v for k, v in sections.items() if v})
 
 

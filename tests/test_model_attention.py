@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from akv_core.model.batch import ForwardBatch, SeqAttention
-from akv_core.model.loader import load_model
+from test_model_support import smollm2
 
 pytestmark = pytest.mark.model
 
@@ -16,8 +16,7 @@ D = torch.arange(45, 50)
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(1)  # the test machine is shared: one thread is fastest under load
-    return load_model("smollm2")
+    return smollm2()
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,11 @@ and the prefix reuse the engine relies on.
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from akv_core.model.batch import ForwardBatch, SeqAttention
-from akv_core.model.loader import load_model
-from akv_core.model.locate import embedded_gguf
+from test_model_support import random_ids, smollm2, transformers_smollm2
 
 pytestmark = pytest.mark.model
 TOLERANCE = 1e-4
@@ -21,32 +18,17 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(1)  # the test machine is shared: one thread is fastest under load
-    return load_model("smollm2")
+    return smollm2()
 
 
 @pytest.fixture(scope="module")
 def reference():
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    path = embedded_gguf()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return hf.eval()
+    return transformers_smollm2()
 
 
 def reference_logits(reference, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return reference(torch.tensor([ids])).logits[0].float()
-
-
-def prompt_ids(n: int, seed: int = 0) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(100, 40000, (n,), generator=generator).tolist()
 
 
 def prefill(model, kv, ids, slots, positions=None, prefix_slots=None, all_logits=True):
@@ -62,7 +44,7 @@ def prefill(model, kv, ids, slots, positions=None, prefix_slots=None, all_logits
 
 
 def test_prefill_and_20_greedy_steps_match_transformers(model, reference):
-    ids = prompt_ids(300)
+    ids = random_ids(300)
     kv = model.new_kv_buffers(400)
     # Slots deliberately scattered: the pool is addressed by slot, not by position.
     slots = torch.randperm(400, generator=torch.Generator().manual_seed(1))
@@ -82,7 +64,7 @@ def test_prefill_and_20_greedy_steps_match_transformers(model, reference):
 
 def test_prefix_reuse_matches_a_fresh_run(model, reference):
     """A second sequence sharing 200 tokens reuses their slots and computes only its suffix."""
-    shared, tail = prompt_ids(200, seed=2), prompt_ids(60, seed=3)
+    shared, tail = random_ids(200, seed=2), random_ids(60, seed=3)
     kv = model.new_kv_buffers(300)
     prefill(model, kv, shared, torch.arange(200))
     logits = prefill(model, kv, tail, torch.arange(200, 260), prefix_slots=torch.arange(200))
@@ -91,7 +73,7 @@ def test_prefix_reuse_matches_a_fresh_run(model, reference):
 
 
 def test_two_sequences_in_one_batch_equal_separate_runs(model):
-    a, b = prompt_ids(40, seed=4), prompt_ids(25, seed=5)
+    a, b = random_ids(40, seed=4), random_ids(25, seed=5)
     kv = model.new_kv_buffers(200)
     alone_a = prefill(model, kv, a, torch.arange(0, 40), all_logits=False)
     alone_b = prefill(model, kv, b, torch.arange(40, 65), all_logits=False)
@@ -109,9 +91,34 @@ def test_long_prefill_in_chunks_matches_transformers(model, reference, monkeypat
     import akv_core.model.llama as llama
 
     monkeypatch.setattr(llama, "PREFILL_CHUNK", 64)
-    ids = prompt_ids(150, seed=6)
+    ids = random_ids(150, seed=6)
     kv = model.new_kv_buffers(200)
     prefill(model, kv, ids[:20], torch.arange(20))
     logits = prefill(model, kv, ids[20:], torch.arange(20, 150), prefix_slots=torch.arange(20))
     expected = reference_logits(reference, ids)[20:]
     assert (logits - expected).abs().max() < TOLERANCE
+
+
+def test_mixed_precision_weights_stay_close_to_fp32(model):
+    """bf16 weights for the prefill, fp16 (fbgemm) for decode steps, fp32 activations: logits near
+    the exact ones and the same greedy tokens on a real chat prompt."""
+    from akv_core.chat import ChatTokenizer
+
+    ids = list(ChatTokenizer.from_model("smollm2").render(
+        [{"role": "user", "content": "Name three primary colors."}]).token_ids)
+    n = len(ids)
+    runs = {}
+    for name, m in (("exact", model), ("mixed", smollm2("mixed"))):
+        kv = m.new_kv_buffers(n + 4)
+        logits = [prefill(m, kv, ids, torch.arange(n))]
+        tokens = [int(logits[0][-1].argmax())]
+        for i in range(n, n + 3):
+            batch = ForwardBatch(torch.tensor(tokens[-1:]), torch.tensor([i]), torch.tensor([i]),
+                                 [SeqAttention(0, 1, torch.arange(i + 1))], torch.tensor([0]))
+            logits.append(m.forward(batch, kv))
+            tokens.append(int(logits[-1][0].argmax()))
+        runs[name] = (torch.cat(logits), tokens)
+    gap = (runs["exact"][0] - runs["mixed"][0]).abs()
+    assert 0 < gap[:n].max() < 1.0      # bf16 prefill
+    assert 0 < gap[n:].max() < 0.25     # fp16 decode on top of it
+    assert runs["exact"][1] == runs["mixed"][1]

@@ -7,6 +7,7 @@ import torch
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.config import ModelConfig, RopeScaling, config_from_hf
 from akv_core.model.rope import Rope
+from test_model_support import smollm2
 
 SCALINGS = {
     "default": {},
@@ -92,10 +93,7 @@ def test_unknown_scaling_is_refused_with_its_name():
 def test_repositioned_smollm2_keys_equal_keys_the_model_writes_there():
     """Layer-0 keys depend only on the token and its position: the model's own K at the new position
     is the reference for a re-rotated one."""
-    from akv_core.model.loader import load_model
-
-    torch.set_num_threads(1)  # the test machine is shared: one thread is fastest under load
-    model = load_model("smollm2")
+    model = smollm2()
     kv = model.new_kv_buffers(100)
     ids = torch.randint(100, 40000, (30,), generator=torch.Generator().manual_seed(4))
     for slots, positions in ((torch.arange(30), torch.arange(700, 730)), (torch.arange(50, 80), torch.arange(30))):

@@ -157,8 +157,11 @@ class CausalLM:
         if kv.num_layers != self.config.num_layers or kv.head_dim != self.config.head_dim:
             raise ValueError("KVBuffers were made for a different model; use model.new_kv_buffers()")
 
-    def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | None]]:
-        """(query rows, visible slots, mask) per attention call of one sequence."""
+    def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
+        """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
+        marks a fresh prefill (new tokens only), which SDPA handles block-causally without a mask."""
+        if seq.mask is None and seq.q_len > 1 and seq.kv_slots.numel() == seq.q_len:
+            return [(slice(0, seq.q_len), seq.kv_slots, "causal")]
         if seq.mask is not None or seq.q_len <= PREFILL_CHUNK:
             return [(slice(0, seq.q_len), seq.kv_slots, visibility_mask(seq))]
         prefix = seq.kv_slots.numel() - seq.q_len
@@ -193,7 +196,7 @@ class CausalLM:
         return x + w.down(F.silu(gate) * up)
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
-                mask: Tensor | None) -> Tensor:
+               mask: Tensor | str | None) -> Tensor:
         """q [n, H, D] against the K/V of `slots`; only the visible slots are ever read."""
         if q.shape[0] == 1 and mask is None and q.device.type == "cuda" and self.attention_probe is None:
             from akv_core.kernels.decode_attention import decode_attention  # Triton: GPU decode steps
@@ -202,10 +205,13 @@ class CausalLM:
         keys = kv.k[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)   # [Hkv, K, D]
         values = kv.v[layer].index_select(0, slots).to(q.dtype).transpose(0, 1)
         queries = q.transpose(0, 1)                                             # [H, n, D]
+        causal = isinstance(mask, str)
+        if causal:
+            mask = None if self.attention_probe is None else visibility_mask(SeqAttention(0, q.shape[0], slots))
         if self.attention_probe is not None:
             return self._attend_probed(layer, seq_index, queries, keys, values, slots, mask)
         out = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=mask,
-                                             scale=self._scale, enable_gqa=True)
+                                             is_causal=causal, scale=self._scale, enable_gqa=True)
         return out[0].transpose(0, 1)
 
     def _attend_probed(self, layer: int, seq_index: int, queries: Tensor, keys: Tensor, values: Tensor,

@@ -12,8 +12,11 @@ Both sides run under the same thread policy (akv_core.threads) per phase.
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bar
+
+import argparse
 import statistics
 import time
 import warnings
@@ -27,7 +30,6 @@ from akv_core.threads import phase_threads
 
 
 def load_reference():
-    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion bar
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 

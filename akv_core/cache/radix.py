@@ -95,8 +95,12 @@ class RadixCache:
             child = node.children.get(tokens[offset])
             if child is None:
                 break
-            n = common_prefix(child.tokens, tokens, offset, end)
-            if n < len(child.tokens):
+            run = child.tokens
+            stop = offset + len(run)
+            if stop <= end and run == tokens[offset:stop]:   # the usual case: the whole edge matches
+                n = len(run)
+            else:
+                n = common_prefix(run, tokens, offset, end)
                 child = self._split(child, n)
             node, offset = child, offset + n
             node.last_access = now

@@ -25,8 +25,8 @@ from akv_core.cache.ops import validate_operations
 from akv_core.cache.usage import Usage
 from akv_core.chat import ChatTokenizer
 from akv_core.model.batch import ForwardBatch, SeqAttention
-from akv_core.request import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Generation, Request,
-                              RequestEvent, RequestHandle, SamplingParams, StreamText)
+from akv_core.request import (DEFAULT_MAX_TOKENS, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP,
+                              Generation, Request, RequestEvent, RequestHandle, SamplingParams, StreamText)
 from akv_core.sampling import sample
 from akv_core.scheduler import Scheduler
 
@@ -92,9 +92,14 @@ class Engine:
 
     def submit(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
-               max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+               max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None) -> RequestHandle:
-        """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input."""
+        """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
+
+        `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
+        """
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
         if not messages:
             raise ValueError("messages: at least one message is required")
         if max_tokens < 1:
@@ -119,7 +124,7 @@ class Engine:
 
     def generate(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                  reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
-                 max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None) -> Generation:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
         handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop)

@@ -51,16 +51,16 @@ class MutateProposerConfig(Strict):
 
 class CascadeConfig(Strict):
     subset_size: int = Field(6, ge=1, description="Train tasks of the first, cheap stage.")
-    train_limit: Optional[int] = Field(None, ge=1, description="Use only the first N train tasks "
-                                       "(default: the whole train split).")
+    train_limit: Optional[int] = Field(20, ge=1, description="Use only the first N train tasks (the paper "
+                                       "evolved on 20); null for the whole train split.")
     promote_margin: float = Field(0.0, ge=0.0, description="A candidate is pruned after the subset stage "
                                   "when a front policy dominates it there, scoring at least this much higher.")
 
 
 class ValidationConfig(Strict):
-    top_k: int = Field(3, ge=1, description="Front policies validated on the held-out split.")
-    heldout_limit: Optional[int] = Field(None, ge=2, description="Use only the first N held-out tasks "
-                                         "(default: the whole held-out split).")
+    top_k: int = Field(2, ge=1, description="Front policies validated on the held-out split.")
+    heldout_limit: Optional[int] = Field(100, ge=2, description="Use only the first N held-out tasks (the "
+                                         "paper validated on 100); null for the whole held-out split.")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the paired tests.")
     resamples: int = Field(2000, ge=100, description="Bootstrap resamples per confidence interval.")
     permutations: int = Field(10000, ge=100, description="Sign flips drawn when the sample is too large "
@@ -86,7 +86,7 @@ class EvolveConfig(Strict):
     seed_policies: list[str] = Field(
         default_factory=lambda: ["expert-8k"], min_length=1,
         description="Built-in policies (or .akvp files) that start the population.")
-    max_candidates: int = Field(24, ge=1, description="New candidates proposed (rejected ones included).")
+    max_candidates: int = Field(20, ge=1, description="New candidates proposed (rejected ones included).")
     db: Optional[str] = Field(None, description="Database URL; default $AKV_DB, then the data folder's SQLite file.")
     baselines: BaselineConfig = Field(default_factory=BaselineConfig, description="Baseline policies.")
     cascade: CascadeConfig = Field(default_factory=CascadeConfig, description="Cascade evaluation.")

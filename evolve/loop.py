@@ -113,8 +113,9 @@ class Evolution:
             return
         outcome = self.cascade.evaluate(pid, proposal.text or "", f"#{pid}")
         proposer.tell(proposal, pid, outcome)
-        self.progress(f"{self._count(index)} #{pid} {proposer.name}: {outcome.status} score {outcome.score:.3f} "
-                      f"cost ${outcome.cost:.5f}", self.cascade.front())
+        where = "on the train subset" if outcome.status == "pruned" else "on train"
+        self.progress(f"{self._count(index)} #{pid} {proposer.name}: {outcome.status}, {where} score "
+                      f"{outcome.score:.3f} cost ${outcome.cost:.5f}", self.cascade.front())
 
     def _count(self, index: int) -> str:
         return f"[{index + 1}/{self.config.max_candidates}]"

@@ -71,7 +71,10 @@ def resumed_config(run: RunInfo, overrides: Mapping[str, Any], console: Console)
 def new_run(store: Store, config: EvolveConfig, suite_version: str) -> tuple[RunInfo, EvolveConfig]:
     name = config.run_name or next_run_name(store.run_names())
     config = config.model_copy(update={"run_name": name})
-    run = store.create_run(name, config.model_dump(mode="json"), config.seed, code_version(), suite_version)
+    # The database URL stays out of the stored config: it may carry a password, and it would be
+    # copied into every exported provenance record.
+    run = store.create_run(name, config.model_dump(mode="json", exclude={"db"}), config.seed, code_version(),
+                           suite_version)
     return run, config
 
 
@@ -161,11 +164,13 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
     report = data_path("reports", run.name, "report.html")
     report.write_text(render_html(store, run), encoding="utf-8")
     console.print(f"report: {report}")
-    if any(v.role == "candidate" for v in result.validations):
-        exported = export_run(store, run.id, allow_best=True)
-        kind = "champion" if exported.champion else "best candidate (not a champion)"
-        console.print(f"exported {kind} #{exported.policy_id}: {exported.policy_path} "
-                      f"(provenance {exported.provenance_path})")
+    if not any(v.role == "candidate" for v in result.validations):
+        console.print("nothing exported: no candidate reached held-out validation")
+        return
+    exported = export_run(store, run.id, allow_best=True)
+    kind = "champion" if exported.champion else "best candidate (not a champion)"
+    console.print(f"exported {kind} #{exported.policy_id}: {exported.policy_path} "
+                  f"(provenance {exported.provenance_path})")
 
 
 def print_comparison(console: Console, validations) -> None:

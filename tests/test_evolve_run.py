@@ -20,14 +20,17 @@ from typer.testing import CliRunner
 from akv_cli.main import app
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
+# promote_margin keeps equally scoring candidates (the cascade would prune the slightly dearer
+# ones), so that some reach held-out validation in a run this small.
 SMALL = """\
-max_candidates: 4
+max_candidates: 3
 seed: 3
 cascade:
-  subset_size: 2
-  train_limit: 4
+  subset_size: 1
+  train_limit: 3
+  promote_margin: 0.5
 validation:
-  heldout_limit: 6
+  heldout_limit: 5
   top_k: 2
 """
 
@@ -89,11 +92,11 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(killed_and_resum
     hashes = [h for (h,) in rows(db, "SELECT hash FROM akv_policies WHERE hash IS NOT NULL")]
     assert len(hashes) == len(set(hashes))
     made = rows(db, "SELECT status FROM akv_policies WHERE proposer IN ('mutate', 'optuna', 'llm')")
-    assert len(made) == 4 and all(status != "proposed" for (status,) in made)
-    # Every fully evaluated policy has all 4 train tasks; the run finished with a validation.
+    assert len(made) == 3 and all(status != "proposed" for (status,) in made)
+    # Every fully evaluated policy has all 3 train tasks; the run finished with a validation.
     full = rows(db, "SELECT p.id, count(e.id) FROM akv_policies p JOIN akv_evaluations e ON e.policy_id = p.id "
                     "WHERE p.status = 'evaluated' AND e.split = 'train' GROUP BY p.id")
-    assert full and all(n == 4 for _, n in full)
+    assert full and all(n == 3 for _, n in full)
     assert rows(db, "SELECT status FROM akv_runs")[0][0] == "finished"
     assert len(rows(db, "SELECT id FROM akv_validations")) >= 3
     out = killed_and_resumed["stdout"]
@@ -109,7 +112,7 @@ def test_runs_list_show_and_lineage(killed_and_resumed):
     assert shown.exit_code == 0 and "train front" in shown.output and "held-out" in shown.output
     tree = runner.invoke(app, ["lineage", name, "--db", url], env={"COLUMNS": "200"})
     assert tree.exit_code == 0 and "expert-8k" in tree.output
-    assert tree.output.count("mutate") + tree.output.count("optuna") >= 4
+    assert tree.output.count("mutate") + tree.output.count("optuna") >= 3
     missing = runner.invoke(app, ["runs", "show", "no-such-run", "--db", url])
     assert missing.exit_code == 2 and "no run named" in missing.output
 
@@ -126,7 +129,7 @@ def test_export_writes_a_loadable_policy_and_its_provenance(killed_and_resumed, 
     load_policy(str(out))  # the exported file is a valid policy
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["run"]["name"] == name and record["policy"]["id"] == best
-    assert record["metrics"]["heldout"]["tasks"] == 6 and record["metrics"]["train"]["tasks"] == 4
+    assert record["metrics"]["heldout"]["tasks"] == 5 and record["metrics"]["train"]["tasks"] == 3
     assert record["lineage"][0]["id"] == best and record["run"]["code_version"]
 
 
@@ -168,3 +171,22 @@ def distinct_bytes(png: Path) -> int:
             idat += data[pos + 8:pos + 8 + length]
         pos += 12 + length
     return len(set(zlib.decompress(idat)))
+
+
+def test_user_errors_are_one_line_and_lose_nothing(killed_and_resumed, tmp_path):
+    url, name, db = killed_and_resumed["url"], killed_and_resumed["name"], killed_and_resumed["db"]
+    before = rows(db, "SELECT count(*) FROM akv_policies")[0][0]
+    runner = CliRunner()
+    again = runner.invoke(app, ["evolve", "--run-name", name, "--db", url])
+    assert again.exit_code == 2 and "already exists" in again.output and "--resume" in again.output
+    assert rows(db, "SELECT count(*) FROM akv_policies")[0][0] == before
+    bad_db = runner.invoke(app, ["evolve", "--db", f"sqlite:///{tmp_path}/missing/akv.db"])
+    assert bad_db.exit_code == 2 and "does not exist" in bad_db.output
+    config = tmp_path / "bad.yaml"
+    config.write_text("max_candidates: 3\ncascade:\n  subset: 2\n")
+    bad_config = runner.invoke(app, ["evolve", "--config", str(config), "--db", url])
+    assert bad_config.exit_code == 2 and f"{config}:3: cascade.subset: unknown field" in bad_config.output
+    for result in (again, bad_db, bad_config):
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert "Traceback" not in result.output
+    assert "db" not in json.loads(rows(db, "SELECT config FROM akv_runs")[0][0])  # no password at rest

@@ -58,3 +58,17 @@ def test_pareto_front_and_ranking():
     assert dominates(b, c) and not dominates(a, b) and not dominates(a, d)
     assert [p.policy_id for p in pareto_front([a, b, c, d])] == [1, 4, 2]
     assert [p.policy_id for p in rank_by_fronts([c, a, b])] == [1, 2, 3]
+
+
+def test_champion_rule_needs_front_saving_and_no_score_loss():
+    from evolve.validation import verdict
+
+    cheaper = compare_paired([0.8] * 16, [1.0] * 16)
+    same_cost = compare_paired([1.0] * 16, [1.0] * 16)
+    same_score = compare_paired([1.0] * 16, [1.0] * 16)
+    worse_score = compare_paired([0.0] * 16, [1.0] * 16)
+    assert verdict(cheaper, same_score, True, 0.05)[0]
+    assert verdict(cheaper, same_score, False, 0.05) == (False, "dominated on held-out")
+    assert "not significant" in verdict(same_cost, same_score, True, 0.05)[1]
+    ok, why = verdict(cheaper, worse_score, True, 0.05)
+    assert not ok and "score loss" in why

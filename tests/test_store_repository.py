@@ -85,6 +85,7 @@ def test_db_url_from_environment(tmp_path, monkeypatch):
     ("not a url", "cannot parse"),
     ("mysql://u@localhost/db", "unsupported database"),
     ("sqlite:////no/such/folder/akv.db", "does not exist"),
+    ("postgresql://akv@127.0.0.1:1/akv", ""),  # no psycopg here: or, with it, nothing listening
 ])
 def test_bad_database_urls_give_one_line_errors(url, expected):
     with pytest.raises(StoreError) as err:

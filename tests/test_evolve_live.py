@@ -1,0 +1,94 @@
+"""A live model as proposer: `akv serve` with the embedded 135M model on loopback, no mock.
+
+The run first meets a dead endpoint (it stops, resumable), then resumes against the live
+server; a second resume proposes after held-out results exist, and no prompt may mention them.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+AKV = [sys.executable, "-m", "akv_cli.main"]
+TINY = """\
+proposers: [llm]
+max_candidates: 1
+cascade: {subset_size: 1, train_limit: 2}
+validation: {heldout_limit: 2, top_k: 1}
+llm: {model: smollm2, max_tokens: 64, inspirations: 1, retries: 1, backoff_s: 0.2, timeout_s: 600}
+"""
+
+
+def env() -> dict[str, str]:
+    from akv_core.home import akv_home
+
+    return {**os.environ, "AKV_HOME": str(akv_home().resolve()), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}
+
+
+def akv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AKV, *args], capture_output=True, text=True, timeout=900, env=env())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = subprocess.Popen([*AKV, "serve", "--port", "0", "--kv-tokens", "8192", "--device", "cpu"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        line = process.stdout.readline()  # the server prints its URL once it is ready
+        match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
+        assert match, (line, process.stderr.read() if process.poll() is not None else "")
+        yield match.group(1) + "/v1"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.server
+@pytest.mark.model
+@pytest.mark.slow
+def test_live_model_proposes_rejections_are_stored_and_held_out_never_reaches_it(server, tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    dead = akv("evolve", "--config", str(config), "--db", url, "--run-name", "live",
+               "--proposer-endpoint", f"http://127.0.0.1:{closed_port()}/v1")
+    assert dead.returncode == 3, dead.stderr
+    assert "failed after 2 attempts" in dead.stderr and "--resume --run-name live" in dead.stderr
+    assert "Traceback" not in dead.stderr
+
+    first = akv("evolve", "--resume", "--run-name", "live", "--db", url, "--proposer-endpoint", server)
+    assert first.returncode == 0, first.stderr
+    second = akv("evolve", "--resume", "--run-name", "live", "--db", url, "--proposer-endpoint", server,
+                 "--max-candidates", "2")
+    assert second.returncode == 0, second.stderr
+
+    with sqlite3.connect(tmp_path / "akv.db") as conn:
+        proposals = conn.execute("SELECT status, rejection_reason, prompt, response, prompt_tokens, "
+                                 "completion_tokens FROM akv_policies WHERE proposer = 'llm' ORDER BY id").fetchall()
+        heldout = [t for (t,) in conn.execute("SELECT DISTINCT task_id FROM akv_evaluations WHERE split='heldout'")]
+        run_status = conn.execute("SELECT status FROM akv_runs").fetchone()[0]
+    assert len(proposals) == 2 and run_status == "finished"
+    assert heldout  # validation ran before the second proposal was made
+    for status, reason, prompt, response, p_tok, c_tok in proposals:
+        assert prompt and response is not None and p_tok > 0 and c_tok > 0
+        assert status in ("rejected", "evaluated", "pruned")
+        if status == "rejected":
+            assert reason and (reason.startswith("no policy") or "invalid policy" in reason)
+        assert not any(task in prompt for task in heldout)
+        assert "heldout" not in prompt

@@ -166,3 +166,23 @@ def test_openai_client_round_trip_with_extra_body(server: LiveServer) -> None:
                                             stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_a_request_the_pool_can_never_hold_is_refused_cleanly(server: LiveServer) -> None:
+    # Dropping message 1 and repositioning moves ~5K keys (5 tokens a repeat): prompt plus re-rotated copies
+    # exceed the 8K-slot pool, which the engine finds only when it plans the admission.
+    history = [{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "Short note."},
+               {"role": "user", "content": "lorem ipsum " * 1_000},
+               {"role": "user", "content": "Done?"}]
+    body = {"messages": history, "max_tokens": 1, "drop_message": {"3": [1]}, "reposition": [3]}
+    response = server.chat(body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages"
+    assert response.json()["error"]["code"] == "kv_capacity_exceeded"
+    with server.client.stream("POST", "/v1/chat/completions",
+                              json={"model": MODEL, **body, "stream": True}) as streamed:
+        events = [line[len("data: "):] for line in streamed.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "kv_capacity_exceeded"
+    server.check_idle_and_intact()

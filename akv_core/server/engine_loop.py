@@ -20,15 +20,12 @@ from akv_core.cache.key import build_key
 from akv_core.cache.ops import OperationError, validate_operations
 from akv_core.cache.planner import plan_request
 from akv_core.cache.radix import RadixCache
+from akv_core.request import DEFAULT_MAX_TOKENS, FINISH_ERROR
 from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
 from akv_core.server.validation import GenerationArgs
 
 POLL_SECONDS = 0.005
-# Without max_tokens a request may generate up to this many tokens (and never past the context).
-# Each running request reserves its max_tokens in KV slots, so "the whole context" as a default
-# would let only a couple of requests run at once on a CPU-sized pool.
-DEFAULT_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,7 @@ class EngineLoop:
                     f"after its drops and repositions; the model's context is "
                     f"{self.engine.context_length}",
                     param="messages", code="context_length_exceeded")
+            # Never reserve decode slots for tokens past the context (DEFAULT_MAX_TOKENS when unset).
             return self.engine.submit(
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
@@ -109,7 +107,7 @@ class EngineLoop:
                     continue
                 if event.text:
                     yield TextDelta(event.text)
-                if event.finish_reason == "error":
+                if event.finish_reason == FINISH_ERROR:
                     yield Failed(event.error or "the engine could not serve the request")
                     return
                 if event.finish_reason is not None:

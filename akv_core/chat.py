@@ -27,6 +27,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from akv_core.model.locate import EMBEDDED_NAME, locate
 from akv_core.tokenizer import TokenizerFiles, load_tokenizer_files
 
+# Memoized messages kept before the memo starts over (a bound on memory for long-running simulators).
+MEMO_LIMIT = 200_000
+
 # A fixed first message: rendering [ANCHOR, m] minus [ANCHOR] gives m's text as a non-first message.
 _ANCHOR = {"role": "system", "content": "."}
 
@@ -80,7 +83,7 @@ class ChatTokenizer:
         self._template = env.from_string(files.chat_template)
         self._bos = files.bos_token or ""
         self._memo: dict[tuple, tuple[int, ...]] = {}
-        self._header = self._segment([], add_generation_prompt=True)
+        self._header = tuple(self.encode(self._after_anchor([], None, add_generation_prompt=True)))
 
     @classmethod
     def from_model(cls, name_or_path: str = EMBEDDED_NAME) -> ChatTokenizer:
@@ -109,8 +112,7 @@ class ChatTokenizer:
             key = _message_key(message, first, tools_key)
             piece = self._memo.get(key)
             if piece is None:
-                piece = self._message_ids(message, first, tools)
-                self._memo[key] = piece
+                piece = self._remember(key, self._message_ids(message, first, tools))
             spans.append((len(ids), len(ids) + len(piece)))
             ids.extend(piece)
         header_start = len(ids)
@@ -123,8 +125,14 @@ class ChatTokenizer:
         key = _message_key(message, False, None)
         piece = self._memo.get(key)
         if piece is None:
-            piece = self._memo[key] = self._message_ids(message, False, None)
+            piece = self._remember(key, self._message_ids(message, False, None))
         return len(piece)
+
+    def _remember(self, key: tuple, ids: tuple[int, ...]) -> tuple[int, ...]:
+        if len(self._memo) >= MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = ids
+        return ids
 
     def render_text(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                     add_generation_prompt: bool = True) -> str:
@@ -158,20 +166,18 @@ class ChatTokenizer:
 
     def _message_text(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> str:
         if first:
-            prepared = self._prepare([message], tools)
-            return self._apply(prepared, tools, False)
-        return self._segment([message], add_generation_prompt=False, tools=tools)
+            return self._apply(self._prepare([message], tools), tools, False)
+        return self._after_anchor([message], tools, add_generation_prompt=False)
 
-    def _segment(self, messages: list[Mapping], add_generation_prompt: bool,
-                 tools: Sequence[Mapping] | None = None) -> str | tuple[int, ...]:
-        """Text the template adds after the anchor for `messages` (ids for the generation header)."""
+    def _after_anchor(self, messages: list[Mapping], tools: Sequence[Mapping] | None,
+                      add_generation_prompt: bool) -> str:
+        """The text the template adds after a fixed first message for `messages` (and the header)."""
         base = self._apply([_ANCHOR], tools, False)
-        full = self._apply([_ANCHOR, *(_plain(m) if not self.native_tools else m for m in messages)],
-                           tools, add_generation_prompt)
+        shaped = [dict(m) if self.native_tools else _plain(m) for m in messages]
+        full = self._apply([_ANCHOR, *shaped], tools, add_generation_prompt)
         if not full.startswith(base):
             raise ChatTemplateError("the chat template is not prefix-stable: a message changes the text before it")
-        text = full[len(base):]
-        return tuple(self.encode(text)) if add_generation_prompt else text
+        return full[len(base):]
 
     def _prepare(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None) -> list[Mapping]:
         """Messages as the template gets them: tools folded into the system text when it cannot take them."""

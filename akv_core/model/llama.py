@@ -95,6 +95,8 @@ class LayerWeights:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm in fp32, as the reference implementations do."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op, same arithmetic
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -177,15 +179,19 @@ class CausalLM:
         h = rms_norm(x, w.attn_norm, c.rms_norm_eps)
         qkv = w.qkv(h)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[:, :q_size].view(-1, c.num_heads, c.head_dim)
-        k = qkv[:, q_size:q_size + kv_size].view(-1, c.num_kv_heads, c.head_dim)
         v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
-        if w.q_norm is not None:
-            q, k = rms_norm(q, w.q_norm, c.rms_norm_eps), rms_norm(k, w.k_norm, c.rms_norm_eps)
-        q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+        if w.q_norm is None:  # q and k are adjacent in qkv: rotate all their heads in one go
+            qk = self.rope.rotate(qkv[:, :q_size + kv_size].view(-1, c.num_heads + c.num_kv_heads, c.head_dim),
+                                  cos, sin)
+            q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
+        else:
+            q = rms_norm(qkv[:, :q_size].view(-1, c.num_heads, c.head_dim), w.q_norm, c.rms_norm_eps)
+            k = rms_norm(qkv[:, q_size:q_size + kv_size].view(-1, c.num_kv_heads, c.head_dim), w.k_norm,
+                         c.rms_norm_eps)
+            q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
         for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
             for rows, slots, mask in seq_chunks:
                 lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop

@@ -48,6 +48,7 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     assert values['akv_tokens_total{kind="prefilled"}'] > 0
     assert values["akv_kv_slots_used"] + values["akv_kv_slots_free"] == values["akv_kv_slots_total"]
     assert values["akv_request_latency_seconds_count"] >= 1
+    assert values["akv_kv_slots_cached"] > 0
     assert "akv_queue_length" in values and "akv_time_to_first_token_seconds_count" in values
 
 
@@ -115,7 +116,10 @@ def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: Liv
     assert_usage_adds_up(body)
     assert details(body)["drop_skipped_tokens"] > 0
     assert details(body)["repos_tokens"] > 0
-    assert body["choices"][0]["finish_reason"] in {"stop", "length"}
+    choice = body["choices"][0]
+    assert choice["finish_reason"] in {"stop", "length"}
+    assert list(choice) == ["index", "message", "logprobs", "finish_reason"]
+    assert choice["message"]["role"] == "assistant" and "content" in choice["message"]
     server.check_idle_and_intact()
 
 

@@ -145,7 +145,13 @@ async def _complete(state: ServerState, handle: Any, request: Request,
         )],
         usage=usage_info(finished.usage),
     )
-    return JSONResponse(response.model_dump(exclude_none=True))
+    body = response.model_dump(exclude_none=True)
+    # OpenAI sends content and logprobs as explicit nulls; clients index them directly.
+    choice = body["choices"][0]
+    body["choices"][0] = {"index": choice["index"],
+                          "message": {"role": "assistant", "content": None, **choice["message"]},
+                          "logprobs": None, "finish_reason": choice["finish_reason"]}
+    return JSONResponse(body)
 
 
 async def _stream(state: ServerState, handle: Any, request: Request, stream: ChunkStream,

@@ -122,6 +122,7 @@ class EngineLoop:
             kv_slots_total=stats.kv_slots_total,
             kv_slots_used=stats.kv_slots_used,
             kv_slots_free=stats.kv_slots_free,
+            kv_slots_cached=stats.kv_slots_cached,
             requests_running=stats.running,
             requests_waiting=stats.waiting,
         )

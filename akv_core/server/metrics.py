@@ -49,6 +49,7 @@ class PoolGauges:
     kv_slots_total: int
     kv_slots_used: int
     kv_slots_free: int
+    kv_slots_cached: int
     requests_running: int
     requests_waiting: int
 
@@ -93,6 +94,8 @@ def _gauges(pool: PoolGauges) -> list[str]:
         ("akv_kv_slots_total", "KV token slots in the pool.", pool.kv_slots_total),
         ("akv_kv_slots_used", "KV token slots holding state.", pool.kv_slots_used),
         ("akv_kv_slots_free", "KV token slots on the free list.", pool.kv_slots_free),
+        ("akv_kv_slots_cached", "KV token slots held by the radix cache for reuse.",
+         pool.kv_slots_cached),
         ("akv_requests_running", "Requests in the running batch.", pool.requests_running),
         ("akv_queue_length", "Requests waiting for admission.", pool.requests_waiting),
     ]

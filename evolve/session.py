@@ -18,7 +18,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
-from store import RunInfo, Store, StoreError
+from store import DuplicateRunName, RunInfo, Store, StoreError
 
 RESUMABLE = ("running", "stopped")
 
@@ -121,6 +121,10 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
     if resume:
         run = find_resumable(store, config.run_name)
         config = resumed_config(run, overrides, console)
+    elif config.run_name and config.run_name in store.run_names():
+        # Checked before the (slow) suite and backend start; create_run still guards races.
+        raise DuplicateRunName(f"--run-name: a run named {config.run_name!r} already exists; pass --resume to "
+                               "continue it or choose another name")
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
     except ValueError as err:

@@ -165,7 +165,8 @@ def _print_report(report: Any) -> None:
     console.print(
         f"{s['policy']} on {s['suite']}/{s['split']} ({s['agent']} agent, {s['backend']} backend, "
         f"{s['prices']} prices): {s['n_tasks']} tasks, mean score {s['mean_score']:.3f}, "
-        f"mean cost ${s['mean_cost_usd']:.6f}, total tokens {s['tokens']}", markup=False, highlight=False)
+        f"mean cost ${s['mean_cost_usd']:.6f}, total tokens "
+        + ", ".join(f"{k} {v}" for k, v in s["tokens"].items()), markup=False, highlight=False)
     for task_id, reason in s["errors"].items():
         console.print(f"error in {task_id}: {reason}", markup=False, highlight=False)
     if s.get("out_dir"):

@@ -21,7 +21,7 @@ from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts, extract_facts
 from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts, make_task
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
 
-BUILD_VERSION = 5
+BUILD_VERSION = 6
 TRAJECTORY_TOKENS = (10_000, 30_000)  # a full scripted trajectory must land in this range
 
 

@@ -112,6 +112,10 @@ class _Need(Exception):
         self.tool, self.arguments, self.why = tool, arguments, why
 
 
+class _Blocked(Exception):
+    """A step depends on a document or value this step of the agent has not settled yet."""
+
+
 class _GiveUp(Exception):
     pass
 
@@ -123,7 +127,13 @@ class Binding:
 
 
 class Planner:
-    """Walks the plan against one Context; raises _Need for the first missing piece of evidence."""
+    """Walks the plan against one Context and settles what the visible evidence allows.
+
+    `answer` returns the final answer, or raises _GiveUp, or returns the tool calls to make next:
+    every independent need of the first unfinished leg at once (the three producers are
+    searched in one batch), or, once every leg is done, every year document to read again.
+    A leg's year is only needed for the final answer, so a lost one does not hold up later legs.
+    """
 
     def __init__(self, plan: Mapping[str, Any], ctx: Context):
         self.plan, self.ctx = plan, ctx
@@ -131,19 +141,39 @@ class Planner:
         self.values: dict[str, str] = {}
         self.notes: list[str] = []
 
-    def answer(self) -> tuple[str, str]:
-        """(final answer, explanation), or raises _Need / _GiveUp."""
+    def answer(self) -> tuple[str, str] | list[_Need]:
+        """(final answer, explanation), or the tool calls to make next."""
         years: list[tuple[int, str, str]] = []
+        rereads: list[_Need] = []
         for leg in self.plan["legs"]:
-            for step in leg["steps"]:
-                getattr(self, "_" + step["op"])(step)
-            years.append((int(self._payload(leg["payload"])), self._value(leg["entity"]), leg["label"]))
+            needs = self._walk_steps(leg["steps"])
+            if needs:
+                return needs
+            try:
+                years.append((int(self._payload(leg["payload"])), self._value(leg["entity"]), leg["label"]))
+            except _Need as need:
+                rereads.append(need)
+        if rereads:
+            return _distinct(rereads)
         said = "; ".join(f"{label} = {year} ({entity})" for year, entity, label in years)
         if self.plan["combine"] == "earlier":
             return min(years)[1], said
         return str(max(years)[0] - min(years)[0]), said
 
+    def _walk_steps(self, steps: list[Mapping[str, Any]]) -> list[_Need]:
+        needs = []
+        for step in steps:
+            try:
+                getattr(self, "_" + step["op"])(step)
+            except _Need as need:
+                needs.append(need)
+            except _Blocked:
+                continue  # it waits for a step above
+        return _distinct(needs)
+
     def doc(self, var: str) -> Article:
+        if var not in self.bound:
+            raise _Blocked(var)
         b = self.bound[var]
         if b.docid not in self.ctx.docs:
             raise _Need("get_document", {"docid": b.docid},
@@ -153,6 +183,8 @@ class Planner:
     def _value(self, ref: Mapping[str, Any]) -> str:
         var = ref["var"]
         if "field" not in ref:
+            if var not in self.values:
+                raise _Blocked(var)
             return self.values[var]
         if ref["field"] == "Name" and var in self.bound:
             return self.bound[var].title
@@ -247,20 +279,30 @@ class ScriptedAgent:
             return _final("", f"I stop here: the step budget of {self.max_steps} is spent.")
         planner = Planner(self.task.meta["plan"], read_context(list(view.messages), list(view.visible)))
         try:
-            answer, said = planner.answer()
-        except _Need as need:
-            note = "\n".join(dict.fromkeys(planner.notes))
-            return _tool_call(view.step, need, note)
+            outcome = planner.answer()
         except _GiveUp as stop:
             return _final("", f"I could not finish the research: {stop}.")
-        return _final(answer, "\n".join([*dict.fromkeys(planner.notes), f"{said}.", f"Answer: {answer}"]))
+        notes = list(dict.fromkeys(planner.notes))
+        if isinstance(outcome, list):
+            return _tool_calls(view.step, outcome, notes)
+        answer, said = outcome
+        return _final(answer, "\n".join([*notes, f"{said}.", f"Answer: {answer}"]))
 
 
-def _tool_call(step: int, need: _Need, note: str) -> AgentAction:
-    call = {"id": f"call_{step:03d}", "type": "function",
-            "function": {"name": need.tool, "arguments": json.dumps(need.arguments, ensure_ascii=False)}}
-    content = (note + "\n" if note else "") + need.why
-    return AgentAction(message={"role": "assistant", "content": content, "tool_calls": [call]})
+def _distinct(needs: list[_Need]) -> list[_Need]:
+    """One call per distinct tool and arguments (two steps may need the same document)."""
+    seen: dict[str, _Need] = {}
+    for need in needs:
+        seen.setdefault(need.tool + json.dumps(need.arguments, sort_keys=True), need)
+    return list(seen.values())
+
+
+def _tool_calls(step: int, needs: list[_Need], notes: list[str]) -> AgentAction:
+    calls = [{"id": f"call_{step:03d}_{i}", "type": "function",
+              "function": {"name": n.tool, "arguments": json.dumps(n.arguments, ensure_ascii=False)}}
+             for i, n in enumerate(needs)]
+    content = "\n".join([*notes, *(n.why for n in needs)])
+    return AgentAction(message={"role": "assistant", "content": content, "tool_calls": calls})
 
 
 def _final(answer: str, content: str) -> AgentAction:

@@ -18,6 +18,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
+from store.database import normalize_url
 from store import DuplicateRunName, RunInfo, Store, StoreError
 
 RESUMABLE = ("running", "stopped")
@@ -88,7 +89,7 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str
         if name == "mutate":
             proposers[name] = MutateProposer(config.mutate, library)
         elif name == "optuna":
-            proposers[name] = OptunaProposer(config.optuna, store.url, run.name, config.seed)
+            proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed)
         else:
             from evolve.proposers.llm import LLMProposer
 

@@ -190,3 +190,19 @@ def test_user_errors_are_one_line_and_lose_nothing(killed_and_resumed, tmp_path)
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert "Traceback" not in result.output
     assert "db" not in json.loads(rows(db, "SELECT config FROM akv_runs")[0][0])  # no password at rest
+
+
+def test_export_and_compare_explain_what_is_missing(killed_and_resumed, tmp_path):
+    from store import Store
+
+    url = killed_and_resumed["url"]
+    store = Store.open(url)
+    try:
+        store.create_run("empty", {}, 0, "v", "s")
+    finally:
+        store.close()
+    runner = CliRunner()
+    compared = runner.invoke(app, ["compare", "empty", "--db", url, "--out", str(tmp_path / "r.html")])
+    assert compared.exit_code == 2 and "no held-out validation yet" in compared.output
+    exported = runner.invoke(app, ["export", "empty", "--db", url])
+    assert exported.exit_code == 2 and "no champion" in exported.output and "--policy" in exported.output

@@ -19,7 +19,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 POLICIES = ("full", "expert", "standard-8k")
 TARGET_PER_S = 10_000
@@ -49,37 +49,53 @@ def measure(tasks: int = 10, repeat: int = 5) -> dict[str, Any]:
     n_requests = sum(len(t) for t in trajectories)
     n_tokens = sum(len(x.token_ids) for t in rendered for x, _ in t)
 
-    started = time.perf_counter()
-    for _ in range(repeat):
+    def accounting() -> None:
         for trajectory in rendered:
             simulator = CacheSimulator(DEFAULT_KV_TOKENS)
             for prompt, fields in trajectory:
                 simulator.request(prompt, fields.get("drop_message"), fields.get("reposition"))
-    accounting_s = time.perf_counter() - started
 
     backend = ReplayBackend()
-    started = time.perf_counter()
-    for _ in range(repeat):
+
+    def replay_backend() -> None:
         for trajectory in trajectories:
             backend.start_task()
             for request in trajectory:
                 backend.complete(request)
-    backend_s = time.perf_counter() - started
 
-    accounting_rate = n_requests * repeat / accounting_s
+    acct_wall, acct_cpu = _timed(accounting, repeat)
+    backend_wall, backend_cpu = _timed(replay_backend, repeat)
+    per_pass = n_requests
+    accounting_rate = per_pass / acct_wall
     return {
         "trajectories": len(trajectories), "requests": n_requests, "prompt_tokens": n_tokens,
         "repeat": repeat, "policies": list(POLICIES),
         "accounting_requests_per_s": round(accounting_rate),
-        "replay_backend_requests_per_s": round(n_requests * repeat / backend_s),
+        "accounting_requests_per_cpu_s": round(per_pass / acct_cpu),
+        "replay_backend_requests_per_s": round(per_pass / backend_wall),
+        "replay_backend_requests_per_cpu_s": round(per_pass / backend_cpu),
         "target_requests_per_s": TARGET_PER_S, "meets_target": accounting_rate >= TARGET_PER_S,
     }
+
+
+def _timed(work: Callable[[], None], repeat: int) -> tuple[float, float]:
+    """Best-of-`repeat` seconds per pass, wall clock and this process's CPU time.
+
+    On a shared machine the wall clock also counts other processes' turns; CPU time does not.
+    """
+    walls, cpus = [], []
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        work()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return min(walls), min(cpus)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10, help="train tasks per policy")
-    parser.add_argument("--repeat", type=int, default=5, help="passes over all trajectories")
+    parser.add_argument("--repeat", type=int, default=5, help="passes over all trajectories (the best counts)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
     figures = measure(args.tasks, args.repeat)
@@ -88,8 +104,10 @@ def main() -> None:
         return
     print(f"{figures['trajectories']} trajectories, {figures['requests']} requests, "
           f"{figures['prompt_tokens']} prompt tokens, x{figures['repeat']}")
-    print(f"accounting (pre-rendered):      {figures['accounting_requests_per_s']:>9,} requests/s")
-    print(f"replay backend (render + acct): {figures['replay_backend_requests_per_s']:>9,} requests/s")
+    print(f"accounting (pre-rendered):      {figures['accounting_requests_per_s']:>9,} requests/s, "
+          f"{figures['accounting_requests_per_cpu_s']:>9,} per CPU second")
+    print(f"replay backend (render + acct): {figures['replay_backend_requests_per_s']:>9,} requests/s, "
+          f"{figures['replay_backend_requests_per_cpu_s']:>9,} per CPU second")
     print(f"target {TARGET_PER_S:,} requests/s: {'met' if figures['meets_target'] else 'NOT met'}")
 
 

@@ -134,3 +134,29 @@ def test_text_editor_omits_with_the_policy_placeholder() -> None:
     edited = editor.apply(history, [TextEdit("omit", 3, 3, placeholder="[omitted 20 tokens]")], step=2)
     assert edited[3] == {**history[3], "content": "[omitted 20 tokens]"}
     assert [m["role"] for m in edited] == [m["role"] for m in history]
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("http://127.0.0.1:30000", "http://127.0.0.1:30000/v1"),
+    ("http://127.0.0.1:30000/", "http://127.0.0.1:30000/v1"),
+    ("http://127.0.0.1:30000/v1", "http://127.0.0.1:30000/v1"),
+    ("https://api.example.com/v1/chat/completions", "https://api.example.com/v1"),
+])
+def test_endpoint_urls_are_normalized_to_the_v1_root(given: str, expected: str) -> None:
+    from sandbox.backends.http import base_url
+
+    assert base_url(given) == expected
+
+
+def test_unknown_backend_names_what_is_expected() -> None:
+    from sandbox.backends import open_backend
+
+    with pytest.raises(ValueError, match="expected replay, embedded or an http"):
+        open_backend("gpu")
+
+
+def test_request_fields_leave_empty_operations_out_and_prefer_drop_rule() -> None:
+    assert BackendRequest(messages=()).api_fields() == {}
+    request = BackendRequest(messages=(), drop_message={"3": [1]}, reposition=(3,),
+                             drop_rule={"type": "thinking_drop"})
+    assert request.api_fields() == {"drop_rule": {"type": "thinking_drop"}, "reposition": [3]}

@@ -9,6 +9,7 @@ same whichever backend serves the requests.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -94,7 +95,9 @@ class _TaskRun:
         self.prices, self.limits, self.seed = prices, limits, seed
         self.counter = shared_tokenizer()
         self.is_llm = isinstance(agent, LLMAgent)
-        self.tools = tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.is_llm else ())
+        # The cache tool is offered only when the policy acts on it: a call that does nothing would mislead.
+        self.offers_drop_context = getattr(agent, "uses_cache_tool", False) and reads_drop_context(policy)
+        self.tools = tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.offers_drop_context else ())
         self.history: list[Message] = task.initial_messages()
         self.bill = _Bill()
         self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
@@ -160,7 +163,7 @@ class _TaskRun:
             return name, "error: malformed tool call: expected a function name and JSON arguments"
         if not isinstance(arguments, dict):
             return name, f"error: the arguments of {name} must be a JSON object"
-        if name == DROP_CONTEXT and self.is_llm:
+        if name == DROP_CONTEXT and self.offers_drop_context:
             # The cache policy reads drop_context calls from the history (model-based policies).
             ids = arguments.get("message_ids")
             return name, f"drop requested for messages {ids}; the cache policy applies it"
@@ -178,6 +181,23 @@ class _TaskRun:
 
     def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: Usage) -> None:
         self._record(step, "summary", request, reply, usage)
+
+
+def reads_drop_context(policy: Any) -> bool:
+    """Whether a compiled policy acts on drop_context calls (a trigger or a selector that reads them)."""
+    from policy_dsl import nodes
+
+    return _contains(getattr(policy, "ast", None), (nodes.DropContextCalled, nodes.Requested))
+
+
+def _contains(node: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(node, kinds):
+        return True
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_contains(getattr(node, f.name), kinds) for f in dataclasses.fields(node))
+    if isinstance(node, (tuple, list)):
+        return any(_contains(item, kinds) for item in node)
+    return False
 
 
 def _with_call_ids(message: Message, step: int) -> Message:

@@ -138,6 +138,31 @@ def test_tool_errors_and_malformed_calls_become_tool_messages(localcomp) -> None
     assert "not valid JSON" in texts[1] and "lc-99999" in texts[2] and "JSON object" in texts[4]
 
 
+class _Tidy(_Reader):
+    """Reads documents, and after the fourth asks to drop the first two results it read."""
+
+    uses_cache_tool = True
+
+    def act(self, view: AgentView) -> AgentAction:
+        if view.step == 4:
+            call = {"id": "tidy", "type": "function",
+                    "function": {"name": "drop_context", "arguments": json.dumps({"message_ids": [3, 5]})}}
+            return AgentAction({"role": "assistant", "content": "", "tool_calls": [call]})
+        return super().act(view)
+
+
+def test_the_model_based_policy_drops_what_the_agent_asked_for(localcomp) -> None:
+    agent = _Watching(_Tidy(6))
+    agent.uses_cache_tool = True
+    task = localcomp.tasks("train")[0]
+    _, trajectory = run_task(task, localcomp, resolve_policy("model-based"), agent, ReplayBackend())
+    assert any(t["function"]["name"] == "drop_context" for t in trajectory.exchanges[0].request.tools)
+    answered = trajectory.exchanges[5].request.messages[-1]
+    assert answered["role"] == "tool" and answered["name"] == "drop_context"
+    assert not agent.views[5].visible[3] and not agent.views[5].visible[5] and agent.views[5].visible[7]
+    assert trajectory.exchanges[-1].usage.drop_skipped_tokens > 0
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

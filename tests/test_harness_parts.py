@@ -160,3 +160,10 @@ def test_request_fields_leave_empty_operations_out_and_prefer_drop_rule() -> Non
     request = BackendRequest(messages=(), drop_message={"3": [1]}, reposition=(3,),
                              drop_rule={"type": "thinking_drop"})
     assert request.api_fields() == {"drop_rule": {"type": "thinking_drop"}, "reposition": [3]}
+
+
+def test_the_cache_tool_is_offered_only_under_policies_that_act_on_it() -> None:
+    from sandbox.harness import reads_drop_context, resolve_policy
+
+    assert reads_drop_context(resolve_policy("model-based"))
+    assert not any(reads_drop_context(resolve_policy(p)) for p in ("expert", "full", "standard-8k"))

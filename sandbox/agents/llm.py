@@ -43,6 +43,7 @@ class LLMAgent:
     """Acts on the model's reply to the step's request."""
 
     name = "llm"
+    uses_cache_tool = True  # the harness offers drop_context when the policy acts on it
 
     def act(self, view: AgentView) -> AgentAction:
         if view.response is None:

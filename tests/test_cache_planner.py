@@ -57,11 +57,39 @@ def test_same_tokens_with_other_operations_share_only_the_common_prefix():
     messages = agent_history(3)
     rendered = render(messages)
     serve(sim, messages, {"5": [3]})
+    # Message 3's KV was freed when the first request ended (nobody running needed it): a
+    # history that keeps it visible recomputes from there; the common prefix is reused.
     other = serve(sim, messages, {"5": [2]})
-    trigger_end = rendered.spans[5][1]
-    assert other.prefilled_tokens == other.prompt_tokens - trigger_end
-    plain = serve(sim, messages)
-    assert plain.prefilled_tokens == plain.prompt_tokens - trigger_end
+    assert other.prefilled_tokens == other.prompt_tokens - rendered.spans[3][0]
+    plain = serve(sim, messages)   # message 2 was freed by the second request in turn
+    assert plain.prefilled_tokens == plain.prompt_tokens - rendered.spans[2][0]
+
+
+def test_dropped_kv_is_freed_once_no_running_request_needs_it():
+    cache = KVCache(1000)
+    messages = agent_history(3)
+    rendered = render(messages)
+    plain_key = build_key(rendered, validate_operations(8, None, None))
+    cache.release(cache.admit(cache.plan(plain_key), 0), keep_prompt=True)
+    before = cache.stats().slots_cached
+    # A running request that keeps message 3 visible locks the path...
+    running = cache.admit(cache.plan(plain_key), 0)
+    drop_key = build_key(rendered, validate_operations(8, {"5": [3]}, None))
+    cache.release(cache.admit(cache.plan(drop_key), 0), keep_prompt=True)
+    cache.check_integrity()
+    grown = cache.stats().slots_cached
+    assert grown > before            # ...so the dropped KV stays
+    cache.release(running, keep_prompt=True)
+    cache.release(cache.admit(cache.plan(drop_key), 0), keep_prompt=True)
+    cache.check_integrity()
+    start, end = rendered.spans[3]
+    assert cache.stats().slots_cached == grown - (end - start)   # freed when nobody needs it
+    assert cache.tree.holes == end - start
+    refill = cache.plan(plain_key)
+    assert refill.match.tokens == start                             # needed visible again: recomputed
+    cache.release(cache.admit(refill, 0), keep_prompt=True)
+    cache.check_integrity()
+    assert cache.tree.holes == 0
 
 
 def test_drop_then_reposition_accounting_matches_the_reference():

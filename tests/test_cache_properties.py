@@ -57,17 +57,23 @@ def test_no_slot_leaks_and_exact_accounting_under_eviction(sequence, pool):
 
 @settings(max_examples=150, deadline=None)
 @given(sequences)
-def test_reuse_is_the_longest_inserted_prefix_and_accounting_matches_per_token(sequence):
-    sim = CacheSimulator(10_000)
+def test_reuse_never_exceeds_an_inserted_prefix_and_accounting_matches_per_token(sequence):
+    cache = KVCache(10_000)
     inserted = []
     for messages, drops, repos in sequence:
         rendered = render(messages)
         key = build_key(rendered, validate_operations(len(messages), drops, repos))
-        reused, reused_records = reused_tokens(key, inserted)
-        usage = sim.request(rendered, drops, repos)
-        expected = account(key, reused, reused_records)
+        longest, _ = reused_tokens(key, inserted)
+        plan = cache.plan(key)
+        # Shorter than the longest inserted prefix only where freed dropped KV must be recomputed.
+        assert plan.match.tokens == longest or (plan.match.tokens < longest and cache.tree.holes)
+        expected = account(key, plan.match.tokens, plan.match.records)
+        usage = plan.usage
         assert (usage.prefilled_tokens, usage.cached_tokens, usage.repos_tokens, usage.drop_skipped_tokens) == (
             expected["prefilled"], expected["cached"], expected["repos"], expected["drop_skipped"])
+        assert plan.end_position == expected["end_position"]
+        cache.release(cache.admit(plan, 0), keep_prompt=True)
+        cache.check_integrity()
         inserted.append(key)
 
 

@@ -104,14 +104,17 @@ class KVCache:
         lease.released = True
         self._leases.discard(lease)
         plan = lease.plan
+        end = None
         if keep_prompt:
-            self.tree.insert(plan.match, plan.key, lease.token_slots, lease.record_slots)
+            end = self.tree.insert(plan.match, plan.key, lease.token_slots, lease.record_slots)
         else:
             self.allocator.free(lease.token_slots)
             for slots in lease.record_slots:
                 self.allocator.free(slots)
         self.tree.unlock(plan.match.node)
         self.allocator.free(lease.decode_slots)
+        if end is not None:
+            self.tree.punch(end, plan.key)   # dropped KV nobody running needs any more
 
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count

@@ -13,6 +13,7 @@ moved by a reposition record this request adds, `repos` if visible and moved,
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
@@ -46,7 +47,7 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
     n = len(key)
     if n == 0:
         raise ValueError("an empty prompt cannot be planned")
-    match = tree.match(key, n - 1)
+    match = _match_without_needed_holes(tree, key, tree.match(key, n - 1))
     reused = match.tokens
     runs: list[list[int]] = []     # visible runs [start, end, position], in offset order
     moved: list[tuple[int, int]] = []
@@ -71,6 +72,39 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
     usage = Usage.of_prompt(prefilled=n - reused, cached=visible_reused - repos, repos=repos,
                             drop_skipped=reused - visible_reused)
     return Plan(key, match, tuple(copies), usage, position, visible)
+
+
+def _match_without_needed_holes(tree: RadixCache, key: CacheKey, match: Match) -> Match:
+    """Shorten the match to end before the first hole (freed dropped KV) that is visible where it ends.
+
+    A hole hidden at the match point is never read again by this request; a
+    visible one must be recomputed, and so must everything after it.
+    """
+    while True:
+        holes = tree.hole_offsets(match.node)
+        if not holes:
+            return match
+        runs = _visible_runs(key, match.tokens, match.records)
+        starts = [run[0] for run in runs]
+        needed = [h for h in holes if (i := bisect_right(starts, h) - 1) >= 0 and h < runs[i][1]]
+        if not needed:
+            return match
+        match = tree.match(key, needed[0])
+
+
+def _visible_runs(key: CacheKey, tokens: int, records: int) -> list[list[int]]:
+    """The visible runs after key tokens [0, tokens) and records [0, records)."""
+    runs: list[list[int]] = []
+    position = offset = 0
+    for record_offset, record in key.records[:records]:
+        position = _append(runs, offset, record_offset, position)
+        offset = record_offset
+        if isinstance(record, DropRecord):
+            runs = _hide(runs, record.hidden)
+        else:
+            _, position = _reposition(runs, 0, [])
+    _append(runs, offset, tokens, position)
+    return runs
 
 
 def _append(runs: list[list[int]], start: int, end: int, position: int) -> int:

@@ -18,13 +18,16 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from akv_core.cache.allocator import SlotAllocator
-from akv_core.cache.key import CacheKey, Record
+from akv_core.cache.key import CacheKey, DropRecord, Record
+
+
+HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request that needs it visible
 
 
 class Node:
     """A token run (`record is None`) or an operation record."""
 
-    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access")
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes")
 
     def __init__(self, parent: Node | None, tokens: tuple[int, ...], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
@@ -35,6 +38,15 @@ class Node:
         self.record = record
         self.lock_ref = 0
         self.last_access = last_access
+        self.holes = 0   # entries of `slots` that are HOLE
+
+    @property
+    def size(self) -> int:
+        """Slots this node owns (holes own none)."""
+        return len(self.slots) - self.holes
+
+    def owned_slots(self) -> list[int]:
+        return [slot for slot in self.slots if slot != HOLE] if self.holes else self.slots
 
     @property
     def edge(self) -> object:
@@ -62,6 +74,7 @@ class RadixCache:
         self.cached_slots = 0      # slots owned by tree nodes
         self.protected_slots = 0   # ... of which on a locked node
         self.evicted_slots = 0     # freed by eviction so far
+        self.holes = 0             # tokens in the tree whose dropped KV was freed
         self._leaves: set[Node] = set()   # nodes without children (eviction candidates when unlocked)
         self._clock = 0
 
@@ -110,6 +123,9 @@ class RadixCache:
         """Cut a token node after `n` tokens; the new upper part is returned, `node` keeps the rest."""
         upper = Node(node.parent, node.tokens[:n], node.slots[:n], None, node.last_access)
         upper.lock_ref = node.lock_ref
+        if node.holes:
+            upper.holes = upper.slots.count(HOLE)
+            node.holes -= upper.holes
         node.parent.children[upper.edge] = upper
         node.tokens, node.slots, node.parent = node.tokens[n:], node.slots[n:], upper
         upper.children[node.edge] = node
@@ -121,7 +137,7 @@ class RadixCache:
         """A live request now uses `node` and all its ancestors."""
         while node is not self.root:
             if node.lock_ref == 0:
-                self.protected_slots += len(node.slots)
+                self.protected_slots += node.size
             node.lock_ref += 1
             node = node.parent
 
@@ -129,13 +145,13 @@ class RadixCache:
         while node is not self.root:
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self.protected_slots -= len(node.slots)
+                self.protected_slots -= node.size
             node = node.parent
 
     def slots_on_path(self, node: Node) -> int:
         total = 0
         while node is not self.root:
-            total += len(node.slots)
+            total += node.size
             node = node.parent
         return total
 
@@ -144,19 +160,20 @@ class RadixCache:
         total = 0
         while node is not self.root:
             if node.lock_ref == 0:
-                total += len(node.slots)
+                total += node.size
             node = node.parent
         return total
 
     # -- insert --------------------------------------------------------------------------------
 
     def insert(self, match: Match, key: CacheKey, token_slots: list[int],
-               record_slots: list[list[int]]) -> None:
+               record_slots: list[list[int]]) -> Node:
         """Hang the rest of `key` below `match.node`, taking ownership of the request's slots.
 
         `token_slots` hold key tokens [match.tokens, len(key)); `record_slots[i]`
         belongs to record `match.records + i`. Parts another request inserted in
-        the meantime are kept, and this request's duplicates are freed.
+        the meantime are kept, and this request's duplicates are freed (or fill
+        holes). Returns the node where the key ends.
         """
         tokens, records = key.tokens, key.records
         node, offset, record_index = match.node, match.tokens, match.records
@@ -176,7 +193,7 @@ class RadixCache:
                 continue
             end = records[record_index][0] if record_index < len(records) else len(tokens)
             if offset >= end:
-                return
+                return node
             child = node.children.get(tokens[offset])
             if child is None:
                 node = self._add(node, Node(node, tokens[offset:end], token_slots[offset - base:end - base],
@@ -186,15 +203,77 @@ class RadixCache:
             n = common_prefix(child.tokens, tokens, offset, end)
             if n < len(child.tokens):
                 child = self._split(child, n)
-            self.allocator.free(token_slots[offset - base:offset - base + n])
+            mine = token_slots[offset - base:offset - base + n]
+            if child.holes:
+                mine = self._fill_holes(child, mine)
+            self.allocator.free(mine)
             node, offset = child, offset + n
             node.last_access = now
+
+    def _fill_holes(self, node: Node, mine: list[int]) -> list[int]:
+        """Give `node`'s holes this request's recomputed slots; returns the slots it does not need."""
+        spare = []
+        for i, slot in enumerate(node.slots):
+            if slot == HOLE:
+                node.slots[i] = mine[i]
+            else:
+                spare.append(mine[i])
+        filled = node.holes
+        node.holes = 0
+        self.holes -= filled
+        self.cached_slots += filled
+        if node.lock_ref:
+            self.protected_slots += filled
+        return spare
+
+    def punch(self, node: Node, key: CacheKey) -> int:
+        """Free the KV of tokens the drop records of `key` hide on its path to `node`, where no live request uses it.
+
+        Only token nodes without a lock are punched: a locked node is on a live
+        request's path, which may still need the dropped keys visible. Re-rotated
+        copies in reposition nodes are left alone (eviction frees them).
+        """
+        hidden = [r for _, record in key.records if isinstance(record, DropRecord) for r in record.hidden]
+        if not hidden:
+            return 0
+        freed = 0
+        for start, path_node in self.token_offsets(node):
+            if path_node.lock_ref:
+                continue
+            end = start + len(path_node.tokens)
+            for hide_start, hide_end in hidden:
+                for i in range(max(start, hide_start) - start, min(end, hide_end) - start):
+                    slot = path_node.slots[i]
+                    if slot != HOLE:
+                        self.allocator.free([slot])
+                        path_node.slots[i] = HOLE
+                        path_node.holes += 1
+                        freed += 1
+        self.holes += freed
+        self.cached_slots -= freed
+        return freed
+
+    def token_offsets(self, node: Node) -> list[tuple[int, Node]]:
+        """(first key offset, node) of every token node on the path to `node`."""
+        out, offset = [], 0
+        for path_node in self.path(node):
+            if path_node.record is None:
+                out.append((offset, path_node))
+                offset += len(path_node.tokens)
+        return out
+
+    def hole_offsets(self, node: Node) -> list[int]:
+        """Key offsets of the holes on the path to `node`, in order."""
+        if not self.holes:
+            return []
+        return [start + i for start, path_node in self.token_offsets(node) if path_node.holes
+                for i, slot in enumerate(path_node.slots) if slot == HOLE]
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child
         self._leaves.discard(parent)
         self._leaves.add(child)
-        self.cached_slots += len(child.slots)
+        self.cached_slots += child.size
         return child
 
     # -- evict ---------------------------------------------------------------------------------
@@ -209,10 +288,11 @@ class RadixCache:
             parent = node.parent
             del parent.children[node.edge]
             self._leaves.discard(node)
-            self.allocator.free(node.slots)
-            freed += len(node.slots)
-            self.cached_slots -= len(node.slots)
-            self.evicted_slots += len(node.slots)
+            self.allocator.free(node.owned_slots())
+            self.holes -= node.holes
+            freed += node.size
+            self.cached_slots -= node.size
+            self.evicted_slots += node.size
             node.parent = None
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)
@@ -249,7 +329,7 @@ class RadixCache:
                 expected_refs[id(node)] = expected_refs.get(id(node), 0) + 1
                 node = node.parent
         seen: set[int] = set()
-        cached = protected = 0
+        cached = protected = holes = 0
         for node in self._nodes():
             if node is self.root:
                 continue
@@ -260,10 +340,13 @@ class RadixCache:
             _check(node.lock_ref == expected_refs.get(id(node), 0),
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
             _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
-            _claim(seen, node.slots)
-            cached += len(node.slots)
-            protected += len(node.slots) if node.lock_ref else 0
+            _check(node.holes == node.slots.count(HOLE), "a node's hole count is out of date")
+            holes += node.holes
+            _claim(seen, node.owned_slots())
+            cached += node.size
+            protected += node.size if node.lock_ref else 0
         _check(cached == self.cached_slots, f"cached_slots {self.cached_slots} but nodes own {cached}")
+        _check(holes == self.holes, f"holes {self.holes} but nodes have {holes}")
         _check(protected == self.protected_slots, f"protected_slots {self.protected_slots} but {protected} locked")
         for slots in owned:
             _claim(seen, slots)

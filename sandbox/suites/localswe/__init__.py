@@ -82,7 +82,10 @@ class LocalSWE:
 
     def open(self, task: Task) -> RepairEnv:
         host = {h.key: h for h in load_hosts()}[task.meta["host"]]
-        return RepairEnv(task, host, self._root() / "trees" / host.key, self.limits)
+        tree = self._root() / "trees" / host.key
+        if not tree.is_dir():
+            raise ValueError(f"the localswe tree of {host.key} is missing: run `akv tasks build --suite localswe`")
+        return RepairEnv(task, host, tree, self.limits)
 
     def scripted_agent(self, task: Task) -> Agent:
         return ScriptedRepairAgent(task)

@@ -27,7 +27,8 @@ from typing import Any, Generator, Iterator
 from sandbox.suite import AgentAction, AgentView, Task
 from sandbox.suites.localswe.mutate import repairs_of_line
 
-DEFAULT_MAX_ATTEMPTS = 30
+DEFAULT_MAX_ATTEMPTS = 24
+DEFAULT_MAX_CALLS = 90  # it submits before the harness's default budget of 100 steps runs out
 MAX_FUNCTION_LINES = 150
 CALLEE_DEPTH = 2  # the test's callees, then theirs
 _BRANCH = re.compile(r"^\s*(if|elif|while)\b|[<>=!]=|[<>]| (not )?in | is ")
@@ -58,8 +59,8 @@ class ScriptedRepairAgent:
 
     name = "scripted"
 
-    def __init__(self, task: Task, max_attempts: int = DEFAULT_MAX_ATTEMPTS):
-        self.task, self.max_attempts = task, max_attempts
+    def __init__(self, task: Task, max_attempts: int = DEFAULT_MAX_ATTEMPTS, max_calls: int = DEFAULT_MAX_CALLS):
+        self.task, self.max_attempts, self.max_calls = task, max_attempts, max_calls
         self._script = self._plan()
         self._view: AgentView | None = None
         self._pending: str | None = None
@@ -139,12 +140,12 @@ class ScriptedRepairAgent:
             for item in items:
                 suspects = [item] if stage == "frames" else (yield from self._stage_lines(stage, item))
                 for path, line in suspects:
-                    if (path, line) in tried or attempts >= self.max_attempts:
+                    if (path, line) in tried or self._spent(attempts):
                         continue
                     tried.add((path, line))
                     window = yield from self._window(path, line)
                     for repair in repairs_of_line(window.get(line, ""), path, line) if line in window else []:
-                        if attempts >= self.max_attempts:
+                        if self._spent(attempts):
                             break
                         attempts += 1
                         if (yield from self._attempt(path, line, repair.before, repair.after, window, failing)):
@@ -153,6 +154,10 @@ class ScriptedRepairAgent:
                             return
         yield ("submit", {})  # its answer changes nothing: no need to see it
         yield f"No repair found in {attempts} attempts; submitted."
+
+    def _spent(self, attempts: int) -> bool:
+        # An attempt takes up to four calls (edit, two test runs, undo) and submit one more.
+        return attempts >= self.max_attempts or len(self._calls) + 5 > self.max_calls
 
     def _stage_lines(self, stage: str, frame: tuple[str, int, str]) -> Script:
         if stage == "functions":

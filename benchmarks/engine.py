@@ -1,14 +1,14 @@
 """The engine's model side against transformers on the same GGUF file, side by side in one run.
 
-    python benchmarks/engine.py [--decode-steps 32] [--prefill-tokens 2048] [--rounds 3]
+    python benchmarks/engine.py [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
 
-Prints decode ms/token and prefill tokens/s for transformers (fp32) and our forward in
-each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill; always
-fp32 activations and KV), plus
-decode attention time per step over a 6K-token history with 70% of it dropped
-against nothing dropped. Rounds alternate between the contenders so that load from
-other processes falls on all of them alike; each figure is the median over rounds.
-Both sides run under the same thread policy (akv_core.threads) per phase.
+Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our forward in
+each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill; activations
+and KV always fp32), then decode attention time per step over a 6K-token history with 70%
+of it dropped against nothing dropped. Contenders take turns (decode in short bursts,
+prefill once per round), so that load from other processes falls on all of them alike; a
+ratio is the median over rounds of the per-round ratio. Both sides run under the same
+per-phase thread policy (akv_core.threads).
 """
 from __future__ import annotations
 
@@ -41,33 +41,39 @@ def load_reference():
         return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
-@torch.inference_mode()
-def reference_decode(hf, prompt: torch.Tensor, steps: int) -> float:
-    """ms per generated token, greedy, transformers' own KV cache."""
-    out = hf(prompt[None], use_cache=True, logits_to_keep=1)
-    past, token = out.past_key_values, out.logits[0, -1].argmax()
-    start = time.perf_counter()
-    for _ in range(steps):
+class ReferenceDecoder:
+    """transformers' greedy decoding with its own KV cache, one token per `step()`."""
+
+    @torch.inference_mode()
+    def __init__(self, hf, prompt: torch.Tensor) -> None:
+        self.hf = hf
+        out = hf(prompt[None], use_cache=True, logits_to_keep=1)
+        self.past, self.token = out.past_key_values, out.logits[0, -1].argmax()
+
+    @torch.inference_mode()
+    def step(self) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the keyword's deprecation notice, once per step
-            out = hf(token.view(1, 1), past_key_values=past, use_cache=True)
-        past, token = out.past_key_values, out.logits[0, -1].argmax()
-    return (time.perf_counter() - start) / steps * 1e3
+            out = self.hf(self.token.view(1, 1), past_key_values=self.past, use_cache=True)
+        self.past, self.token = out.past_key_values, out.logits[0, -1].argmax()
 
 
-def our_decode(model, prompt: torch.Tensor, steps: int) -> float:
-    n = prompt.numel()
-    kv = model.new_kv_buffers(n + steps + 1)
-    slots = torch.arange(n + steps + 1)
-    logits = model.forward(ForwardBatch(prompt, slots[:n], slots[:n], [SeqAttention(0, n, slots[:n])],
-                                        torch.tensor([n - 1])), kv)
-    token = logits[0].argmax()
-    start = time.perf_counter()
-    for i in range(n, n + steps):
-        logits = model.forward(ForwardBatch(token.view(1), slots[i:i + 1], slots[i:i + 1],
-                                            [SeqAttention(0, 1, slots[:i + 1])], torch.tensor([0])), kv)
-        token = logits[0].argmax()
-    return (time.perf_counter() - start) / steps * 1e3
+class OurDecoder:
+    """Our forward over a slot pool, greedy, one token per `step()`."""
+
+    def __init__(self, model, prompt: torch.Tensor, steps: int) -> None:
+        self.model, n = model, prompt.numel()
+        self.kv = model.new_kv_buffers(n + steps + 1)
+        self.slots = torch.arange(n + steps + 1)
+        logits = model.forward(ForwardBatch(prompt, self.slots[:n], self.slots[:n],
+                                            [SeqAttention(0, n, self.slots[:n])], torch.tensor([n - 1])), self.kv)
+        self.token, self.length = logits[0].argmax(), n
+
+    def step(self) -> None:
+        i, slot = self.length, self.slots[self.length:self.length + 1]
+        logits = self.model.forward(ForwardBatch(self.token.view(1), slot, slot,
+                                                 [SeqAttention(0, 1, self.slots[:i + 1])], torch.tensor([0])), self.kv)
+        self.token, self.length = logits[0].argmax(), i + 1
 
 
 @torch.inference_mode()
@@ -106,12 +112,23 @@ def attention_ms(model, history: int, kept_fraction: float, steps: int) -> float
     return statistics.median(times) * 1e3
 
 
+def summary(title: str, unit: str, times: dict[str, list[float]], per_unit=lambda t: t) -> None:
+    """Median time per contender and the median of per-round ratios against transformers."""
+    print(title)
+    base = times["transformers"]
+    for name, values in times.items():
+        ratio = statistics.median(b / v for b, v in zip(base, values))
+        print(f"  {name:13s} {statistics.median(values):9.2f} {unit}  {per_unit(statistics.median(values)):9.1f} tok/s"
+              f"  {ratio:5.2f}x transformers")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--decode-prompt", type=int, default=128)
+    parser.add_argument("--bursts", type=int, default=8, help="decode rounds; each runs every contender")
+    parser.add_argument("--burst-steps", type=int, default=4)
     parser.add_argument("--prefill-tokens", type=int, default=2048)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="prefill rounds")
     parser.add_argument("--history", type=int, default=6144)
     args = parser.parse_args()
 
@@ -121,32 +138,31 @@ def main() -> None:
     decode_prompt = torch.randint(100, 40000, (args.decode_prompt,), generator=generator)
     prefill_prompt = torch.randint(100, 40000, (args.prefill_tokens,), generator=generator)
 
-    decode = {name: [] for name in ("transformers", *ours)}
+    # Decode: short bursts in turn, so that load from other processes falls on every contender alike.
+    with phase_threads("decode") as decode_threads:
+        decoders = {"transformers": ReferenceDecoder(hf, decode_prompt)}
+        decoders.update({name: OurDecoder(model, decode_prompt, args.bursts * args.burst_steps)
+                         for name, model in ours.items()})
+        decode = {name: [] for name in decoders}
+        for _ in range(args.bursts):
+            for name, decoder in decoders.items():
+                start = time.perf_counter()
+                for _ in range(args.burst_steps):
+                    decoder.step()
+                decode[name].append((time.perf_counter() - start) / args.burst_steps * 1e3)
     prefill = {name: [] for name in ("transformers", *ours)}
     for round_index in range(args.rounds):
-        with phase_threads("decode") as threads:
-            decode["transformers"].append(reference_decode(hf, decode_prompt, args.decode_steps))
-            for name, model in ours.items():
-                decode[name].append(our_decode(model, decode_prompt, args.decode_steps))
         with phase_threads("prefill", args.prefill_tokens) as prefill_threads:
             prefill["transformers"].append(reference_prefill(hf, prefill_prompt))
             for name, model in ours.items():
                 prefill[name].append(our_prefill(model, prefill_prompt))
-        print(f"round {round_index + 1}/{args.rounds}: decode ms/token "
-              + ", ".join(f"{k} {v[-1]:.1f}" for k, v in decode.items())
-              + "; prefill s " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in prefill.items()), flush=True)
+        print(f"prefill round {round_index + 1}/{args.rounds}: "
+              + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in prefill.items()), flush=True)
 
-    print(f"\ndecode ({threads} thread(s), {args.decode_prompt}-token prompt, {args.decode_steps} steps, median)")
-    base = statistics.median(decode["transformers"])
-    for name, values in decode.items():
-        ms = statistics.median(values)
-        print(f"  {name:13s} {ms:8.1f} ms/token  {1e3 / ms:7.1f} tok/s  {base / ms:5.2f}x transformers")
-    print(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, median)")
-    base = statistics.median(prefill["transformers"])
-    for name, values in prefill.items():
-        seconds = statistics.median(values)
-        print(f"  {name:13s} {seconds:8.2f} s  {args.prefill_tokens / seconds:9.1f} tok/s  "
-              f"{base / seconds:5.2f}x transformers")
+    summary(f"decode ({decode_threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
+            f"{args.burst_steps} steps)", "ms/token", decode, lambda ms: 1e3 / ms)
+    summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s    ",
+            prefill, lambda seconds: args.prefill_tokens / seconds)
     with phase_threads("decode"):
         full = attention_ms(ours["float32"], args.history, 1.0, 10)
         dropped = attention_ms(ours["float32"], args.history, 0.3, 10)

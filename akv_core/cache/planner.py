@@ -13,7 +13,6 @@ moved by a reposition record this request adds, `repos` if visible and moved,
 """
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
@@ -80,16 +79,12 @@ def _match_without_needed_holes(tree: RadixCache, key: CacheKey, match: Match) -
     A hole hidden at the match point is never read again by this request; a
     visible one must be recomputed, and so must everything after it.
     """
-    while True:
-        holes = tree.hole_offsets(match.node)
-        if not holes:
-            return match
-        runs = _visible_runs(key, match.tokens, match.records)
-        starts = [run[0] for run in runs]
-        needed = [h for h in holes if (i := bisect_right(starts, h) - 1) >= 0 and h < runs[i][1]]
-        if not needed:
-            return match
-        match = tree.match(key, needed[0])
+    while tree.holes:
+        hole = tree.first_hole(match.node, _visible_runs(key, match.tokens, match.records))
+        if hole is None:
+            break
+        match = tree.match(key, hole)
+    return match
 
 
 def _visible_runs(key: CacheKey, tokens: int, records: int) -> list[list[int]]:

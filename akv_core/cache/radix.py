@@ -242,13 +242,15 @@ class RadixCache:
                 continue
             end = start + len(path_node.tokens)
             for hide_start, hide_end in hidden:
-                for i in range(max(start, hide_start) - start, min(end, hide_end) - start):
-                    slot = path_node.slots[i]
-                    if slot != HOLE:
-                        self.allocator.free([slot])
-                        path_node.slots[i] = HOLE
-                        path_node.holes += 1
-                        freed += 1
+                lo, hi = max(start, hide_start) - start, min(end, hide_end) - start
+                if lo >= hi:
+                    continue
+                owned = [slot for slot in path_node.slots[lo:hi] if slot != HOLE]
+                if owned:
+                    self.allocator.free(owned)
+                    path_node.slots[lo:hi] = [HOLE] * (hi - lo)
+                    path_node.holes += len(owned)
+                    freed += len(owned)
         self.holes += freed
         self.cached_slots -= freed
         return freed
@@ -262,12 +264,19 @@ class RadixCache:
                 offset += len(path_node.tokens)
         return out
 
-    def hole_offsets(self, node: Node) -> list[int]:
-        """Key offsets of the holes on the path to `node`, in order."""
+    def first_hole(self, node: Node, ranges: list[list[int]]) -> int | None:
+        """The first key offset inside `ranges` ([start, end, ...], sorted) that is a hole on the path to `node`."""
         if not self.holes:
-            return []
-        return [start + i for start, path_node in self.token_offsets(node) if path_node.holes
-                for i, slot in enumerate(path_node.slots) if slot == HOLE]
+            return None
+        for start, path_node in self.token_offsets(node):
+            if not path_node.holes:
+                continue
+            end = start + len(path_node.tokens)
+            for run in ranges:
+                lo, hi = max(start, run[0]), min(end, run[1])
+                if lo < hi and HOLE in path_node.slots[lo - start:hi - start]:
+                    return start + path_node.slots.index(HOLE, lo - start, hi - start)
+        return None
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child

@@ -233,24 +233,29 @@ class RadixCache:
         request's path, which may still need the dropped keys visible. Re-rotated
         copies in reposition nodes are left alone (eviction frees them).
         """
-        hidden = [r for _, record in key.records if isinstance(record, DropRecord) for r in record.hidden]
+        hidden = sorted(r for _, record in key.records if isinstance(record, DropRecord) for r in record.hidden)
         if not hidden:
             return 0
-        freed = 0
+        freed = first = 0
         for start, path_node in self.token_offsets(node):
+            end = start + len(path_node.tokens)
+            while first < len(hidden) and hidden[first][1] <= start:
+                first += 1   # nodes come in offset order: ranges ending before this one are done
             if path_node.lock_ref:
                 continue
-            end = start + len(path_node.tokens)
-            for hide_start, hide_end in hidden:
+            for hide_start, hide_end in hidden[first:]:
+                if hide_start >= end:
+                    break
                 lo, hi = max(start, hide_start) - start, min(end, hide_end) - start
-                if lo >= hi:
+                segment = path_node.slots[lo:hi]
+                already = segment.count(HOLE) if path_node.holes else 0
+                if already == hi - lo:
                     continue
-                owned = [slot for slot in path_node.slots[lo:hi] if slot != HOLE]
-                if owned:
-                    self.allocator.free(owned)
-                    path_node.slots[lo:hi] = [HOLE] * (hi - lo)
-                    path_node.holes += len(owned)
-                    freed += len(owned)
+                owned = [slot for slot in segment if slot != HOLE] if already else segment
+                self.allocator.free(owned)
+                path_node.slots[lo:hi] = [HOLE] * (hi - lo)
+                path_node.holes += len(owned)
+                freed += len(owned)
         self.holes += freed
         self.cached_slots -= freed
         return freed

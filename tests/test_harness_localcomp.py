@@ -190,3 +190,13 @@ def test_bad_arguments_are_one_line_errors(localcomp, kwargs: dict, expected: st
     with pytest.raises(ValueError, match=expected) as info:
         run_tasks(localcomp, args.pop("split"), args.pop("policy"), limits=RunLimits(max_steps=2), **args)
     assert "\n" not in str(info.value)
+
+
+def test_a_run_that_crashes_keeps_the_results_already_written(localcomp, tmp_path: Path) -> None:
+    def crash(result) -> None:
+        raise KeyboardInterrupt  # the user stops the run after the first task
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(localcomp, "train", "expert", limit=3, out_dir=tmp_path, progress=crash)
+    (line,) = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert json.loads(line)["task_id"] == localcomp.tasks("train")[0].id

@@ -9,6 +9,7 @@ lives in `akv_core.cache`; this file only does the tensor work its plans ask for
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -29,6 +30,8 @@ from akv_core.request import (DEFAULT_MAX_TOKENS, FINISH_CANCELLED, FINISH_ERROR
                               Generation, Request, RequestEvent, RequestHandle, SamplingParams, StreamText)
 from akv_core.sampling import sample
 from akv_core.scheduler import Scheduler
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_TOKENS = 16_384
 # Measured on a 2-core CPU with this model size: decode is fastest on one thread, prefill on two.
@@ -140,7 +143,12 @@ class Engine:
         self._loop_running = True
         try:
             while not stop_event.is_set():
-                if not self.step():
+                try:
+                    busy = self.step()
+                except Exception:   # the failed requests got an error event; the loop keeps serving
+                    _log.exception("engine step failed")
+                    continue
+                if not busy:
                     self._wakeup.wait(timeout=0.05)
                     self._wakeup.clear()
         finally:
@@ -157,7 +165,11 @@ class Engine:
             running = list(self.scheduler.running)
             if not running:
                 return bool(refused)
-            self._forward_and_sample(running)
+            try:
+                self._forward_and_sample(running)
+            except Exception as error:
+                self._fail(running, f"engine error: {error}")
+                raise
             return True
 
     def _take_inbox(self) -> None:
@@ -258,6 +270,12 @@ class Engine:
             else:
                 self._totals[name] += getattr(usage, name)
         request.handle.put(RequestEvent(None, request.stream.flush(), reason, usage))
+
+    def _fail(self, requests: list[Request], reason: str) -> None:
+        """End requests whose step failed: their slots are freed, their clients get an error event."""
+        for request in requests:
+            if self.scheduler.abort(request):
+                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
 
     def _set_threads(self, phase: str) -> None:
         wanted = self._threads.get(phase)

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from akv_core.cache.key import CacheKey
-from akv_core.cache.kv_cache import KVCapacityError, Lease
+from akv_core.cache.kv_cache import Lease
 from akv_core.cache.layout import PromptLayout
 from akv_core.cache.usage import Usage
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
 # max_tokens when a client sends none (OpenAI: "up to the context"); decode slots are reserved up front.
 DEFAULT_MAX_TOKENS = 512
+
+
+class RequestFailed(RuntimeError):
+    """The engine ended a request with an error (refused as too large for the pool, or a failed step)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class RequestHandle:
             pieces.append(event.text)
             if event.finish_reason is not None:
                 if event.finish_reason == FINISH_ERROR:
-                    raise KVCapacityError(event.error or "the request cannot be served")
+                    raise RequestFailed(event.error or "the request failed")
                 return Generation("".join(pieces), tokens, event.finish_reason, event.usage)
 
 

@@ -58,6 +58,14 @@ class Scheduler:
     def remove_waiting(self, request: Request) -> None:
         self.waiting.remove(request)
 
+    def abort(self, request: Request) -> bool:
+        """Release a running request without keeping anything; False if it is not running."""
+        if request not in self.running:
+            return False
+        self.running.remove(request)
+        self.cache.release(request.lease, keep_prompt=False)
+        return True
+
     def finish(self, request: Request) -> None:
         """Release a running request: its computed prompt goes into the cache, the rest is freed."""
         self.running.remove(request)

@@ -14,6 +14,7 @@ import torch
 from akv_core.cache.kv_cache import KVCapacityError
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.engine import Engine
+from akv_core.request import RequestFailed
 
 pytestmark = pytest.mark.model
 
@@ -224,6 +225,13 @@ def test_a_full_pool_makes_requests_wait_and_a_too_large_one_is_refused(shared):
     assert first.result().finish_reason == second.result().finish_reason == "length"
     with pytest.raises(KVCapacityError, match="messages"):
         engine.submit(agent(8), max_tokens=3)
+    # Fits the pool as tokens, but not with the re-rotated keys its repositions need: refused.
+    history, drops, repos = agent(3), {"5": [2]}, [5, 7]
+    tight = new_engine(shared, kv_tokens=len(engine.tokenizer.render(history).token_ids) + 3)
+    with pytest.raises(RequestFailed, match="re-rotated keys"):
+        tight.generate(history, drop_message=drops, reposition=repos, max_tokens=3)
+    tight.check_integrity()
+    assert tight.stats().kv_slots_used == 0
 
 
 def test_seeded_sampling_is_reproducible(shared):

@@ -84,8 +84,8 @@ def mutated_bodies(draw: st.DrawFn) -> dict[str, Any]:
     for field in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(field), int) and body[field] > 2:
             body[field] = 2
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = 1
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_completion_tokens"] = 1  # null or missing would mean the default of 512
     return body
 
 

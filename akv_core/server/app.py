@@ -111,6 +111,7 @@ async def _chat(state: ServerState, body: ChatCompletionRequest, request: Reques
         stream = ChunkStream(state.model_name, parser, include_usage)
         chunks = _stream(state, handle, request, stream, started)
         return StreamingResponse(chunks, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(handle.cancel))
     return await _complete(state, handle, request, parser, started)
 

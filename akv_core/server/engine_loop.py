@@ -25,7 +25,9 @@ from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
 from akv_core.server.validation import GenerationArgs
 
-POLL_SECONDS = 0.005
+# Polls back off from 1 ms to 20 ms while a request is quiet (a prefill, a queue wait): a
+# CPU decode step takes tens of ms, so this adds little latency and few wake-ups.
+POLL_MIN_SECONDS, POLL_MAX_SECONDS = 0.001, 0.02
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class EngineLoop:
         self, handle: Any, disconnected: Callable[[], Awaitable[bool]]
     ) -> AsyncIterator[TextDelta | Finished | Failed]:
         """The request's events until it ends; cancels it if the client leaves."""
+        pause = POLL_MIN_SECONDS
         try:
             while True:
                 try:
@@ -103,8 +106,10 @@ class EngineLoop:
                 except queue.Empty:
                     if await disconnected():
                         raise ClientGone() from None
-                    await asyncio.sleep(POLL_SECONDS)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, POLL_MAX_SECONDS)
                     continue
+                pause = POLL_MIN_SECONDS
                 if event.text:
                     yield TextDelta(event.text)
                 if event.finish_reason == FINISH_ERROR:

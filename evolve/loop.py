@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 from evolve.cascade import Cascade
 from evolve.config import EvolveConfig
-from evolve.context import TRAIN, build_context
+from evolve.context import TRAIN, ProposerContext, build_context
 from evolve.library import load_checked
 from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Outcome, Proposer
@@ -95,11 +95,14 @@ class Evolution:
             if proposer is not None:
                 proposer.tell(_as_proposal(info), info.id, outcome)
 
-    def step(self, proposer: Proposer, index: int) -> None:
-        rng = random.Random(self.config.seed * 1_000_003 + index)
+    def proposer_context(self, index: int) -> ProposerContext:
+        """What the `index`-th proposal may see: train results only (build_context enforces it)."""
+        rng = random.Random(self.config.seed * 1_000_003 + index)  # resume-stable per proposal
         evaluated = [p for p in self.store.policies(self.run.id) if p.status == "evaluated"]
-        context = build_context(evaluated, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index)
-        proposal = proposer.ask(context)
+        return build_context(evaluated, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index)
+
+    def step(self, proposer: Proposer, index: int) -> None:
+        proposal = proposer.ask(self.proposer_context(index))
         if proposal.hash is not None:
             known = self.store.policy_by_hash(self.run.id, proposal.hash)
             if known is not None:

@@ -206,3 +206,27 @@ def test_export_and_compare_explain_what_is_missing(killed_and_resumed, tmp_path
     assert compared.exit_code == 2 and "no held-out validation yet" in compared.output
     exported = runner.invoke(app, ["export", "empty", "--db", url])
     assert exported.exit_code == 2 and "no champion" in exported.output and "--policy" in exported.output
+
+
+def test_a_resumed_proposer_sees_train_results_only_although_held_out_ones_are_stored(killed_and_resumed):
+    from evolve.config import EvolveConfig
+    from evolve.library import library_texts
+    from evolve.loop import Evolution
+    from evolve.proposers.mutate import MutateProposer
+    from evolve.scoring import HarnessEvaluator
+    from store import Store
+
+    store = Store.open(killed_and_resumed["url"])
+    run = store.run(killed_and_resumed["name"])
+    config = EvolveConfig.model_validate(run.config)
+    evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
+    try:
+        assert store.evaluations(run.id, "heldout")  # validation stored its results
+        context = Evolution(store, run, config, evaluator, {}).proposer_context(index=99)
+        seen = [r for c in context.population for r in c.results]
+        assert seen and {r.split for r in seen} == {"train"}
+        proposal = MutateProposer(config.mutate, library_texts()).ask(context)
+        assert proposal.rejection_reason is None
+    finally:
+        evaluator.close()
+        store.close()

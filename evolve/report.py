@@ -97,16 +97,16 @@ def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: i
     x0, x1 = min(xs), max(xs) or 1.0
     y0, y1 = min(min(ys), 0.0), max(max(ys), 1e-9)
     x1 = x1 if x1 > x0 else x0 + 1e-9
-    pad = 50
+    pad, right = 50, 150  # the right margin leaves room for the labels of the dearest points
 
     def sx(x: float) -> float:
-        return pad + (x - x0) / (x1 - x0) * (w - 2 * pad)
+        return pad + (x - x0) / (x1 - x0) * (w - pad - right)
 
     def sy(y: float) -> float:
         return h - pad - (y - y0) / (y1 - y0 if y1 > y0 else 1) * (h - 2 * pad)
 
     out = [f'<svg id="pareto" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
-           f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#444"/>',
+           f'<line x1="{pad}" y1="{h - pad}" x2="{w - right}" y2="{h - pad}" stroke="#444"/>',
            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
            f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (USD)</text>',
            f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
@@ -122,7 +122,7 @@ def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: i
     for p in train:
         out.append(f'<circle class="train" cx="{sx(p.cost):.1f}" cy="{sy(p.score):.1f}" r="3" fill="#9bc">'
                    f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {p.cost:.5f}</title></circle>')
-    for v in heldout:
+    for v in sorted(heldout, key=lambda v: v.champion):  # the champion is drawn last, on top
         colour = "#d80" if v.champion else ("#555" if v.role == "baseline" else "#c44")
         out.append(f'<rect class="heldout" x="{sx(v.cost_mean) - 4:.1f}" y="{sy(v.score_mean) - 4:.1f}" width="8" '
                    f'height="8" fill="{colour}"><title>{escape(v.label)} held-out</title></rect>'

@@ -116,22 +116,37 @@ DropRule = Annotated[MessageDropRule | ThinkingDropRule, Field(discriminator="ty
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Unknown top-level keys are rejected, as OpenAI does,
-    so that a misspelt AKV field (say `drop_messages`) is an error, not a silent no-op."""
+    so that a misspelt AKV field (say `drop_messages`) is an error, not a silent no-op.
+
+    Every OpenAI field is declared so that clients sending them still work; the ones that
+    change nothing here (`metadata`, `store`, `service_tier`, `user`, `reasoning_effort`)
+    are accepted and ignored, the others are refused unless they ask for the default.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     messages: list[ChatMessage]
     model: str
+    audio: dict[str, Any] | None = None
     frequency_penalty: float | None = None
+    function_call: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     max_completion_tokens: StrictInt | None = None
     max_tokens: StrictInt | None = None
+    metadata: dict[str, str] | None = None
+    modalities: list[str] | None = None
     n: StrictInt | None = None
     parallel_tool_calls: bool | None = None
+    prediction: dict[str, Any] | None = None
     presence_penalty: float | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
     seed: StrictInt | None = None
+    service_tier: str | None = None
     stop: str | list[str] | None = None
+    store: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)

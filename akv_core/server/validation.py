@@ -102,6 +102,10 @@ def _stop(stop: str | list[str] | None) -> list[str] | None:
     return stops or None
 
 
+_UNSUPPORTED = {"audio": "", "function_call": "; use tools and tool_choice",
+                "functions": "; use tools", "prediction": ""}
+
+
 def _reject_unsupported(request: ChatCompletionRequest) -> None:
     """OpenAI options that would silently change meaning if ignored."""
     if request.n not in (None, 1):
@@ -114,6 +118,14 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
             raise APIError(f"{field}: penalties are not supported; send 0", param=field)
     if request.logit_bias:
         raise APIError("logit_bias: is not supported", param="logit_bias")
+    for field, hint in _UNSUPPORTED.items():
+        if getattr(request, field):
+            raise APIError(f"{field}: is not supported{hint}", param=field)
+    if request.modalities and request.modalities != ["text"]:
+        raise APIError("modalities: only [\"text\"] is supported", param="modalities")
+    if request.response_format and request.response_format.get("type") != "text":
+        raise APIError("response_format: only {\"type\": \"text\"} is supported; structured "
+                       "output is not implemented", param="response_format")
 
 
 def _engine_message(message: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from akv_core.cache.ops import OperationError, validate_operations
 from akv_core.server.errors import APIError
 from akv_core.server.protocol import ChatCompletionRequest, MessageDropRule, ThinkingDropRule
 
+
 @dataclass(frozen=True)
 class GenerationArgs:
     """Everything `engine.submit` takes, already validated."""

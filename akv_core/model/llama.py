@@ -62,21 +62,21 @@ class Linear:
         return y if self.bias is None else y + self.bias
 
 
+# fbgemm's fp16 ops are marked deprecated but present; `_pack_fp16` falls back when they go away.
+warnings.filterwarnings("ignore", message=r"fbgemm_.* is deprecated")
+
+
 def _pack_fp16(weight: Tensor) -> Tensor:
     """fbgemm's packed fp16 weight where this torch has the kernel (x86 CPU), else a plain fp16 copy."""
     if weight.device.type == "cpu" and hasattr(torch, "fbgemm_linear_fp16_weight_fp32_activation"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # deprecated but present; the fallback below covers its removal
-            return torch.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
+        return torch.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
     return weight.half()
 
 
 def _fp16_linear(x: Tensor, packed: Tensor) -> Tensor:
     if packed.dtype == torch.float16:
         return F.linear(x.half(), packed).to(x.dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.fbgemm_linear_fp16_weight_fp32_activation(x.float().contiguous(), packed, None).to(x.dtype)
+    return torch.fbgemm_linear_fp16_weight_fp32_activation(x.float().contiguous(), packed, None).to(x.dtype)
 
 
 @dataclass

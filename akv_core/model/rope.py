@@ -77,11 +77,6 @@ def _yarn(theta: float, dim: int, s: RopeScaling, context_length: int) -> tuple[
     return inv_freq, float(attention)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class Rope:
     """RoPE of one model: angles for positions, applied to [n, heads, head_dim] tensors."""
 
@@ -96,24 +91,28 @@ class Rope:
         self._cos_table, self._sin_table = cos, sin
 
     def _angles(self, positions: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        """cos and signed sin [n, rotary_dim]: the sin of the first half negated, so that a rotation
+        is `x * cos + roll(x, half) * signed_sin` (the rotate-half rule in three kernels, not five)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
-        return (cos * scale, sin * scale) if scale != 1.0 else (cos, sin)
+        cos, sin = freqs.cos(), freqs.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and sin [n, 1, rotary_dim] for `positions` [n], including the attention scale."""
+        """cos and signed sin [n, 1, rotary_dim] for `positions` [n], including the attention scale."""
         if positions.numel() and int(positions.max()) < self._cos_table.shape[0] and int(positions.min()) >= 0:
             return self._cos_table[positions][:, None, :], self._sin_table[positions][:, None, :]
         cos, sin = self._angles(positions, self.attention_scaling)
         return cos[:, None, :], sin[:, None, :]
 
-    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         """x [n, heads, head_dim] rotated by precomputed angles (rotary dims only)."""
+        half = self.rotary_dim // 2
         if self.rotary_dim == self.head_dim:
-            return x * cos + _rotate_half(x) * sin
+            return x * cos + x.roll(half, dims=-1) * signed_sin
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
-        return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+        return torch.cat((rot * cos + rot.roll(half, dims=-1) * signed_sin, rest), dim=-1)
 
     def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate x [n, heads, head_dim] to `positions` [n]."""

@@ -42,6 +42,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str) -> Non
     assert result.stdout == ""
 
 
+def test_an_unreachable_endpoint_is_a_task_error_not_a_crash() -> None:
+    result = runner.invoke(app, ["run", "--suite", "localcomp", "--policy", "expert", "--agent", "llm",
+                                 "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--limit", "1", "--json"])
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["status"] == "error"
+
+
 def test_tasks_list_shows_the_split() -> None:
     result = runner.invoke(app, ["tasks", "list", "--suite", "localcomp", "--split", "train", "--json"])
     assert result.exit_code == 0, result.stderr

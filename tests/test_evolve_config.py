@@ -55,3 +55,10 @@ def test_every_field_is_documented():
     for model in _models(EvolveConfig):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"
+
+
+def test_default_run_names_count_up_so_a_repeated_make_evolve_never_collides():
+    from evolve.session import next_run_name
+
+    assert next_run_name(set()) == "evolve-001"
+    assert next_run_name({"evolve-001", "evolve-002", "mine"}) == "evolve-003"

@@ -18,7 +18,7 @@ import pytest
 AKV = [sys.executable, "-m", "akv_cli.main"]
 TINY = """\
 proposers: [llm]
-max_candidates: 2
+max_candidates: 1
 cascade: {subset_size: 1, train_limit: 2}
 validation: {heldout_limit: 2, top_k: 1}
 llm: {model: smollm2, max_tokens: 48, inspirations: 1, retries: 1, backoff_s: 0.2, timeout_s: 600}
@@ -80,7 +80,7 @@ def test_live_model_proposes_and_its_rejections_are_stored_with_reasons(server, 
                                  "completion_tokens FROM akv_policies WHERE proposer = 'llm' ORDER BY id").fetchall()
         heldout = [t for (t,) in conn.execute("SELECT DISTINCT task_id FROM akv_evaluations WHERE split='heldout'")]
         run_status = conn.execute("SELECT status FROM akv_runs").fetchone()[0]
-    assert len(proposals) == 2 and run_status == "finished"
+    assert len(proposals) == 1 and run_status == "finished"
     assert heldout  # validation ran, after proposing
     for status, reason, prompt, response, p_tok, c_tok in proposals:
         assert prompt and response is not None and p_tok > 0 and c_tok > 0

@@ -83,10 +83,11 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         backend: str = typer.Option("replay", "--backend", "--endpoint",
                                     help="replay, embedded, or an OpenAI-compatible URL."),
         model: Optional[str] = typer.Option(None, help="Model name (URL backend) or smollm2|PATH (embedded)."),
-        limit: Optional[int] = typer.Option(None, help="Run only the first N tasks."),
+        limit: Optional[int] = typer.Option(None, min=1, help="Run only the first N tasks."),
         task: Optional[list[str]] = typer.Option(None, help="Run only this task id (repeatable)."),
         prices: Optional[str] = typer.Option(None, help="Price table (default: the model's, else gpt-oss-120b)."),
-        max_steps: int = typer.Option(100, help="Agent requests per task before it gives up."),
+        max_steps: int = typer.Option(100, min=1, help="Agent requests per task before it gives up."),
+        max_tokens: int = typer.Option(256, min=1, help="The llm agent's reply budget per step, in tokens."),
         seed: int = typer.Option(0, help="Seed for task building and sampling."),
         json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout.")) -> None:
     """Run an agent on a split's tasks under a cache policy and report score and cost."""
@@ -99,7 +100,8 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         try:
             report = run_tasks(suite_obj, split, policy, agent=agent, backend=backend, limit=limit,
                                task_ids=task, seed=seed, out_dir=out_dir, progress=progress.task_done,
-                               model=model, prices=prices, limits=RunLimits(max_steps=max_steps),
+                               model=model, prices=prices,
+                               limits=RunLimits(max_steps=max_steps, max_tokens=max_tokens),
                                on_start=progress.start)
         except ValueError as err:
             _fail(str(err))

@@ -197,3 +197,18 @@ def test_restore_after_eviction_equals_the_never_evicted_run():
     after, usage = run_symbolic(cache, kv, rendered, drops, repos)
     assert usage.prefilled_tokens > 1
     assert after == before == fresh_state(rendered, drops, repos)
+
+
+def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_window():
+    """Superseded re-rotated copies and dropped keys are freed: memory follows the window, not the history."""
+    sim = CacheSimulator(100_000)
+    messages = [tuple(range(1000 + 20 * i, 1020 + 20 * i)) for i in range(60)]
+    window = 12
+    for n in range(2, 61):
+        triggers = range(window + 2, n)
+        drops = {str(t): [t - window - 1] for t in triggers}
+        usage = serve(sim, messages[:n], drops or None, list(triggers) or None)
+        if n > window + 3:
+            assert usage.prefilled_tokens == 20 + 2   # the new message and the header: nothing restored
+    # ~14 visible messages, their birth slots and one copy each, plus the last header.
+    assert sim.stats().slots_cached < 3 * (window + 2) * 20

@@ -113,8 +113,10 @@ class KVCache:
                 self.allocator.free(slots)
         self.tree.unlock(plan.match.node)
         self.allocator.free(lease.decode_slots)
-        if end is not None:
-            self.tree.punch(end, plan.key)   # dropped KV nobody running needs any more
+        if end is not None:   # KV the finished path no longer reads, where nobody running needs it
+            self.tree.punch(end, plan.key)
+            if plan.key.records:
+                self.tree.punch_copies(end, plan.walk.live_copies)
 
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count

@@ -14,7 +14,7 @@ re-rotated, the tokens it attended to) always outlive it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from akv_core.cache.allocator import SlotAllocator
@@ -88,13 +88,18 @@ class RadixCache:
 
     # -- match ---------------------------------------------------------------------------------
 
-    def match(self, key: CacheKey, token_limit: int) -> Match:
-        """The longest reusable prefix of `key` with at most `token_limit` tokens (splits a node if needed)."""
+    def match(self, key: CacheKey, token_limit: int, record_limit: int | None = None) -> Match:
+        """The longest reusable prefix of `key` with at most `token_limit` tokens (splits a node if needed).
+
+        With `record_limit`, matching stops before key record `record_limit`.
+        """
         tokens, records = key.tokens, key.records
         node, offset, record_index = self.root, 0, 0
         now = self._tick()
         while True:
             if record_index < len(records) and records[record_index][0] == offset:
+                if record_index == record_limit:
+                    break
                 child = node.children.get(records[record_index][1])
                 if child is None:
                     break
@@ -187,7 +192,7 @@ class RadixCache:
                 if child is None:
                     child = self._add(node, Node(node, (), mine, record, now))
                 else:
-                    self.allocator.free(mine)
+                    self.allocator.free(self._fill_holes(child, mine) if child.holes else mine)
                 node, record_index = child, record_index + 1
                 node.last_access = now
                 continue
@@ -254,6 +259,36 @@ class RadixCache:
                 owned = [slot for slot in segment if slot != HOLE] if already else segment
                 self.allocator.free(owned)
                 path_node.slots[lo:hi] = [HOLE] * (hi - lo)
+                path_node.holes += len(owned)
+                freed += len(owned)
+        self.holes += freed
+        self.cached_slots -= freed
+        return freed
+
+    def punch_copies(self, node: Node, live: Callable[[int], list[tuple[int, int]]]) -> int:
+        """Free the re-rotated copies on the path to `node` that its end state no longer reads.
+
+        `live(i)` gives the copy ranges of the path's i-th record that stay visible.
+        A copy superseded by a later reposition, or of a key dropped later, is read
+        only by a request that branches off before that point; it recomputes from the
+        record instead. Locked record nodes are left alone.
+        """
+        freed = index = 0
+        for path_node in self.path(node):
+            if path_node.record is None:
+                continue
+            index += 1
+            if path_node.lock_ref or not path_node.slots or path_node.holes == len(path_node.slots):
+                continue
+            slots, cursor, owned = path_node.slots, 0, []
+            for lo, hi in live(index - 1) + [(len(slots), len(slots))]:
+                if cursor < lo:   # copies [cursor, lo) are not read at the end
+                    segment = slots[cursor:lo]
+                    owned.extend([slot for slot in segment if slot != HOLE] if path_node.holes else segment)
+                    slots[cursor:lo] = [HOLE] * (lo - cursor)
+                cursor = max(cursor, hi)
+            if owned:
+                self.allocator.free(owned)
                 path_node.holes += len(owned)
                 freed += len(owned)
         self.holes += freed

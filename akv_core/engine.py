@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +31,11 @@ from akv_core.request import (DEFAULT_MAX_TOKENS, FINISH_CANCELLED, FINISH_ERROR
                               Generation, Request, RequestEvent, RequestHandle, SamplingParams, StreamText)
 from akv_core.sampling import sample
 from akv_core.scheduler import Scheduler
+from akv_core.threads import phase_threads
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_TOKENS = 16_384
-# Measured on a 2-core CPU with this model size: decode is fastest on one thread, prefill on two.
-DEFAULT_THREADS = {"prefill": 2, "decode": 1}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Engine:
         self.cache = KVCache(kv_tokens)
         self.scheduler = Scheduler(self.cache, max_running)
         self.context_length: int = model.config.context_length
-        self._threads = dict(DEFAULT_THREADS if threads is None else threads)
+        self._threads = dict(threads) if threads is not None else None   # None: akv_core.threads decides
         self._lock = threading.Lock()              # one step at a time; guards scheduler and cache
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -78,15 +78,18 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2", device: str = "auto", kv_tokens: int | None = None,
-                        max_running: int = 8) -> Engine:
-        """Load `smollm2`, a GGUF file or a safetensors folder onto `device` ("auto", "cpu" or "cuda")."""
+                        max_running: int = 8, precision: str = "float32") -> Engine:
+        """Load `smollm2`, a GGUF file or a safetensors folder onto `device` ("auto", "cpu" or "cuda").
+
+        `precision` is the weights' (see `akv_core.model.loader.load_model`); "float32" is exact.
+        """
         from akv_core.model.loader import load_model
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
-        model = load_model(name_or_path, device=device)
+        model = load_model(name_or_path, device=device, precision=precision)
         if kv_tokens is None:
             kv_tokens = _default_kv_tokens(model, device)
         return cls(model, ChatTokenizer.from_model(name_or_path), kv_tokens, max_running)
@@ -188,8 +191,9 @@ class Engine:
 
     def _forward_and_sample(self, running: list[Request]) -> None:
         batch, owners, prefill_tokens = self._build_batch(running)
-        self._set_threads("prefill" if prefill_tokens else "decode")
-        logits = self.model.forward(batch, self.kv).float().cpu()   # sampling generators live on the CPU
+        phase = "prefill" if prefill_tokens else "decode"
+        with self._phase_threads(phase, batch.input_ids.numel()):
+            logits = self.model.forward(batch, self.kv).float().cpu()   # sampling generators live on the CPU
         for request in running:
             if request.prefilling:
                 request.next_stage += 1
@@ -277,10 +281,14 @@ class Engine:
             if self.scheduler.abort(request):
                 request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
 
-    def _set_threads(self, phase: str) -> None:
-        wanted = self._threads.get(phase)
-        if self.kv.device.type == "cpu" and wanted and torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
+    def _phase_threads(self, phase: str, new_tokens: int) -> AbstractContextManager:
+        if self.kv.device.type != "cpu":
+            return nullcontext()
+        if self._threads is None:
+            return phase_threads(phase, new_tokens)
+        if torch.get_num_threads() != self._threads[phase]:
+            torch.set_num_threads(self._threads[phase])
+        return nullcontext()
 
     # -- introspection ---------------------------------------------------------------------------
 

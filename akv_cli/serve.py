@@ -30,13 +30,16 @@ def serve(
     # Heavy imports here so that `akv --help` stays fast.
     from akv_core.model.locate import EMBEDDED_NAME, ModelNotFoundError, locate
     from akv_core.server.app import create_app
-    from akv_core.server.runner import serve_forever
+    from akv_core.server.runner import can_bind, serve_forever
 
     try:
         located = locate(model)
     except ModelNotFoundError as error:
         typer.echo(f"akv serve: {error}", err=True)
         raise typer.Exit(1) from None
+    if not can_bind(host, port):
+        typer.echo(f"akv serve: cannot listen on {host}:{port} (is the port taken?)", err=True)
+        raise typer.Exit(1)
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
     engine = _load_engine(model, chosen, kv_tokens, max_running)
@@ -44,7 +47,7 @@ def serve(
     app = create_app(engine, name, aliases=frozenset({model}))
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"))
     if not ready:
-        typer.echo(f"akv serve: could not listen on {host}:{port} (is the port taken?)", err=True)
+        typer.echo(f"akv serve: cannot listen on {host}:{port} (is the port taken?)", err=True)
         raise typer.Exit(1)
 
 

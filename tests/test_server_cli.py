@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -22,6 +23,17 @@ def test_a_missing_model_is_a_clear_message_and_exit_1(tmp_path) -> None:
     result = run_akv("serve", "--model", str(missing))
     assert result.returncode == 1
     assert "not found" in result.stderr and str(missing) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_taken_port_is_a_clear_message_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_akv("serve", "--port", str(port))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
 
 

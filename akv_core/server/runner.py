@@ -6,6 +6,7 @@ loopback port when asked for port 0 and returns only once the socket accepts.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,19 +29,34 @@ def serve_forever(app: FastAPI, host: str, port: int, on_ready: Callable[[str], 
     """
     server = _server(app, host, port, log_level)
 
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
+    async def announce() -> None:
+        while not server.started:
             await asyncio.sleep(0.05)
-        if server.started:
-            on_ready(_url(server, host))
-        await task
+        on_ready(_url(server, host))
+
+    async def main() -> None:
+        watcher = asyncio.create_task(announce())
+        try:
+            await server.serve()
+        finally:
+            watcher.cancel()
 
     try:
         asyncio.run(main())
     except SystemExit:  # uvicorn exits when it cannot bind
         return False
     return server.started
+
+
+def can_bind(host: str, port: int) -> bool:
+    """Whether (host, port) is free now: checked before a slow model load, not a guarantee."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError:
+        return False
+    return True
 
 
 @contextmanager

@@ -1,16 +1,66 @@
-"""The store on a real SQLite database: runs, lineage, de-duplication, idempotent evaluations."""
+"""The store contract, run against every backend: SQLite (always) and PostgreSQL (a throwaway
+server started here when its binaries and psycopg are installed)."""
 from __future__ import annotations
 
+import glob
+import importlib.util
+import os
+import shutil
+import socket
 import sqlite3
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
 
 import pytest
 
-from store import DuplicateRunName, Proposal, RunNotFound, Store, StoreError, TaskResult
+from store import DuplicateRunName, Proposal, RunNotFound, Store, StoreError, TaskResult, ValidationRecord
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(f"sqlite:///{tmp_path / 'akv.db'}")
+@pytest.fixture(scope="module")
+def postgres_server():
+    """A private PostgreSQL cluster on loopback; yields the admin URL."""
+    initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or [shutil.which("initdb")]
+    if not initdb[-1] or importlib.util.find_spec("psycopg") is None:
+        pytest.skip("PostgreSQL tests need the server binaries (apt-get install postgresql) and psycopg "
+                    "(pip install 'akv[postgres]')")
+    bindir = Path(initdb[-1]).parent
+    folder = Path(tempfile.mkdtemp(prefix="akv-pg-"))
+    folder.chmod(0o777)  # the server refuses to run as root; it runs as the postgres user
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(folder / "data"), "-A", "trust", "-U", "akv"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(folder / "data"), "-l", str(folder / "log"), "-w",
+                    "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://akv@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def fresh_database(server: str) -> str:
+    import psycopg
+
+    name = f"akv_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'akv.db'}"
+    else:
+        url = fresh_database(request.getfixturevalue("postgres_server"))
+    s = Store.open(url)
     yield s
     s.close()
 
@@ -65,6 +115,20 @@ def test_evaluations_are_stored_once_per_policy_task_split(store):
     assert len(store.evaluations(run.id)) == 2
 
 
+def test_validations_and_baselines_are_replaced_as_a_whole(store):
+    run = make_run(store)
+    std, _ = store.add_policy(run.id, Proposal("baseline", "S", text="S", hash="hs", name="standard-8k"))
+    cand, _ = store.add_policy(run.id, Proposal("mutate", "C", text="C", hash="hc"))
+    store.set_baseline(run.id, "standard", std)
+    store.set_baseline(run.id, "standard", std)  # idempotent on resume
+    assert store.baselines(run.id) == {"standard": std}
+    record = ValidationRecord(cand, "candidate", f"#{cand}", 5, 1.0, 0.004, {"cost": {"p_value": 0.03}},
+                              True, True, "champion: saves")
+    store.save_validations(run.id, [record])
+    store.save_validations(run.id, [record])
+    assert store.validations(run.id) == [record]
+
+
 def test_sqlite_uses_wal(tmp_path):
     path = tmp_path / "wal.db"
     Store.open(f"sqlite:///{path}").close()
@@ -101,3 +165,31 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path):
         Store.open(f"sqlite:///{path}")
     assert "not a database" in str(err.value)
     assert path.read_bytes() == before
+
+
+def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_server):
+    import random
+
+    import optuna
+
+    from evolve.config import OptunaProposerConfig
+    from evolve.context import Candidate, ProposerContext
+    from evolve.library import load_checked
+    from evolve.proposers.base import Outcome
+    from evolve.proposers.optuna_search import OptunaProposer
+    from store.database import normalize_url
+
+    url = fresh_database(postgres_server)
+    store = Store.open(url)
+    run = make_run(store)
+    parent = Candidate(1, load_checked("expert-8k").text, 0, 0.5, 0.01, ())
+    context = ProposerContext((parent,), (parent,), frozenset(), random.Random(0))
+    proposer = OptunaProposer(OptunaProposerConfig(), normalize_url(url), run.name, seed=0)
+    proposal = proposer.ask(context)
+    proposer.tell(proposal, 2, Outcome("evaluated", 0.6, 0.008))
+    store.close()
+    study = optuna.load_study(study_name=proposal.meta["study"], storage=normalize_url(url))
+    assert study.trials[0].values == [0.6, 0.008]
+    reopened = Store.open(url)
+    assert reopened.run(run.name).id == run.id  # our tables are intact beside optuna's
+    reopened.close()

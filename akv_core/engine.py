@@ -229,7 +229,7 @@ class Engine:
                 positions.append(request.layout.end_position + len(request.generated) - 1)
                 out_slots.append(slot)
                 if request.decode_kv is None:   # the visible prompt, then every reserved decode slot
-                    request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots)
+                    request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots).to(self.kv.device)
                 visible = len(request.layout.view_slots) + request.lease.decode_used
                 seqs.append(SeqAttention(start, 1, request.decode_kv[:visible]))
             logits_rows.append(len(ids) - 1)

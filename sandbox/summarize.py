@@ -22,6 +22,8 @@ SUMMARY_SYSTEM = (
     "found (names, numbers, dates, document ids) and what it was looking for. No preamble."
 )
 
+_TEXT_TOKENS: dict[tuple[int, str], int] = {}  # the counter is the process-wide shared tokenizer
+_TEXT_TOKENS_CAPACITY = 200_000
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _FACTLIKE = re.compile(r"\d|\b[A-Z][a-z]+|\b[a-z]+[-_:]\d")
 
@@ -139,7 +141,15 @@ class TextEditor:
         return body
 
     def _tokens(self, text: str) -> int:
-        return len(self.counter.encode(text))
+        # Successive summaries re-read the same sentences (the last summary, the agent's notes),
+        # so counts are memoized per tokenizer and text.
+        key = (id(self.counter), text)
+        count = _TEXT_TOKENS.get(key)
+        if count is None:
+            if len(_TEXT_TOKENS) >= _TEXT_TOKENS_CAPACITY:
+                _TEXT_TOKENS.clear()
+            count = _TEXT_TOKENS[key] = len(self.counter.encode(text))
+        return count
 
 
 def _paired(history: list[Message]) -> list[Message]:

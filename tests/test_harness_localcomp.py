@@ -200,3 +200,17 @@ def test_a_run_that_crashes_keeps_the_results_already_written(localcomp, tmp_pat
         run_tasks(localcomp, "train", "expert", limit=3, out_dir=tmp_path, progress=crash)
     (line,) = (tmp_path / "results.jsonl").read_text().splitlines()
     assert json.loads(line)["task_id"] == localcomp.tasks("train")[0].id
+
+
+def test_the_prefix_memo_gives_exactly_the_cold_accounting(localcomp) -> None:
+    from sandbox.backends.replay import TaskPrefixMemo
+
+    memo = TaskPrefixMemo()
+    # expert-8k warms the memo; rolling-3 shares its prefix, then misses and must catch up
+    for policy, expect_hits in (("expert-8k", False), ("rolling-3", True), ("expert-8k", True)):
+        hits = memo.hits
+        warm = run_tasks(localcomp, "train", policy, limit=2, backend=ReplayBackend(memo=memo))
+        cold = run_tasks(localcomp, "train", policy, limit=2, backend=ReplayBackend(memo=None))
+        assert [(r.tokens, r.n_requests) for r in warm.results] == [(r.tokens, r.n_requests) for r in cold.results]
+        assert (memo.hits > hits) == expect_hits
+    assert memo.misses > 0

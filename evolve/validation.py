@@ -63,7 +63,7 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
         score = compare_paired(scores, [r.score for r in standard], config.resamples, config.permutations, seed)
         ok, why = verdict(cost, score, info.id in front, config.alpha)
         if role == "baseline":
-            ok, why = False, f"baseline ({role})"
+            ok, why = False, f"baseline ({label.replace('_', ' ')})"
         if ok:
             eligible.append((cost.mean_delta, -score.mean_delta, info.id))
         stats = {"cost": cost.as_dict(), "score": score.as_dict(),

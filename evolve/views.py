@@ -63,6 +63,7 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
         console.print("rejections: " + "; ".join(f"{n}× {r}" for r, n in reasons.most_common(5)))
     validations = store.validations(run.id)
     if validations:
+        console.print("held-out validation:")
         for v in validations:
-            console.print(f"  held-out {v.label}: score {v.score_mean:.3f}, cost ${v.cost_mean:.5f} — {v.verdict}")
+            console.print(f"  {v.label}: score {v.score_mean:.3f}, cost ${v.cost_mean:.5f} — {v.verdict}")
         console.print(summary_line(validations))

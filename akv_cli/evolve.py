@@ -30,13 +30,13 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics."),
     ) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
-        from evolve.session import EvolveError, run_session
+        from evolve.command import EvolveError, run_command
 
         overrides = {"proposers": [proposer] if proposer else None, "suite": suite, "agent": agent,
                      "backend": backend, "max_candidates": max_candidates, "db": db, "run_name": run_name,
                      "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed}
         try:
-            run_session(config, overrides, resume)
+            run_command(config, overrides, resume)
         except EvolveError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(code=err.exit_code) from None

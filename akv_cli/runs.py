@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from evolve.report import render_html, summary_line
-        from evolve.session import print_comparison
+        from evolve.command import print_comparison
         from store import StoreError
 
         def body(store) -> None:

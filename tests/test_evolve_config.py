@@ -58,7 +58,7 @@ def test_every_field_is_documented():
 
 
 def test_default_run_names_count_up_so_a_repeated_make_evolve_never_collides():
-    from evolve.session import next_run_name
+    from evolve.command import next_run_name
 
     assert next_run_name(set()) == "evolve-001"
     assert next_run_name({"evolve-001", "evolve-002", "mine"}) == "evolve-003"

@@ -1,4 +1,4 @@
-"""One `akv evolve` invocation: open the store, create or resume the run, evolve, validate,
+"""One `akv evolve` command: open the store, create or resume the run, evolve, validate,
 export and print the comparison. User errors become EvolveError (one line, exit code 2);
 a proposer that stops working leaves the run resumable (exit code 3)."""
 from __future__ import annotations
@@ -100,7 +100,7 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str
     return proposers
 
 
-def run_session(config_path: Path | None, overrides: Mapping[str, Any], resume: bool,
+def run_command(config_path: Path | None, overrides: Mapping[str, Any], resume: bool,
                 console: Console | None = None) -> EvolutionResult:
     console = console or Console()
     try:

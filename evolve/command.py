@@ -144,6 +144,9 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         except ProposerUnavailable as err:
             store.set_run_status(run.id, "stopped", str(err))
             raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
+        except KeyboardInterrupt:
+            store.set_run_status(run.id, "stopped", "interrupted")
+            raise EvolveError(f"interrupted; resume with: akv evolve --resume --run-name {run.name}", 130) from None
     finally:
         evaluator.close()
     finish(store, store.run(run.id), result, console)

@@ -37,16 +37,6 @@ def test_a_taken_port_is_a_clear_message_and_exit_1() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_cuda_without_a_gpu_is_a_clear_message_and_exit_1() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA device")
-    result = run_akv("serve", "--device", "cuda")
-    assert result.returncode == 1
-    assert "no CUDA device" in result.stderr and "Traceback" not in result.stderr
-
-
 def test_an_unknown_device_is_refused_by_the_option_parser() -> None:
     result = run_akv("serve", "--device", "tpu")
     assert result.returncode == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 from akv_core.cache.key import REPOS, DropRecord, build_key
 from akv_core.cache.kv_cache import KVCache
 from akv_core.cache.layout import expand
+from akv_core.cache.planner import end_position
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from test_cache_support import SymbolicKV, account, reference_state, render
@@ -104,6 +105,14 @@ def test_drop_then_reposition_accounting_matches_the_reference():
     assert usage.repos_tokens == expected["repos"] > 0
     assert usage.cached_tokens == expected["cached"] == len(SYSTEM + TASK + CALL) + 1
     assert usage.prefilled_tokens == expected["prefilled"]
+
+
+def test_end_position_counts_what_reposition_compacts():
+    rendered = render([SYSTEM, TASK, CALL, RESULT])
+    n = len(rendered.token_ids)
+    assert end_position(build_key(rendered, validate_operations(4, {"3": [1]}, None))) == n
+    assert end_position(build_key(rendered, validate_operations(4, {"3": [1]}, [3]))) == n - len(TASK)
+    assert end_position(build_key(rendered, validate_operations(4, None, [3]))) == n
 
 
 def test_eviction_frees_least_recently_used_unlocked_leaves():

@@ -59,6 +59,11 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
     return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk)
 
 
+def end_position(key: CacheKey) -> int:
+    """The position of the first generated token: follows from the key alone (no tree needed)."""
+    return _walk(key, len(key), len(key.records), 0, 0).position
+
+
 @dataclass
 class Walk:
     """A key walked up to some point: the visible runs and where each reposition put its copies."""

@@ -6,9 +6,11 @@ Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our 
 each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill; activations
 and KV always fp32), then decode attention time per step over a 6K-token history with 70%
 of it dropped against nothing dropped. Contenders take turns (decode in short bursts,
-prefill once per round), so that load from other processes falls on all of them alike; a
-ratio is the median over rounds of the per-round ratio. Both sides run under the same
-per-phase thread policy (akv_core.threads).
+prefill once per round), so that load from other processes falls on all of them alike.
+Ratios compare process CPU time (steady on a shared machine, where wall time mostly
+measures the wait for a core); wall times are printed too. A ratio is the median over
+rounds of the per-round ratio. Both sides run under the same per-phase thread policy
+(akv_core.threads).
 """
 from __future__ import annotations
 
@@ -39,6 +41,19 @@ def load_reference():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+class Clock:
+    """Wall time and this process's CPU time. On a shared machine the CPU time is the steadier
+    measure of work (waiting for a core is not counted); with one thread per phase the two agree
+    on an idle machine."""
+
+    def __enter__(self) -> "Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 class ReferenceDecoder:
@@ -77,20 +92,20 @@ class OurDecoder:
 
 
 @torch.inference_mode()
-def reference_prefill(hf, prompt: torch.Tensor) -> float:
-    """seconds; logits of the last row only, as transformers' generate() asks for."""
-    start = time.perf_counter()
-    hf(prompt[None], use_cache=True, logits_to_keep=1)
-    return time.perf_counter() - start
+def reference_prefill(hf, prompt: torch.Tensor) -> Clock:
+    """Logits of the last row only, as transformers' generate() asks for."""
+    with Clock() as clock:
+        hf(prompt[None], use_cache=True, logits_to_keep=1)
+    return clock
 
 
-def our_prefill(model, prompt: torch.Tensor) -> float:
+def our_prefill(model, prompt: torch.Tensor) -> Clock:
     n = prompt.numel()
     kv = model.new_kv_buffers(n)
     slots = torch.arange(n)
-    start = time.perf_counter()
-    model.forward(ForwardBatch(prompt, slots, slots, [SeqAttention(0, n, slots)], torch.tensor([n - 1])), kv)
-    return time.perf_counter() - start
+    with Clock() as clock:
+        model.forward(ForwardBatch(prompt, slots, slots, [SeqAttention(0, n, slots)], torch.tensor([n - 1])), kv)
+    return clock
 
 
 def attention_ms(model, history: int, kept_fraction: float, steps: int) -> float:
@@ -105,20 +120,22 @@ def attention_ms(model, history: int, kept_fraction: float, steps: int) -> float
     q = torch.randn(1, c.num_heads, c.head_dim, generator=generator)
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
-        for layer in range(c.num_layers):
-            model.attend(layer, 0, q, kv, kept, None)
-        times.append(time.perf_counter() - start)
+        with Clock() as clock:
+            for layer in range(c.num_layers):
+                model.attend(layer, 0, q, kv, kept, None)
+        times.append(clock.cpu)
     return statistics.median(times) * 1e3
 
 
-def summary(title: str, unit: str, times: dict[str, list[float]], per_unit=lambda t: t) -> None:
-    """Median time per contender and the median of per-round ratios against transformers."""
+def summary(title: str, unit: str, clocks: dict[str, list[Clock]], scale: float, per_second) -> None:
+    """Median CPU and wall time per contender, and the median of per-round CPU-time ratios."""
     print(title)
-    base = times["transformers"]
-    for name, values in times.items():
-        ratio = statistics.median(b / v for b, v in zip(base, values))
-        print(f"  {name:13s} {statistics.median(values):9.2f} {unit}  {per_unit(statistics.median(values)):9.1f} tok/s"
+    base = clocks["transformers"]
+    for name, values in clocks.items():
+        cpu = statistics.median(c.cpu for c in values) * scale
+        wall = statistics.median(c.wall for c in values) * scale
+        ratio = statistics.median(b.cpu / v.cpu for b, v in zip(base, values))
+        print(f"  {name:13s} {cpu:9.2f} {unit} cpu  {wall:9.2f} {unit} wall  {per_second(cpu):8.1f} tok/s"
               f"  {ratio:5.2f}x transformers")
 
 
@@ -146,23 +163,23 @@ def main() -> None:
         decode = {name: [] for name in decoders}
         for _ in range(args.bursts):
             for name, decoder in decoders.items():
-                start = time.perf_counter()
-                for _ in range(args.burst_steps):
-                    decoder.step()
-                decode[name].append((time.perf_counter() - start) / args.burst_steps * 1e3)
+                with Clock() as clock:
+                    for _ in range(args.burst_steps):
+                        decoder.step()
+                decode[name].append(clock)
     prefill = {name: [] for name in ("transformers", *ours)}
     for round_index in range(args.rounds):
         with phase_threads("prefill", args.prefill_tokens) as prefill_threads:
             prefill["transformers"].append(reference_prefill(hf, prefill_prompt))
             for name, model in ours.items():
                 prefill[name].append(our_prefill(model, prefill_prompt))
-        print(f"prefill round {round_index + 1}/{args.rounds}: "
-              + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in prefill.items()), flush=True)
+        print(f"prefill round {round_index + 1}/{args.rounds} (cpu s): "
+              + ", ".join(f"{k} {v[-1].cpu:.2f}" for k, v in prefill.items()), flush=True)
 
     summary(f"decode ({decode_threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
-            f"{args.burst_steps} steps)", "ms/token", decode, lambda ms: 1e3 / ms)
-    summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s    ",
-            prefill, lambda seconds: args.prefill_tokens / seconds)
+            f"{args.burst_steps} steps)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms)
+    summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s",
+            prefill, 1.0, lambda seconds: args.prefill_tokens / seconds)
     with phase_threads("decode"):
         full = attention_ms(ours["float32"], args.history, 1.0, 10)
         dropped = attention_ms(ours["float32"], args.history, 0.3, 10)

@@ -95,11 +95,9 @@ class LayerWeights:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm in fp32, as the reference implementations do."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op, same arithmetic
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    scale = x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return weight * (x32 * scale).to(x.dtype)
 
 
 def visibility_mask(seq: SeqAttention, rows: slice | None = None) -> Tensor | None:
@@ -191,15 +189,19 @@ class CausalLM:
             q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
-        for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
-            for rows, slots, mask in seq_chunks:
-                lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
-                out[lo:hi] = self.attend(index, seq_index, q[lo:hi], kv, slots, mask)
-        x = x + w.o(out.view(-1, q_size))
+        if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
+            out = self.attend(index, 0, q, kv, chunks[0][0][1], chunks[0][0][2]).reshape(-1, q_size)
+        else:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
+            for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
+                for rows, slots, mask in seq_chunks:
+                    lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
+                    out[lo:hi] = self.attend(index, seq_index, q[lo:hi], kv, slots, mask)
+            out = out.view(-1, q_size)
+        x = x.add_(w.o(out))  # the residual stream is this pass's own tensor: update it in place
         h = rms_norm(x, w.mlp_norm, c.rms_norm_eps)
         gate, up = w.gate_up(h).chunk(2, dim=-1)
-        return x + w.down(F.silu(gate) * up)
+        return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)))
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                mask: Tensor | str | None) -> Tensor:

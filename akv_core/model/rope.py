@@ -110,9 +110,9 @@ class Rope:
         """x [n, heads, head_dim] rotated by precomputed angles (rotary dims only)."""
         half = self.rotary_dim // 2
         if self.rotary_dim == self.head_dim:
-            return x * cos + x.roll(half, dims=-1) * signed_sin
+            return (x * cos).add_(x.roll(half, dims=-1).mul_(signed_sin))
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
-        return torch.cat((rot * cos + rot.roll(half, dims=-1) * signed_sin, rest), dim=-1)
+        return torch.cat(((rot * cos).add_(rot.roll(half, dims=-1).mul_(signed_sin)), rest), dim=-1)
 
     def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate x [n, heads, head_dim] to `positions` [n]."""

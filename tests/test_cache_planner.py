@@ -221,3 +221,24 @@ def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_wind
             assert usage.prefilled_tokens == 20 + 2   # the new message and the header: nothing restored
     # ~14 visible messages, their birth slots and one copy each, plus the last header.
     assert sim.stats().slots_cached < 3 * (window + 2) * 20
+
+
+def test_a_running_request_keeps_what_a_finishing_one_would_free():
+    """A finishes a longer history whose later reposition supersedes copies B (still running) reads."""
+    cache, kv = KVCache(1000), SymbolicKV()
+    short = render(agent_history(2))
+    long = render(agent_history(3))
+    ops_short = ({"5": [3]}, [5])
+    ops_long = ({"5": [3], "7": [2]}, [5, 7])
+    run_symbolic(cache, kv, short, *ops_short)           # the cached state both extend
+    short_key = build_key(short, validate_operations(6, *ops_short))
+    plan = cache.plan(short_key)
+    running = cache.admit(plan, 2)                      # B: locks the path through message 5's records
+    layout = expand(cache.tree.path(plan.match.node), running)
+    for stage in layout.stages:
+        kv.run_stage(stage)
+    run_symbolic(cache, kv, long, *ops_long)            # A: computes, finishes, frees what it can
+    run_symbolic(cache, kv, render([(99,) * 40]), None, None)   # reuses any freed slot
+    assert kv.state(layout.view_slots, layout.end_position) == reference_state(short_key)
+    cache.release(running, keep_prompt=True)
+    cache.check_integrity()

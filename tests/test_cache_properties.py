@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akv_core.cache.key import build_key
+from akv_core.cache.layout import expand
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
@@ -90,3 +91,35 @@ def test_reused_state_always_equals_the_state_the_operations_define(sequence, po
             continue   # larger than the pool
         key = build_key(rendered, validate_operations(len(messages), drops, repos))
         assert result[0] == reference_state(key)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(requests, st.integers(0, 3), st.booleans()), min_size=1, max_size=10), st.integers(40, 90))
+def test_concurrent_requests_reuse_correct_state_and_leak_nothing(actions, pool):
+    """Requests overlap: admitted ones hold locks while others finish, insert, free dropped KV and evict."""
+    cache, kv = KVCache(pool), SymbolicKV()
+    live = []
+    for (messages, drops, repos), finish_count, completed in actions:
+        for lease, layout, key in live[:finish_count]:
+            # Nothing a live request reads was freed and reused while it ran.
+            assert kv.state(layout.view_slots, layout.end_position) == reference_state(key)
+            cache.release(lease, keep_prompt=completed)
+            cache.check_integrity()
+        del live[:finish_count]
+        rendered = render(messages)
+        key = build_key(rendered, validate_operations(len(messages), drops, repos))
+        plan = cache.plan(key)
+        if not cache.can_admit(plan, 2):
+            continue
+        lease = cache.admit(plan, 2)
+        layout = expand(cache.tree.path(plan.match.node), lease)
+        for stage in layout.stages:
+            kv.run_stage(stage)
+        assert kv.state(layout.view_slots, layout.end_position) == reference_state(key)
+        live.append((lease, layout, key))
+        cache.check_integrity()
+    for lease, layout, key in live:
+        assert kv.state(layout.view_slots, layout.end_position) == reference_state(key)
+        cache.release(lease, keep_prompt=True)
+    cache.check_integrity()
+    assert cache.stats().slots_used == cache.stats().slots_cached

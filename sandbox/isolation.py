@@ -4,17 +4,19 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
 
 - resource limits: CPU time, address space, file size, no core dumps (setrlimit);
 - a process-count limit. RLIMIT_NPROC counts processes per *user* and is not enforced for
-  root, so when we run as root each sandbox gets its own unused unprivileged uid: the
+  root, so when we run as root each command gets its own unused unprivileged uid: the
   command runs as that uid, the limit then holds, the uid owns nothing else on the host
-  (it can write only its own folder and world-writable places), and every process it
-  leaves behind can be found and killed by uid, even ones that left the process group.
+  (it can write only the sandbox folder, through the sandbox's group, and world-writable
+  places), and every process it leaves behind can be found and killed by uid, even ones
+  that left the process group.
   The interpreter may live in a folder only root can enter, so the uid keeps one
   capability, CAP_DAC_READ_SEARCH (read and search anywhere, write nothing), and
   no_new_privs stops setuid programs from giving root back;
 - no network: a fresh network namespace (only a downed loopback) when the kernel lets
   us create one; otherwise a `sitecustomize` that refuses Python-level socket connections
   (weaker: it does not stop a subprocess written in C);
-- a wall timeout after which every process of the command is killed;
+- a wall timeout after which every process of the command is killed (not root: its
+  process group);
 - bounded output: the first `output_bytes` of stdout+stderr are kept, the rest counted;
 - no address-space randomization (personality ADDR_NO_RANDOMIZE): Python 3.11 hashes
   None by its address, so with ASLR a test suite parametrized from a set of tuples gets
@@ -43,7 +45,7 @@ from typing import Mapping, Sequence
 
 _CLONE_NEWNET = 0x40000000
 _ADDR_NO_RANDOMIZE = 0x0040000
-_UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per sandbox
+_UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per command, one gid per sandbox
 _NO_NET_SITE = '''\
 """Installed by the sandbox when no network namespace is available: no outbound sockets."""
 import socket as _socket

@@ -1,8 +1,131 @@
-"""`akv` commands of this group (filled in by the owning layer)."""
+"""`akv bench serving|cost|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
+
+The benchmarks ship with the source checkout (they are not part of the installed packages), so
+they are imported from the checkout this command was installed from.
+"""
 from __future__ import annotations
 
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
 import typer
+
+bench = typer.Typer(help="Benchmarks measured side by side in one run (they take minutes, not seconds).",
+                    no_args_is_help=True)
+
+JSON_HELP = "Print the figures as one JSON object."
+SUITES_HELP = "Comma-separated suites (a suite that cannot be loaded is left out with a note)."
 
 
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
+    app.add_typer(bench, name="bench")
+
+
+@bench.command()
+def serving(
+    streams: int = typer.Option(8, min=1, help="Tasks per policy; concurrency c replays the first c."),
+    steps: int = typer.Option(3, min=1, help="Agent steps recorded per task."),
+    concurrency: str = typer.Option("1,4,8", help="Comma-separated numbers of concurrent streams."),
+    max_tokens: int = typer.Option(4, min=1, help="Tokens generated per request."),
+    kv_tokens: int | None = typer.Option(None, min=1, help="KV pool of the server (default: sized so that "
+                                                          "Standard's streams do not fit together)."),
+    suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Replay recorded agent trajectories against `akv serve`: throughput, latency, prefill, attention."""
+    module = _benchmark("serving")
+    levels = _numbers(concurrency, "--concurrency")
+    settings = module.Settings(streams, steps, levels, max_tokens, kv_tokens, module.Settings.pool_fraction,
+                               _names(suites))
+    _report(module, settings, as_json)
+
+
+@bench.command()
+def cost(
+    tasks: int = typer.Option(40, min=0, help="localcomp held-out tasks (0: the whole split)."),
+    swe_tasks: int = typer.Option(4, min=0, help="localswe held-out tasks (0: the whole split)."),
+    resamples: int = typer.Option(2000, min=100, help="Bootstrap resamples."),
+    seed: int = typer.Option(0, help="Seed of the resampling."),
+    suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Score and cost per policy on the held-out splits, with intervals and a paired test against Standard."""
+    module = _benchmark("cost")
+    settings = module.Settings(tasks or None, swe_tasks or None, resamples, seed, _names(suites))
+    _report(module, settings, as_json)
+
+
+@bench.command()
+def replay(
+    tasks: int = typer.Option(10, min=1, help="localcomp train tasks per policy."),
+    repeat: int = typer.Option(5, min=1, help="Passes over all trajectories."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Requests per second of the replay accounting (the per-candidate work of evolution)."""
+    module = _benchmark("replay")
+    figures = _guarded(lambda: module.measure(tasks, repeat))
+    if as_json:
+        typer.echo(json.dumps(figures))
+        return
+    from benchmarks.common import format_table, ratio
+
+    typer.echo(f"replay: {figures['trajectories']} trajectories, {figures['requests']:,} requests, "
+               f"{figures['prompt_tokens']:,} prompt tokens, x{figures['repeat']}")
+    target = figures["target_requests_per_s"]
+    typer.echo(format_table(
+        ["path", "requests/s", "x target"],
+        [["accounting (pre-rendered)", figures["accounting_requests_per_s"],
+          ratio(figures["accounting_requests_per_s"], target)],
+         ["replay backend (render + accounting)", figures["replay_backend_requests_per_s"],
+          ratio(figures["replay_backend_requests_per_s"], target)]]))
+    typer.echo(f"target {target:,} requests/s of accounting: {'met' if figures['meets_target'] else 'missed'}")
+
+
+def _report(module: ModuleType, settings: Any, as_json: bool) -> None:
+    figures = _guarded(lambda: module.measure(settings, progress=lambda text: typer.echo(text, err=True)))
+    typer.echo(json.dumps(figures) if as_json else module.render(figures))
+
+
+def _guarded(run: Any) -> Any:
+    """Run a benchmark; a setting the user got wrong ends with one line, not a traceback."""
+    try:
+        return run()
+    except ValueError as err:
+        typer.echo(f"akv bench: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _benchmark(name: str) -> ModuleType:
+    """`benchmarks.<name>` from the checkout next to this package."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / f"{name}.py").is_file():
+        typer.echo(f"akv bench: benchmarks/{name}.py is not here; the benchmarks ship with the source "
+                   f"checkout (pip install -e .)", err=True)
+        raise typer.Exit(1)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def _numbers(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        typer.echo(f"akv bench: {option} expects positive integers separated by commas, got {text!r}", err=True)
+        raise typer.Exit(1)
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        typer.echo("akv bench: --suites expects at least one suite name", err=True)
+        raise typer.Exit(1)
+    return names

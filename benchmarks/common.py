@@ -1,0 +1,90 @@
+"""What the benchmarks share: recorded scripted-agent runs, statistics, ratios and a text table."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The paper's baselines and our policy, at the 8K-context scale of the embedded model.
+AKV, STANDARD, TEXT_ENGINEERING = "expert-8k", "standard-8k", "text-engineering-8k"
+SUITES = ("localcomp", "localswe")
+
+
+def present_suites(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(suites that load, notes on the ones left out): a suite still being written is skipped, not fatal."""
+    from sandbox.suites import get_suite
+
+    present, notes = [], []
+    for name in wanted:
+        try:
+            get_suite(name)
+        except ImportError as err:
+            notes.append(f"{name} left out: {err}")
+            continue
+        present.append(name)
+    if not present:
+        raise ValueError(f"none of the suites {', '.join(wanted)} can be loaded: {'; '.join(notes)}")
+    return present, notes
+
+
+def run_split(suite: str, split: str, policy: str, *, limit: int | None = None, max_steps: int | None = None,
+              out_dir: Path | None = None) -> Any:
+    """The harness's RunReport for the scripted agent on the replay backend (no model)."""
+    from sandbox.harness import RunLimits, run_tasks
+
+    limits = RunLimits() if max_steps is None else RunLimits(max_steps=max_steps)
+    return run_tasks(suite, split, policy, agent="scripted", backend="replay", limit=limit,
+                     out_dir=out_dir, limits=limits)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (linear interpolation); 0.0 for no values."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else 0.0
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """numerator / denominator, or None when the denominator is zero (no ratio to report)."""
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """[resamples, n] bootstrap index draws; paired statistics use the same draws for every column."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap samples."""
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain fixed-width table: first column left-aligned, the others right-aligned."""
+    cells = [[str(c) for c in header]] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def verdict(value: float | None, target: float) -> str:
+    """'met' / 'missed' for a ratio that should reach `target`; '-' when there is no ratio."""
+    if value is None:
+        return "-"
+    return "met" if value >= target else "missed"

@@ -88,3 +88,14 @@ def test_when_no_tool_output_stays_visible_it_gives_up_and_submits(task) -> None
         visible.append(False)
     assert names == ["run_tests"] * 3 + ["submit"]
     assert action.final_answer.startswith("No repair found")
+
+
+def test_a_visible_placeholder_counts_as_dropped(task) -> None:
+    # Text-mode policies keep messages visible but replace their text: the agent must ask again.
+    agent = LocalSWE().scripted_agent(task)
+    messages = task.initial_messages()
+    first = agent.act(AgentView(task, list(messages), [True, True], None, 0)).message
+    messages += [first, {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"],
+                         "content": "[tool output omitted]"}]
+    second = agent.act(AgentView(task, list(messages), [True] * 4, None, 1)).message
+    assert second["tool_calls"][0]["function"] == first["tool_calls"][0]["function"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from sandbox.suite import AgentAction, AgentView, Task
 from sandbox.suites.localswe.mutate import repairs_of_line
@@ -33,6 +33,7 @@ MAX_FUNCTION_LINES = 150
 CALLEE_DEPTH = 2  # the test's callees, then theirs
 _BRANCH = re.compile(r"^\s*(if|elif|while)\b|[<>=!]=|[<>]| (not )?in | is ")
 _FRAME = re.compile(r"^([\w./-]+\.py):(\d+): (?:in (\w+)|\w)", re.M)
+_PYTEST_TALLY = re.compile(r"\d+ (passed|failed|errors?)\b|no tests ran")
 _VIEW_LINE = re.compile(r"^ *(\d+)\t(.*)$", re.M)
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 _NOT_LIBRARY = {"assert", "print", "len", "str", "int", "float", "list", "dict", "set", "tuple", "isinstance",
@@ -114,21 +115,27 @@ class ScriptedRepairAgent:
 
     # -- the plan ------------------------------------------------------------------------
 
-    def _ask(self, name: str, args: dict[str, Any], fresh: bool = False) -> Script:
-        """The answer to a tool call: recalled when visible and still valid, else (re)made."""
+    def _ask(self, name: str, args: dict[str, Any], fresh: bool = False,
+             valid: Callable[[str], bool] = lambda text: True) -> Script:
+        """The answer to a tool call: recalled when visible and still valid, else (re)made.
+
+        `valid` rejects an answer that is visible but no longer says what the tool said (a
+        text-mode policy may have replaced it with a summary or a placeholder).
+        """
         call = (name, args)
         for _ in range(3):
             known = None if fresh else self._recall(call)
-            if known is not None:
+            if known is not None and valid(known):
                 return known
             answer = yield call
-            if answer is not None:
+            if answer is not None and valid(answer):
                 return answer
         return ""
 
     def _plan(self) -> Script:
         failing = _failing_ids(self._visible_issue() or "")
-        first = yield from self._ask("run_tests", {"selector": shlex.join(failing[:3])}, fresh=True)
+        first = yield from self._ask("run_tests", {"selector": shlex.join(failing[:3])}, fresh=True,
+                                     valid=lambda text: bool(_PYTEST_TALLY.search(text)))
         failing = failing or re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", first, re.M)
         frames = [(p, int(n), fn or "") for p, n, fn in _FRAME.findall(first)]
         library = [f for f in reversed(frames) if not is_test_path(f[0])]  # deepest first
@@ -201,8 +208,9 @@ class ScriptedRepairAgent:
 
     def _window(self, path: str, line: int, before: int = 12, after: int = 12) -> Script:
         """Lines around `line` as {number: text}, from a visible view or a new read_file."""
-        view = yield from self._ask("read_file", {"path": path, "start": max(1, line - before), "end": line + after})
-        return {int(n): text for n, text in _VIEW_LINE.findall(view)} if view else {}
+        view = yield from self._ask("read_file", {"path": path, "start": max(1, line - before), "end": line + after},
+                                    valid=lambda text: bool(_VIEW_LINE.search(text)))
+        return {int(n): text for n, text in _VIEW_LINE.findall(view)}
 
     def _attempt(self, path: str, line: int, before: str, after: str, window: dict[int, str],
                  failing: list[str]) -> Script:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from evolve.config import ConfigError, EvolveConfig, load_config
 from evolve.export import export_run
-from evolve.library import UnknownPolicy, library_texts
+from evolve.library import UnknownPolicy, library_texts, load_checked
 from evolve.loop import Evolution, EvolutionResult
 from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
@@ -126,6 +126,13 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         # Checked before the (slow) suite and backend start; create_run still guards races.
         raise DuplicateRunName(f"--run-name: a run named {config.run_name!r} already exists; pass --resume to "
                                "continue it or choose another name")
+    named = [("seed_policies", n) for n in config.seed_policies]
+    named += [(f"baselines.{role}", n) for role, n in config.baselines.model_dump().items()]
+    for field, name in named:  # an unknown or invalid policy stops us before a run is created
+        try:
+            load_checked(name)
+        except UnknownPolicy as err:
+            raise EvolveError(f"{field}: {err}") from None
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
     except ValueError as err:

@@ -186,7 +186,12 @@ def test_user_errors_are_one_line_and_lose_nothing(killed_and_resumed, tmp_path)
     config.write_text("max_candidates: 3\ncascade:\n  subset: 2\n")
     bad_config = runner.invoke(app, ["evolve", "--config", str(config), "--db", url])
     assert bad_config.exit_code == 2 and f"{config}:3: cascade.subset: unknown field" in bad_config.output
-    for result in (again, bad_db, bad_config):
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text("seed_policies: [no-such-policy]\n")
+    unknown = runner.invoke(app, ["evolve", "--config", str(seeds), "--db", url, "--run-name", "never-made"])
+    assert unknown.exit_code == 2 and "no-such-policy" in unknown.output
+    assert "never-made" not in {n for (n,) in rows(db, "SELECT name FROM akv_runs")}
+    for result in (again, bad_db, bad_config, unknown):
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert "Traceback" not in result.output
     assert "db" not in json.loads(rows(db, "SELECT config FROM akv_runs")[0][0])  # no password at rest

@@ -35,6 +35,8 @@ from akv_core.threads import phase_threads
 
 _log = logging.getLogger(__name__)
 
+# At least this many slots on the CPU; the default is 4 contexts' worth, since a full prompt,
+# its re-rotated copies after a reposition and the decode reservation must fit at once.
 DEFAULT_CPU_KV_TOKENS = 16_384
 
 
@@ -333,9 +335,9 @@ def _to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
 
 
 def _default_kv_tokens(model: Any, device: str) -> int:
-    """CPU: a fixed pool; CUDA: half of the free memory."""
+    """CPU: four contexts' worth of slots; CUDA: half of the free memory."""
     if device == "cpu":
-        return DEFAULT_CPU_KV_TOKENS
+        return max(DEFAULT_CPU_KV_TOKENS, 4 * model.config.context_length)
     free, _ = torch.cuda.mem_get_info()
     c = model.config
     per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.finfo(model.dtype).bits // 8

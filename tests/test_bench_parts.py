@@ -1,0 +1,114 @@
+"""The benchmarks' arithmetic on made-up figures: tables, ratios, pool sizing, intervals, the paired test."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import common, cost, serving
+
+
+def test_format_table_aligns_columns_and_marks_missing_values() -> None:
+    text = common.format_table(["name", "value"], [["a", 1234], ["longer", None], ["b", 0.5]])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1
+    assert lines[2].endswith("1,234") and lines[3].endswith("-") and lines[4].endswith("0.500")
+
+
+def test_ratio_and_verdict() -> None:
+    assert common.ratio(3.0, 2.0) == 1.5
+    assert common.ratio(1.0, 0.0) is None
+    assert common.verdict(1.6, 1.53) == "met"
+    assert common.verdict(1.2, 1.53) == "missed"
+    assert common.verdict(None, 1.53) == "-"
+
+
+def _cell(policy: str, c: int, **figures: float) -> dict:
+    base = {"input_tok_s": 100.0, "visible_input_tok_s": 100.0, "output_tok_s": 10.0, "agent_steps_per_s": 1.0,
+            "p50_latency_s": 1.0, "p95_latency_s": 2.0, "prefilled_tokens": 1000,
+            "attention_ms_per_decode_step": 1.0}
+    return {"policy": policy, "concurrency": c, **base, **figures}
+
+
+def test_serving_ratios_put_akv_over_each_baseline_per_concurrency() -> None:
+    cells = [_cell(serving.AKV, 4, input_tok_s=300.0, p95_latency_s=1.0, prefilled_tokens=500,
+                   attention_ms_per_decode_step=0.5),
+             _cell(serving.STANDARD, 4), _cell(serving.TEXT_ENGINEERING, 4, input_tok_s=150.0)]
+    rows = serving.ratios(cells)
+    assert [(r["baseline"], r["concurrency"]) for r in rows] == [(serving.STANDARD, 4),
+                                                                  (serving.TEXT_ENGINEERING, 4)]
+    vs_standard = rows[0]
+    assert vs_standard["input_throughput"] == 3.0       # higher is better: AKV / baseline
+    assert vs_standard["p95_latency"] == 2.0            # lower is better: baseline / AKV
+    assert vs_standard["prefilled_tokens"] == 2.0
+    assert vs_standard["attention_per_decode_step"] == 2.0
+    assert rows[1]["input_throughput"] == 2.0
+
+
+def _stream(policy: str, visible: tuple[int, ...], prompt: tuple[int, ...]) -> serving.Stream:
+    return serving.Stream(policy, "t", (), ("agent",) * len(visible), visible, prompt)
+
+
+def test_pool_is_smaller_than_standard_needs_but_holds_the_longest_request() -> None:
+    streams = {serving.STANDARD: [_stream(serving.STANDARD, (1000, 6000), (1000, 6000))] * 8,
+               serving.AKV: [_stream(serving.AKV, (1000, 3000), (1000, 9000))] * 8}
+    settings = serving.Settings(streams=8, concurrency=(1, 4, 8), max_tokens=4)
+    kv = serving.pool_size(streams, settings)
+    assert kv < 8 * 6000
+    assert kv >= 9000 + 4
+    assert serving.pool_size(streams, serving.Settings(kv_tokens=1234)) == 1234
+
+
+def test_salted_requests_differ_only_in_the_first_message_and_max_tokens() -> None:
+    from sandbox.backends import BackendRequest
+
+    request = BackendRequest(messages=({"role": "system", "content": "sys"}, {"role": "user", "content": "q"}),
+                             drop_message={"1": [0]}, max_tokens=1)
+    stream = serving.Stream(serving.AKV, "t", (request,), ("agent",), (1,), (2,))
+    (sent,) = serving.salted(stream, "run-1", 3)
+    assert sent.messages[0]["content"] == "[run-1] sys"
+    assert sent.messages[1] is request.messages[1]
+    assert sent.max_tokens == 3 and sent.drop_message == request.drop_message
+    assert request.messages[0]["content"] == "sys"
+
+
+def _run(scores: list[float], costs: list[float]) -> cost.PolicyRun:
+    return cost.PolicyRun(tuple(f"t{i}" for i in range(len(scores))), np.array(scores, float),
+                          np.array(costs, float), 0)
+
+
+def test_compare_reports_the_cost_change_and_no_loss_for_equal_scores() -> None:
+    settings = cost.Settings(resamples=500)
+    akv = _run([1, 0, 1, 1], [0.6, 0.7, 0.5, 0.6])
+    base = _run([1, 0, 1, 1], [1.0, 1.0, 1.0, 1.0])
+    result = cost.compare(akv, base, cost.STANDARD, settings)
+    assert result["cost_change"] == pytest.approx(-0.4)
+    low, high = result["cost_change_ci"]
+    assert low <= -0.4 <= high < 0
+    assert result["score_difference"] == 0 and result["score_p_value"] == 1.0
+    assert not result["significant_score_loss"]
+
+
+def test_compare_flags_a_consistent_score_loss() -> None:
+    settings = cost.Settings(resamples=2000)
+    akv = _run([0.0] * 12, [0.5] * 12)
+    base = _run([1.0] * 12, [1.0] * 12)
+    result = cost.compare(akv, base, cost.STANDARD, settings)
+    assert result["score_difference"] == -1.0
+    assert result["score_p_value"] < 0.01
+    assert result["significant_score_loss"]
+
+
+def test_compare_refuses_unpaired_runs() -> None:
+    akv = _run([1.0], [1.0])
+    base = cost.PolicyRun(("other",), np.array([1.0]), np.array([1.0]), 0)
+    with pytest.raises(ValueError, match="different tasks"):
+        cost.compare(akv, base, cost.STANDARD, cost.Settings(resamples=100))
+
+
+def test_pooled_concatenates_suites_in_the_same_order_for_every_policy() -> None:
+    runs = {suite: {policy: _run([1.0, 0.0], [0.1, 0.2]) for policy in cost.POLICIES}
+            for suite in ("a", "b")}
+    pooled = cost.pooled(runs)
+    assert set(pooled) == set(cost.POLICIES)
+    assert len(pooled[cost.AKV].scores) == 4
+    assert pooled[cost.AKV].task_ids == pooled[cost.STANDARD].task_ids

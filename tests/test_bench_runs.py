@@ -1,0 +1,60 @@
+"""Each benchmark at a tiny size through `akv bench ... --json`: one JSON object with the expected figures.
+
+Only the structure and the accounting identities are checked; timings depend on the machine.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from akv_cli.main import app
+
+
+def _bench(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["bench", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_replay_bench_reports_requests_per_second() -> None:
+    figures = _bench("replay", "--tasks", "1", "--repeat", "1")
+    assert figures["requests"] > 0 and figures["accounting_requests_per_s"] > 0
+    assert isinstance(figures["meets_target"], bool)
+
+
+@pytest.mark.slow
+def test_cost_bench_pairs_policies_on_the_same_tasks() -> None:
+    figures = _bench("cost", "--suites", "localcomp", "--tasks", "2", "--resamples", "200")
+    group = figures["groups"]["localcomp"]
+    assert [p["policy"] for p in group["policies"]] == ["expert-8k", "standard-8k", "text-engineering-8k", "full"]
+    for row in group["policies"]:
+        assert row["tasks"] == 2
+        assert row["cost_ci"][0] <= row["cost_usd"] <= row["cost_ci"][1]
+        assert 0.0 <= row["score"] <= 1.0
+    assert [c["baseline"] for c in group["comparisons"]] == ["standard-8k", "text-engineering-8k"]
+    assert 0.0 < group["comparisons"][0]["score_p_value"] <= 1.0
+    assert isinstance(figures["target"]["met"], bool)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.server
+def test_serving_bench_replays_every_policy_against_a_live_server() -> None:
+    figures = _bench("serving", "--suites", "localcomp", "--streams", "1", "--steps", "2",
+                     "--concurrency", "1", "--max-tokens", "1")
+    cells = figures["cells"]
+    assert [(c["policy"], c["concurrency"]) for c in cells] == [
+        ("expert-8k", 1), ("standard-8k", 1), ("text-engineering-8k", 1)]
+    for cell in cells:
+        assert cell["errors"] == 0 and cell["requests"] >= 2
+        assert cell["prompt_tokens"] > 0 and cell["prefilled_tokens"] > 0
+        assert cell["p50_latency_s"] <= cell["p95_latency_s"]
+        assert cell["attention_ms_per_decode_step"] > 0
+        # one stream alone in a pool that holds it: nothing is recomputed beyond the replay accounting's
+        # minimum, give or take the chat template's opening tokens, which runs share
+        assert abs(cell["evicted_recompute_tokens"]) <= 16
+    assert [r["baseline"] for r in figures["ratios"]] == ["standard-8k", "text-engineering-8k"]
+    assert figures["settings"]["kv_tokens"] > 0

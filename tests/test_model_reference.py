@@ -99,6 +99,7 @@ def test_long_prefill_in_chunks_matches_transformers(model, reference, monkeypat
     assert (logits - expected).abs().max() < TOLERANCE
 
 
+@pytest.mark.filterwarnings("ignore:fbgemm_linear_fp16_weight_fp32_activation is deprecated")
 def test_mixed_precision_weights_stay_close_to_fp32(model):
     """bf16 weights for the prefill, fp16 (fbgemm) for decode steps, fp32 activations: logits near
     the exact ones and the same greedy tokens on a real chat prompt."""

@@ -69,7 +69,9 @@ warnings.filterwarnings("ignore", message=r"fbgemm_.* is deprecated")
 def _pack_fp16(weight: Tensor) -> Tensor:
     """fbgemm's packed fp16 weight where this torch has the kernel (x86 CPU), else a plain fp16 copy."""
     if weight.device.type == "cpu" and hasattr(torch, "fbgemm_linear_fp16_weight_fp32_activation"):
-        return torch.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
+        with warnings.catch_warnings():  # at load time only; the filter above covers the calls
+            warnings.simplefilter("ignore")
+            return torch.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
     return weight.half()
 
 

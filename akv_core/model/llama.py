@@ -3,9 +3,10 @@
 One forward pass serves prefill, decode and restore alike: every new token is
 embedded, its K/V is written into the pool slot the engine chose, and each
 sequence attends to exactly the slots it lists (drops are slots left out; a
-restore's segment visibility is an explicit mask). Weights are plain tensors,
-q/k/v and gate/up fused, so a decode step is a few large matmuls per layer and
-no module machinery. Logits are computed only for the rows asked for.
+restore's segment visibility is an explicit mask). Weights are plain tensors
+behind a small `Linear` (fp32, fp16 or mixed precision), q/k/v and gate/up
+fused, so a decode step is a few large matmuls per layer and no module
+machinery. Logits are computed only for the rows asked for.
 """
 from __future__ import annotations
 
@@ -177,8 +178,16 @@ class CausalLM:
 
     def _block(self, index: int, w: LayerWeights, x: Tensor, cos: Tensor, sin: Tensor, batch: ForwardBatch,
                kv: KVBuffers, chunks: list) -> Tensor:
+        eps = self.config.rms_norm_eps
+        # The residual stream is this pass's own tensor: it is updated in place.
+        x = x.add_(self._self_attention(index, w, rms_norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks))
+        gate, up = w.gate_up(rms_norm(x, w.mlp_norm, eps), out_dtype=torch.bfloat16).chunk(2, dim=-1)
+        return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))  # bf16 only in a mixed prefill
+
+    def _self_attention(self, index: int, w: LayerWeights, h: Tensor, cos: Tensor, sin: Tensor,
+                        batch: ForwardBatch, kv: KVBuffers, chunks: list) -> Tensor:
+        """Project, rotate, write the new K/V into the pool, attend per sequence, project back."""
         c = self.config
-        h = rms_norm(x, w.attn_norm, c.rms_norm_eps)
         qkv = w.qkv(h)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
@@ -194,18 +203,13 @@ class CausalLM:
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
         if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
-            out = self.attend(index, 0, q, kv, chunks[0][0][1], chunks[0][0][2]).reshape(-1, q_size)
-        else:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
-            for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
-                for rows, slots, mask in seq_chunks:
-                    lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
-                    out[lo:hi] = self.attend(index, seq_index, q[lo:hi], kv, slots, mask)
-            out = out.view(-1, q_size)
-        x = x.add_(w.o(out))  # the residual stream is this pass's own tensor: update it in place
-        h = rms_norm(x, w.mlp_norm, c.rms_norm_eps)
-        gate, up = w.gate_up(h, out_dtype=torch.bfloat16).chunk(2, dim=-1)  # bf16 only in a mixed prefill
-        return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))
+            return w.o(self.attend(index, 0, q, kv, chunks[0][0][1], chunks[0][0][2]).reshape(-1, q_size))
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
+        for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
+            for rows, slots, mask in seq_chunks:
+                lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
+                out[lo:hi] = self.attend(index, seq_index, q[lo:hi], kv, slots, mask)
+        return w.o(out.view(-1, q_size))
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                mask: Tensor | str | None) -> Tensor:

@@ -75,10 +75,13 @@ class ScriptedRepairAgent:
 
     def act(self, view: AgentView) -> AgentAction:
         self._view = view
-        if not self._started:
-            self._started, request = True, next(self._script)
-        else:
-            request = self._script.send(self._result_of(self._pending))
+        try:
+            if not self._started:
+                self._started, request = True, next(self._script)
+            else:
+                request = self._script.send(self._result_of(self._pending))
+        except StopIteration:  # asked again after its final answer: it has nothing to add
+            request = "Submitted."
         if isinstance(request, str):
             return AgentAction({"role": "assistant", "content": request}, final_answer=request)
         name, args = request

@@ -165,7 +165,7 @@ def render(figures: Mapping[str, Any]) -> str:
         lines.append(format_table(
             ["AKV vs", "cost change", "95% CI", "score diff", "95% CI", "p (paired)", "significant loss"],
             [[c["baseline"], _percent(c["cost_change"]), _span(c["cost_change_ci"], 100, percent=True),
-              c["score_difference"], _span(c["score_difference_ci"]), c["score_p_value"],
+              c["score_difference"], _span(c["score_difference_ci"]), _p(c["score_p_value"]),
               "yes" if c["significant_score_loss"] else "no"] for c in group["comparisons"]]))
     headline = figures["groups"]["pooled" if "pooled" in figures["groups"] else s["suites"][0]]["comparisons"]
     lines += ["", f"paper: AKV {_percent(-TARGET_SAVING)} vs Standard, {_percent(-PAPER_SAVING_VS_TEXT)} vs Text "
@@ -179,6 +179,10 @@ def render(figures: Mapping[str, Any]) -> str:
 def _span(bounds: Sequence[float], scale: float = 1.0, percent: bool = False) -> str:
     low, high = (bound * scale for bound in bounds)
     return f"[{low:+.1f}%, {high:+.1f}%]" if percent else f"[{low:.3f}, {high:.3f}]"
+
+
+def _p(value: float) -> str:
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
 def _percent(value: float) -> str:

@@ -10,6 +10,7 @@ Hugging Face folders bring their tokenizer.json and tokenizer_config.json.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def _from_gguf_cached(files: ModelFiles) -> TokenizerFiles:
     if not cache.is_file():
         tokenizer, meta = _build_from_gguf(files.path)
         payload = {"meta": meta, "tokenizer": json.loads(tokenizer.to_str())}
-        tmp = cache.with_suffix(".tmp")
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(payload), encoding="utf-8")
         tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
     payload = json.loads(cache.read_text(encoding="utf-8"))

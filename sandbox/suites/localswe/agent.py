@@ -130,6 +130,8 @@ class ScriptedRepairAgent:
             known = None if fresh else self._recall(call)
             if known is not None and valid(known):
                 return known
+            if len(self._calls) + 2 > self.max_calls:  # keep the last calls for undo and submit
+                return ""
             answer = yield call
             if answer is not None and valid(answer):
                 return answer

@@ -62,7 +62,7 @@ def validated_bugs(host: Host, tree: Path, cache: Path, seed: int, count: int, m
             raise BuildError(f"{host.key}: its own test suite does not pass ({baseline.result.summary()})")
         modules = _test_modules(host, tree)
         bugs: list[Bug] = []
-        for mutation in _candidates(host, tree, seed)[:max_tries]:
+        for mutation in candidate_bugs(host, tree, seed)[:max_tries]:
             bug = _validate(sandbox, host, mutation, modules, baseline.passed())
             if bug is not None:
                 bugs.append(bug)
@@ -81,7 +81,7 @@ def validate(host: Host, tree: Path, mutation: Mutation) -> Bug | None:
         return _validate(sandbox, host, mutation, modules, baseline.passed())
 
 
-def _candidates(host: Host, tree: Path, seed: int) -> list[Mutation]:
+def candidate_bugs(host: Host, tree: Path, seed: int) -> list[Mutation]:
     """All bugs of the host, shuffled from the seed and interleaved by kind, one per line."""
     by_kind: dict[str, list[Mutation]] = defaultdict(list)
     for rel in source_files(host, tree):

@@ -46,7 +46,7 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
         suite_obj = _suite(name)
         try:
             suite_obj.build(akv_home(), seed)
-        except ValueError as err:  # e.g. a data package is missing
+        except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             _fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s")
 

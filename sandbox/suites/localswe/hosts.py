@@ -18,7 +18,7 @@ from pathlib import Path
 LOCK_FILE = Path(__file__).with_name("hosts.json")
 
 
-class BuildError(Exception):
+class BuildError(ValueError):
     """The suite cannot be built (an archive missing, corrupt or unreachable)."""
 
 

@@ -83,11 +83,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def compare(run: str = typer.Argument(..., help="Run name or id."),
-                out: Path = typer.Option(Path("report.html"), "--out", help="Where to write the HTML report."),
+                out: Optional[Path] = typer.Option(None, "--out", help="Where to write the HTML report "
+                                                   "(default: reports/RUN/report.html in the data folder)."),
                 db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
         """Print the held-out table against the baselines and write a self-contained report.html."""
         from rich.console import Console
 
+        from akv_core.home import data_path
         from evolve.report import render_html, summary_line
         from evolve.command import print_comparison
         from store import StoreError
@@ -100,6 +102,7 @@ def register(app: typer.Typer) -> None:
             console = Console()
             print_comparison(console, validations)
             console.print(summary_line(validations))
-            out.write_text(render_html(store, info), encoding="utf-8")
-            console.print(f"report: {out}")
+            path = out if out is not None else data_path("reports", info.name, "report.html")
+            path.write_text(render_html(store, info), encoding="utf-8")
+            console.print(f"report: {path}")
         _with_store(db, body)

@@ -71,6 +71,7 @@ class Stream:
     purposes: tuple[str, ...]            # "agent" or "summary", per request
     visible: tuple[int, ...]             # visible prompt tokens per request
     prompt: tuple[int, ...]              # prompt tokens per request
+    cold: tuple[int, ...]                # KV slots per request on an empty cache (re-rotated copies included)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _stream(policy: str, task_id: str, recorded: Sequence[Any]) -> Stream:
     from sandbox.backends.tokens import shared_tokenizer
 
     tokenizer = shared_tokenizer()
-    visible, prompt = [], []
+    visible, prompt, cold = [], [], []
     for item in recorded:
         request = item.request
         rendered = tokenizer.render(request.messages, list(request.tools) or None)
@@ -130,22 +131,46 @@ def _stream(policy: str, task_id: str, recorded: Sequence[Any]) -> Stream:
         hidden = sum(end - start for index, (start, end) in enumerate(rendered.spans) if index in dropped)
         prompt.append(len(rendered.token_ids))
         visible.append(len(rendered.token_ids) - hidden)
+        cold.append(_cold_slots(rendered, request))
     return Stream(policy, task_id, tuple(r.request for r in recorded), tuple(r.purpose for r in recorded),
-                  tuple(visible), tuple(prompt))
+                  tuple(visible), tuple(prompt), tuple(cold))
+
+
+def _cold_slots(rendered: Any, request: Any) -> int:
+    """Slots the engine's planner asks for when nothing of the request is cached (after an eviction).
+
+    Restoring a history with repositions recomputes every re-rotated copy it ever made, so this can
+    be several times the prompt.
+    """
+    from akv_core.cache.key import build_key
+    from akv_core.cache.kv_cache import KVCache
+    from akv_core.cache.ops import validate_operations
+
+    operations = validate_operations(len(rendered.spans), request.drop_message or None, request.reposition)
+    return KVCache(UNBOUNDED_POOL).plan(build_key(rendered, operations)).slots_needed
+
+
+def standard_need(streams: dict[str, list[Stream]], settings: Settings) -> int:
+    """KV slots Standard's streams hold together at the highest concurrency (their largest prompts)."""
+    return sum(max(s.visible) for s in streams[STANDARD][:max(settings.concurrency)])
+
+
+def largest_request(streams: dict[str, list[Stream]]) -> int:
+    """The most slots any one request can ask for: the server rejects it outright in a smaller pool."""
+    return max(c for policy in streams.values() for s in policy for c in s.cold)
 
 
 def pool_size(streams: dict[str, list[Stream]], settings: Settings) -> int:
-    """KV slots for the server: less than Standard's streams need at once, never less than one request.
+    """KV slots for the server: `pool_fraction` of Standard's need, never less than the largest request.
 
-    Standard's need at the highest concurrency is the sum of its streams' largest visible prompts;
-    a request's whole prompt (dropped text included) must fit the pool to be accepted at all.
+    When the largest request (an AKV history restored after eviction, re-rotated copies and all)
+    needs more than that fraction, the pool grows to it and Standard may no longer have to evict;
+    `measure` reports whether it must.
     """
     if settings.kv_tokens is not None:
         return settings.kv_tokens
-    top = max(settings.concurrency)
-    standard_need = sum(max(s.visible) for s in streams[STANDARD][:top])
-    longest = max(p for policy in streams.values() for s in policy for p in s.prompt)
-    return max(int(standard_need * settings.pool_fraction), longest + settings.max_tokens + 64)
+    return max(int(standard_need(streams, settings) * settings.pool_fraction),
+               largest_request(streams) + settings.max_tokens + 64)
 
 
 # -- attention per decode step -----------------------------------------------------------------------
@@ -344,6 +369,8 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
     return {
         "settings": {"streams": settings.streams, "steps": settings.steps, "concurrency": list(settings.concurrency),
                      "max_tokens": settings.max_tokens, "kv_tokens": kv_tokens, "split": SPLIT,
+                     "standard_need_tokens": standard_need(streams, settings),
+                     "largest_request_slots": largest_request(streams),
                      "suites": suites, "notes": notes},
         "cells": cells, "ratios": ratios(cells), "targets": TARGETS,
         "wall_s": round(time.perf_counter() - started, 1),
@@ -405,6 +432,9 @@ def render(figures: Mapping[str, Any]) -> str:
     errors = [c for c in figures["cells"] if c["errors"]]
     for c in errors:
         lines.append(f"{c['policy']} c={c['concurrency']}: {c['errors']} rejected, first: {c['first_error']}")
+    if s["kv_tokens"] >= s["standard_need_tokens"]:
+        lines.append(f"note: Standard's streams need {s['standard_need_tokens']:,} slots together, which fits the "
+                     f"pool: it did not have to evict (the largest request needs {s['largest_request_slots']:,})")
     for note in s["notes"]:
         lines.append(note)
     return "\n".join(lines)

@@ -44,18 +44,26 @@ def test_serving_ratios_put_akv_over_each_baseline_per_concurrency() -> None:
     assert rows[1]["input_throughput"] == 2.0
 
 
-def _stream(policy: str, visible: tuple[int, ...], prompt: tuple[int, ...]) -> serving.Stream:
-    return serving.Stream(policy, "t", (), ("agent",) * len(visible), visible, prompt)
+def _stream(policy: str, visible: tuple[int, ...], prompt: tuple[int, ...], cold: tuple[int, ...]
+            ) -> serving.Stream:
+    return serving.Stream(policy, "t", (), ("agent",) * len(visible), visible, prompt, cold)
 
 
-def test_pool_is_smaller_than_standard_needs_but_holds_the_longest_request() -> None:
-    streams = {serving.STANDARD: [_stream(serving.STANDARD, (1000, 6000), (1000, 6000))] * 8,
-               serving.AKV: [_stream(serving.AKV, (1000, 3000), (1000, 9000))] * 8}
+def test_pool_is_smaller_than_standard_needs_but_holds_the_largest_request() -> None:
+    streams = {serving.STANDARD: [_stream(serving.STANDARD, (1000, 6000), (1000, 6000), (1000, 6000))] * 8,
+               serving.AKV: [_stream(serving.AKV, (1000, 3000), (1000, 9000), (1000, 15000))] * 8}
     settings = serving.Settings(streams=8, concurrency=(1, 4, 8), max_tokens=4)
     kv = serving.pool_size(streams, settings)
-    assert kv < 8 * 6000
-    assert kv >= 9000 + 4
+    assert serving.standard_need(streams, settings) == 8 * 6000
+    assert 15000 + 4 <= kv < 8 * 6000
     assert serving.pool_size(streams, serving.Settings(kv_tokens=1234)) == 1234
+
+
+def test_pool_grows_to_the_largest_request_even_past_standard_needs() -> None:
+    streams = {serving.STANDARD: [_stream(serving.STANDARD, (6000,), (6000,), (6000,))],
+               serving.AKV: [_stream(serving.AKV, (3000,), (9000,), (40000,))]}
+    settings = serving.Settings(streams=1, concurrency=(1,), max_tokens=4)
+    assert serving.pool_size(streams, settings) >= 40000 + 4
 
 
 def test_salted_requests_differ_only_in_the_first_message_and_max_tokens() -> None:
@@ -63,7 +71,7 @@ def test_salted_requests_differ_only_in_the_first_message_and_max_tokens() -> No
 
     request = BackendRequest(messages=({"role": "system", "content": "sys"}, {"role": "user", "content": "q"}),
                              drop_message={"1": [0]}, max_tokens=1)
-    stream = serving.Stream(serving.AKV, "t", (request,), ("agent",), (1,), (2,))
+    stream = serving.Stream(serving.AKV, "t", (request,), ("agent",), (1,), (2,), (2,))
     (sent,) = serving.salted(stream, "run-1", 3)
     assert sent.messages[0]["content"] == "[run-1] sys"
     assert sent.messages[1] is request.messages[1]

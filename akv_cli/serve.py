@@ -13,6 +13,14 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class Precision(str, Enum):
+    """The matmul weights' precision; activations and the KV pool stay float32."""
+
+    float32 = "float32"  # exact
+    fp16 = "fp16"        # about 3x faster decode on the CPU, logits within ~0.05
+    mixed = "mixed"      # fp16 decode and bf16 prefill weights
+
+
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
     app.command(name="serve")(serve)
@@ -25,6 +33,8 @@ def serve(
     kv_tokens: int | None = typer.Option(None, min=1, help="KV pool size in tokens (default: the engine's)."),
     max_running: int | None = typer.Option(None, min=1, help="Requests decoded together at most."),
     device: Device = typer.Option(Device.auto, help="Where the model runs."),
+    precision: Precision = typer.Option(Precision.float32, help="Weight precision: float32 (exact), fp16 "
+                                        "or mixed (faster on the CPU; docs/engine-model.md)."),
 ) -> None:
     """Serve POST /v1/chat/completions with drop_message / reposition, plus /health, /v1/models, /metrics."""
     # Heavy imports here so that `akv --help` stays fast.
@@ -42,7 +52,7 @@ def serve(
         raise typer.Exit(1)
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
-    engine = _load_engine(model, chosen, kv_tokens, max_running)
+    engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
     app = create_app(engine, name, aliases=frozenset({model}))
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"))
@@ -62,10 +72,11 @@ def _device(device: Device) -> str:
     return device.value
 
 
-def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: int | None):  # noqa: ANN202
+def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: int | None,  # noqa: ANN202
+                 precision: str):
     from akv_core import Engine
 
-    options = {"device": device}
+    options = {"device": device, "precision": precision}
     if kv_tokens is not None:
         options["kv_tokens"] = kv_tokens
     if max_running is not None:

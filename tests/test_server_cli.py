@@ -37,18 +37,20 @@ def test_a_taken_port_is_a_clear_message_and_exit_1() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_an_unknown_device_is_refused_by_the_option_parser() -> None:
-    result = run_akv("serve", "--device", "tpu")
+@pytest.mark.parametrize(("option", "value"), [("--device", "tpu"), ("--precision", "int3")])
+def test_an_unknown_choice_is_refused_by_the_option_parser(option: str, value: str) -> None:
+    result = run_akv("serve", option, value)
     assert result.returncode == 2
-    assert "tpu" in result.stderr and "Traceback" not in result.stderr
+    assert value in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.server
 @pytest.mark.model
 def test_serve_prints_its_url_and_answers() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # fp16 weights: the faster CPU path, exercised end to end here.
     process = subprocess.Popen([*AKV, "serve", "--port", "0", "--kv-tokens", "4096",
-                                "--device", "cpu"],
+                                "--device", "cpu", "--precision", "fp16"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = process.stdout.readline()  # blocks until the server is ready (or died)

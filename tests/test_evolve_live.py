@@ -86,6 +86,8 @@ def test_live_model_proposes_and_its_rejections_are_stored_with_reasons(server, 
         assert prompt and response is not None and p_tok > 0 and c_tok > 0
         assert status in ("rejected", "evaluated", "pruned")
         if status == "rejected":
-            assert reason and ("no policy" in reason or "invalid policy" in reason)
+            # A 135M model mostly writes no valid policy; when it echoes its parent, that is a duplicate.
+            assert reason and ("no policy" in reason or "invalid policy" in reason
+                               or reason.startswith("duplicate of #"))
         assert not any(task in prompt for task in heldout)
         assert "heldout" not in prompt

@@ -12,6 +12,7 @@ from sandbox.harness import RESULT_FIELDS, RunLimits, resolve_policy, run_task, 
 from sandbox.suite import AgentAction, AgentView
 from sandbox.suites import get_suite
 from sandbox.trajectory import read_trajectory
+from test_sandbox_support import Reader
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +39,11 @@ def test_results_have_exactly_the_documented_fields_and_land_on_disk(localcomp, 
     assert report.summary["n_tasks"] == 2 and report.summary["errors"] == {}
 
 
-class _Reader:
-    """Reads documents lc-00001.. one per step, whatever it can see, then answers: a trajectory
-    that is the same under every policy, so cost differences are the policy's alone."""
-
-    name = "reader"
-
-    def __init__(self, n_docs: int) -> None:
-        self.n_docs = n_docs
-
-    def act(self, view: AgentView) -> AgentAction:
-        if view.step >= self.n_docs:
-            return AgentAction({"role": "assistant", "content": "done"}, final_answer="unknown")
-        call = {"id": f"r{view.step}", "type": "function",
-                "function": {"name": "get_document", "arguments": json.dumps({"docid": f"lc-{view.step + 1:05d}"})}}
-        return AgentAction({"role": "assistant", "content": "", "tool_calls": [call]})
 
 
 def _read(localcomp, policy: str, n_docs: int):
     task = localcomp.tasks("train")[0]
-    return run_task(task, localcomp, resolve_policy(policy), _Reader(n_docs), ReplayBackend())
+    return run_task(task, localcomp, resolve_policy(policy), Reader(n_docs), ReplayBackend())
 
 
 def test_on_the_same_trajectory_expert_is_cheaper_than_full(localcomp) -> None:
@@ -138,7 +124,7 @@ def test_tool_errors_and_malformed_calls_become_tool_messages(localcomp) -> None
     assert "not valid JSON" in texts[1] and "lc-99999" in texts[2] and "JSON object" in texts[4]
 
 
-class _Tidy(_Reader):
+class _Tidy(Reader):
     """Reads documents, and after the fourth asks to drop the first two results it read."""
 
     uses_cache_tool = True

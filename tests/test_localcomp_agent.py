@@ -10,14 +10,13 @@ from sandbox.suite import Message
 from sandbox.suites.localcomp import TRAJECTORY_TOKENS, LocalComp
 from sandbox.suites.localcomp.agent import MAX_STEPS
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
+from test_sandbox_support import small_localcomp
 
-TEST_QUOTA = {"train": 16, "heldout": 24}  # same folder and quota as the other localcomp tests
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> LocalComp:
-    built = LocalComp(quota=TEST_QUOTA)
-    built.build(tmp_path_factory.getbasetemp() / "localcomp-home", seed=0)
+    built = small_localcomp(tmp_path_factory.getbasetemp() / "localcomp-home")
     yield built
     built.close()
 

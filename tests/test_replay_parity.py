@@ -9,7 +9,6 @@ cached, repositioned, drop-skipped and prefilled tokens must agree. The task is 
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import subprocess
@@ -22,9 +21,10 @@ import pytest
 from sandbox.backends.http import HttpBackend
 from sandbox.backends.replay import ReplayBackend
 from sandbox.harness import resolve_policy, run_task
-from sandbox.suite import AgentAction, AgentView, Task
+from sandbox.suite import Task
 from sandbox.suites import get_suite
 from sandbox.trajectory import read_trajectory
+from test_sandbox_support import Reader
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
@@ -58,20 +58,6 @@ def server_url():
         process.wait(timeout=30)
 
 
-class _Reader:
-    """Reads documents lc-00001.. one per step, then answers."""
-
-    name = "reader"
-
-    def __init__(self, n_docs: int) -> None:
-        self.n_docs = n_docs
-
-    def act(self, view: AgentView) -> AgentAction:
-        if view.step >= self.n_docs:
-            return AgentAction({"role": "assistant", "content": "done"}, final_answer="unknown")
-        call = {"id": f"r{view.step}", "type": "function",
-                "function": {"name": "get_document", "arguments": json.dumps({"docid": f"lc-{view.step + 1:05d}"})}}
-        return AgentAction({"role": "assistant", "content": "", "tool_calls": [call]})
 
 
 def _recorded(tmp_path: Path, policy: str, n_docs: int) -> list:
@@ -81,7 +67,7 @@ def _recorded(tmp_path: Path, policy: str, n_docs: int) -> list:
     suite.build(akv_home(), 0)
     tools = suite.tasks("train")[0].tools[1:]  # get_document only: a short system prompt
     task = Task("parity", "localcomp", "train", "You read documents.", "Read them.", tools)
-    _, trajectory = run_task(task, suite, resolve_policy(policy), _Reader(n_docs), ReplayBackend())
+    _, trajectory = run_task(task, suite, resolve_policy(policy), Reader(n_docs), ReplayBackend())
     path = tmp_path / f"{len(list(tmp_path.iterdir()))}.jsonl"
     trajectory.write(path)
     return read_trajectory(path)[1]

@@ -9,10 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from akv_core.cache.allocator import SlotAllocator
 from akv_core.cache.key import build_key
 from akv_core.cache.layout import expand
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.ops import validate_operations
+from akv_core.cache.radix import HOLE, Node, RadixCache, hole_ranges
 from akv_core.cache.simulator import CacheSimulator
 from test_cache_planner import run_symbolic
 from test_cache_support import SymbolicKV, account, reference_state, render, reused_tokens
@@ -123,3 +125,25 @@ def test_concurrent_requests_reuse_correct_state_and_leak_nothing(actions, pool)
         cache.release(lease, keep_prompt=True)
     cache.check_integrity()
     assert cache.stats().slots_used == cache.stats().slots_cached
+
+
+spans = st.tuples(st.integers(0, 12), st.integers(0, 12)).map(sorted)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(spans, max_size=8), st.integers(1, 11))
+def test_punched_ranges_free_each_slot_once_and_survive_a_split(punches, cut):
+    node = Node(None, tuple(range(12)), list(range(100, 112)))
+    freed: list[int] = []
+    for lo, hi in punches:
+        freed += node.make_holes(lo, hi)
+        assert node.hole_ranges == hole_ranges(node.slots)   # the ranges say exactly where the holes are
+        assert node.holes == node.slots.count(HOLE)
+    holed = sorted({i for lo, hi in punches for i in range(lo, hi)})
+    assert sorted(freed) == [100 + i for i in holed]          # every punched slot handed back exactly once
+    assert node.owned_slots() == [slot for slot in node.slots if slot != HOLE]
+    root = Node(None, (), [])
+    node.parent, root.children[node.edge] = root, node
+    upper = RadixCache(SlotAllocator(200))._split(node, cut)
+    for part in (upper, node):
+        assert part.hole_ranges == hole_ranges(part.slots) and part.holes == part.slots.count(HOLE)

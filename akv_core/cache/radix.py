@@ -27,7 +27,8 @@ HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request
 class Node:
     """A token run (`record is None`) or an operation record."""
 
-    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes")
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes",
+                 "hole_ranges")
 
     def __init__(self, parent: Node | None, tokens: tuple[int, ...], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
@@ -39,6 +40,9 @@ class Node:
         self.lock_ref = 0
         self.last_access = last_access
         self.holes = 0   # entries of `slots` that are HOLE
+        # The same holes as sorted [lo, hi) index ranges, apart from each other: punching a range
+        # again costs a few comparisons instead of a scan of its slots.
+        self.hole_ranges: list[tuple[int, int]] = []
 
     @property
     def size(self) -> int:
@@ -46,7 +50,41 @@ class Node:
         return len(self.slots) - self.holes
 
     def owned_slots(self) -> list[int]:
-        return [slot for slot in self.slots if slot != HOLE] if self.holes else self.slots
+        if not self.holes:
+            return self.slots
+        owned, cursor = [], 0
+        for lo, hi in self.hole_ranges:
+            owned += self.slots[cursor:lo]
+            cursor = hi
+        return owned + self.slots[cursor:]
+
+    def make_holes(self, lo: int, hi: int) -> list[int]:
+        """Turn slots [lo, hi) into holes; returns the slots it owned there, for the caller to free."""
+        freed: list[int] = []
+        kept: list[tuple[int, int]] = []
+        cursor, start, end = lo, lo, hi
+        for hole_lo, hole_hi in self.hole_ranges:
+            if hole_hi < lo or hole_lo > hi:   # apart from [lo, hi): stays as it is
+                kept.append((hole_lo, hole_hi))
+                continue
+            if cursor < hole_lo:
+                freed += self._take(cursor, hole_lo)
+            cursor = max(cursor, hole_hi)
+            start, end = min(start, hole_lo), max(end, hole_hi)
+        if cursor < hi:
+            freed += self._take(cursor, hi)
+        if freed:
+            kept.append((start, end))
+            kept.sort()
+            self.hole_ranges = kept
+            self.holes += len(freed)
+        return freed
+
+    def _take(self, lo: int, hi: int) -> list[int]:
+        """Slots [lo, hi) (none of them a hole), replaced by holes."""
+        taken = self.slots[lo:hi]
+        self.slots[lo:hi] = [HOLE] * (hi - lo)
+        return taken
 
     @property
     def edge(self) -> object:
@@ -129,7 +167,9 @@ class RadixCache:
         upper = Node(node.parent, node.tokens[:n], node.slots[:n], None, node.last_access)
         upper.lock_ref = node.lock_ref
         if node.holes:
-            upper.holes = upper.slots.count(HOLE)
+            upper.hole_ranges = [(lo, min(hi, n)) for lo, hi in node.hole_ranges if lo < n]
+            node.hole_ranges = [(max(lo, n) - n, hi - n) for lo, hi in node.hole_ranges if hi > n]
+            upper.holes = sum(hi - lo for lo, hi in upper.hole_ranges)
             node.holes -= upper.holes
         node.parent.children[upper.edge] = upper
         node.tokens, node.slots, node.parent = node.tokens[n:], node.slots[n:], upper
@@ -225,6 +265,7 @@ class RadixCache:
                 spare.append(mine[i])
         filled = node.holes
         node.holes = 0
+        node.hole_ranges = []
         self.holes -= filled
         self.cached_slots += filled
         if node.lock_ref:
@@ -251,16 +292,10 @@ class RadixCache:
             for hide_start, hide_end in hidden[first:]:
                 if hide_start >= end:
                     break
-                lo, hi = max(start, hide_start) - start, min(end, hide_end) - start
-                segment = path_node.slots[lo:hi]
-                already = segment.count(HOLE) if path_node.holes else 0
-                if already == hi - lo:
-                    continue
-                owned = [slot for slot in segment if slot != HOLE] if already else segment
-                self.allocator.free(owned)
-                path_node.slots[lo:hi] = [HOLE] * (hi - lo)
-                path_node.holes += len(owned)
-                freed += len(owned)
+                owned = path_node.make_holes(max(start, hide_start) - start, min(end, hide_end) - start)
+                if owned:
+                    self.allocator.free(owned)
+                    freed += len(owned)
         self.holes += freed
         self.cached_slots -= freed
         return freed
@@ -280,16 +315,13 @@ class RadixCache:
             index += 1
             if path_node.lock_ref or not path_node.slots or path_node.holes == len(path_node.slots):
                 continue
-            slots, cursor, owned = path_node.slots, 0, []
-            for lo, hi in live(index - 1) + [(len(slots), len(slots))]:
+            count, cursor, owned = len(path_node.slots), 0, []
+            for lo, hi in live(index - 1) + [(count, count)]:
                 if cursor < lo:   # copies [cursor, lo) are not read at the end
-                    segment = slots[cursor:lo]
-                    owned.extend([slot for slot in segment if slot != HOLE] if path_node.holes else segment)
-                    slots[cursor:lo] = [HOLE] * (lo - cursor)
+                    owned += path_node.make_holes(cursor, lo)
                 cursor = max(cursor, hi)
             if owned:
                 self.allocator.free(owned)
-                path_node.holes += len(owned)
                 freed += len(owned)
         self.holes += freed
         self.cached_slots -= freed
@@ -390,6 +422,7 @@ class RadixCache:
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
             _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
             _check(node.holes == node.slots.count(HOLE), "a node's hole count is out of date")
+            _check(node.hole_ranges == hole_ranges(node.slots), "a node's hole ranges are out of date")
             holes += node.holes
             _claim(seen, node.owned_slots())
             cached += node.size
@@ -415,6 +448,19 @@ def _claim(seen: set[int], slots: list[int]) -> None:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(f"cache integrity: {message}")
+
+
+def hole_ranges(slots: list[int]) -> list[tuple[int, int]]:
+    """The [lo, hi) index ranges of `slots` that are HOLE, sorted and apart (a slow scan, for checks)."""
+    ranges: list[tuple[int, int]] = []
+    for i, slot in enumerate(slots):
+        if slot != HOLE:
+            continue
+        if ranges and ranges[-1][1] == i:
+            ranges[-1] = (ranges[-1][0], i + 1)
+        else:
+            ranges.append((i, i + 1))
+    return ranges
 
 
 def common_prefix(run: tuple[int, ...], tokens: tuple[int, ...], offset: int, end: int) -> int:

@@ -4,8 +4,10 @@ The engine and the replay simulator both need, for a whole history, the token
 ids and one span per message (drops hide spans; repositions move them). The
 model's chat template (jinja2) is rendered one message at a time, so message
 k's tokens never depend on later messages (prefix stability), and each
-message's ids are memoized by its content: re-rendering a growing history is a
-few dictionary look-ups per message.
+message's ids are memoized by what the template reads of it: re-rendering a
+growing history is a few dictionary look-ups per message. The ids travel as a
+packed `array("i")`, which the cache compares and the replay backend digests
+without making a Python int per token.
 
 Templates without tool support (SmolLM2's) get tools the Hermes/Qwen way:
 declarations appended to the system message inside <tools></tools>, assistant
@@ -18,8 +20,11 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -27,8 +32,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from akv_core.model.locate import EMBEDDED_NAME, locate
 from akv_core.tokenizer import TokenizerFiles, load_tokenizer_files
 
-# Memoized messages kept before the memo starts over (a bound on memory for long-running simulators).
-MEMO_LIMIT = 200_000
+# Token ids the per-message memo keeps before it forgets the least recently used messages:
+# 4 bytes each (32 MB, plus the messages' texts in the keys), however long a simulator runs.
+MEMO_TOKENS = 8_000_000
 
 # A fixed first message: rendering [ANCHOR, m] minus [ANCHOR] gives m's text as a non-first message.
 _ANCHOR = {"role": "system", "content": "."}
@@ -54,9 +60,13 @@ class ChatTemplateError(ValueError):
 class Rendered:
     """A rendered history: ids, one [start, end) span per message, and the generation header."""
 
-    token_ids: tuple[int, ...]
+    token_array: array            # the token ids, packed as C ints (typecode "i")
     spans: tuple[tuple[int, int], ...]
     header_start: int
+
+    @cached_property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(self.token_array)
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ class AssistantReply:
 class ChatTokenizer:
     """The model's tokenizer plus its chat template, rendering with per-message spans."""
 
-    def __init__(self, files: TokenizerFiles) -> None:
+    def __init__(self, files: TokenizerFiles, memo_tokens: int = MEMO_TOKENS) -> None:
         if not files.chat_template:
             raise ChatTemplateError("the model has no chat template")
         self._tokenizer = files.tokenizer
@@ -82,13 +92,20 @@ class ChatTokenizer:
         env.globals["raise_exception"] = _raise_template_error
         self._template = env.from_string(files.chat_template)
         self._bos = files.bos_token or ""
-        self._memo: dict[tuple, tuple[int, ...]] = {}
-        self._header = tuple(self.encode(self._after_anchor([], None, add_generation_prompt=True)))
+        self._memo: OrderedDict[tuple, array] = OrderedDict()   # least recently used first
+        self._memo_limit = memo_tokens
+        self._memo_tokens = 0
+        self._header = array("i", self.encode(self._after_anchor([], None, add_generation_prompt=True)))
 
     @classmethod
-    def from_model(cls, name_or_path: str = EMBEDDED_NAME) -> ChatTokenizer:
+    def from_model(cls, name_or_path: str = EMBEDDED_NAME, memo_tokens: int = MEMO_TOKENS) -> ChatTokenizer:
         """The tokenizer and template of `smollm2`, a GGUF file or a Hugging Face folder."""
-        return cls(load_tokenizer_files(locate(name_or_path)))
+        return cls(load_tokenizer_files(locate(name_or_path)), memo_tokens)
+
+    @property
+    def memo_size(self) -> tuple[int, int]:
+        """(messages, token ids) the per-message memo holds now."""
+        return len(self._memo), self._memo_tokens
 
     @property
     def vocab_size(self) -> int:
@@ -105,34 +122,35 @@ class ChatTokenizer:
                add_generation_prompt: bool = True) -> Rendered:
         """Render a whole history; glue before a message belongs to that message's span."""
         tools_key = json.dumps(tools, sort_keys=True) if tools else None
-        ids: list[int] = []
+        ids = array("i")
         spans: list[tuple[int, int]] = []
         for index, message in enumerate(messages):
-            first = index == 0
-            key = _message_key(message, first, tools_key)
-            piece = self._memo.get(key)
-            if piece is None:
-                piece = self._remember(key, self._message_ids(message, first, tools))
+            piece = self._piece(message, index == 0, tools, tools_key)
             spans.append((len(ids), len(ids) + len(piece)))
             ids.extend(piece)
         header_start = len(ids)
         if add_generation_prompt:
             ids.extend(self._header)
-        return Rendered(tuple(ids), tuple(spans), header_start)
+        return Rendered(ids, tuple(spans), header_start)
 
     def count(self, message: Mapping) -> int:
         """Tokens of one message as rendered after other messages (the policy TokenCounter protocol)."""
-        key = _message_key(message, False, None)
-        piece = self._memo.get(key)
-        if piece is None:
-            piece = self._remember(key, self._message_ids(message, False, None))
-        return len(piece)
+        return len(self._piece(message, False, None, None))
 
-    def _remember(self, key: tuple, ids: tuple[int, ...]) -> tuple[int, ...]:
-        if len(self._memo) >= MEMO_LIMIT:
-            self._memo.clear()
-        self._memo[key] = ids
-        return ids
+    def _piece(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
+               tools_key: str | None) -> array:
+        """One message's ids from the memo, rendered (and remembered) on a miss."""
+        key = _message_key(message, first, tools_key, self.native_tools)
+        piece = self._memo.get(key)
+        if piece is not None:
+            self._memo.move_to_end(key)
+            return piece
+        piece = array("i", self.encode(self._message_text(message, first, tools)))
+        self._memo[key] = piece
+        self._memo_tokens += len(piece)
+        while self._memo_tokens > self._memo_limit and len(self._memo) > 1:   # the newest always stays
+            self._memo_tokens -= len(self._memo.popitem(last=False)[1])
+        return piece
 
     def render_text(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                     add_generation_prompt: bool = True) -> str:
@@ -160,9 +178,6 @@ class ChatTokenizer:
         return AssistantReply(content, reasoning, tuple(calls))
 
     # -- rendering one message ---------------------------------------------------------------
-
-    def _message_ids(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> tuple[int, ...]:
-        return tuple(self.encode(self._message_text(message, first, tools)))
 
     def _message_text(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> str:
         if first:
@@ -211,11 +226,14 @@ def _text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
 
 
-def _message_key(message: Mapping, first: bool, tools_key: str | None) -> tuple:
+def _message_key(message: Mapping, first: bool, tools_key: str | None, native_tools: bool) -> tuple:
+    """What the template reads of a message; `name` and `tool_call_id` only where it renders them."""
     calls = message.get("tool_calls")
-    return (first, message.get("role"), _text(message.get("content")), message.get("reasoning_content"),
-            json.dumps(calls, sort_keys=True) if calls else None, message.get("name"),
-            message.get("tool_call_id"), tools_key if first else None)
+    key = (first, message.get("role"), _text(message.get("content")), message.get("reasoning_content"),
+           json.dumps(calls, sort_keys=True) if calls else None, tools_key if first else None)
+    if native_tools:
+        key += (message.get("name"), message.get("tool_call_id"))
+    return key
 
 
 def _plain(message: Mapping) -> dict:

@@ -5,6 +5,7 @@ histories, and the per-token accounting the planner must reproduce.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
@@ -17,6 +18,10 @@ class FakeRendered:
     token_ids: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     header_start: int
+
+    @property
+    def token_array(self) -> array:
+        return array("i", self.token_ids)
 
 
 HEADER = (900, 901)

@@ -87,6 +87,34 @@ def test_memoized_render_equals_a_fresh_full_render(chat, tools):
         assert list(rendered.token_ids) == chat.encode(chat.render_text(HISTORY[:end], tools=tools))
 
 
+def test_a_full_memo_forgets_the_least_recent_messages_and_renders_the_same_ids(chat):
+    budget = 80
+    small = ChatTokenizer.from_model("smollm2", memo_tokens=budget)
+    for end in range(1, len(HISTORY) + 1):
+        assert small.render(HISTORY[:end], tools=TOOLS) == chat.render(HISTORY[:end], tools=TOOLS)
+        messages, tokens = small.memo_size
+        assert tokens <= budget or messages == 1
+    assert small.memo_size[0] < len(HISTORY)   # earlier messages were forgotten, and rendered again above
+    first, second, third = sorted(HISTORY[1:4], key=chat.count, reverse=True)   # third is the shortest
+    lru = ChatTokenizer.from_model("smollm2", memo_tokens=chat.count(first) + chat.count(second))
+    for message in (first, second, first, third):   # `first` used again: `second` is the least recent
+        lru.count(message)
+    held = lru.memo_size
+    assert held[0] == 2
+    lru.count(first)                                # still held: a hit changes nothing
+    assert lru.memo_size == held
+
+
+def test_the_memo_ignores_fields_the_template_does_not_render(chat):
+    fresh = ChatTokenizer.from_model("smollm2")
+    assert not fresh.native_tools   # SmolLM2's template: tool results render their content only
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "name": "weather", "content": "21"} for i in range(3)]
+    for result in results:
+        fresh.count(result)
+    assert fresh.memo_size[0] == 1
+    assert fresh.render([HISTORY[0], *results]) == chat.render([HISTORY[0], *results])
+
+
 def test_spans_partition_the_prompt_and_are_prefix_stable(chat):
     full = chat.render(HISTORY, tools=TOOLS)
     assert full.spans[0][0] == 0 and full.spans[-1][1] == full.header_start

@@ -8,6 +8,7 @@ record. Records take part in matching like tokens but hold no KV of their own.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from akv_core.cache.ops import Operations
 class RenderedPrompt(Protocol):
     """What the cache needs from a rendered history (`akv_core.chat.Rendered` satisfies it)."""
 
-    token_ids: tuple[int, ...]
+    token_array: array   # the token ids as C ints (typecode "i")
     spans: tuple[tuple[int, int], ...]
     header_start: int
 
@@ -40,9 +41,13 @@ Record = DropRecord | ReposRecord
 
 @dataclass(frozen=True)
 class CacheKey:
-    """Token ids plus (offset, record) pairs in key order: drop before reposition at one offset."""
+    """Token ids plus (offset, record) pairs in key order: drop before reposition at one offset.
 
-    tokens: tuple[int, ...]
+    The ids are an `array("i")`: the radix tree compares runs of them in C, with no Python
+    int per token.
+    """
+
+    tokens: array
     records: tuple[tuple[int, Record], ...]
 
     def __len__(self) -> int:
@@ -51,7 +56,7 @@ class CacheKey:
 
 def build_key(rendered: RenderedPrompt, operations: Operations) -> CacheKey:
     """The key of a rendered history under validated operations."""
-    tokens = tuple(rendered.token_ids)
+    tokens = rendered.token_array
     if operations.empty:
         return CacheKey(tokens, ())
     spans = rendered.spans

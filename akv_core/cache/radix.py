@@ -14,6 +14,7 @@ re-rotated, the tokens it attended to) always outlive it.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -30,7 +31,7 @@ class Node:
     __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes",
                  "hole_ranges")
 
-    def __init__(self, parent: Node | None, tokens: tuple[int, ...], slots: list[int],
+    def __init__(self, parent: Node | None, tokens: array | tuple[()], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
         self.parent = parent
         self.children: dict[object, Node] = {}
@@ -463,7 +464,7 @@ def hole_ranges(slots: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def common_prefix(run: tuple[int, ...], tokens: tuple[int, ...], offset: int, end: int) -> int:
+def common_prefix(run: array, tokens: array, offset: int, end: int) -> int:
     """Length of the common prefix of `run` and tokens[offset:end], by slice comparisons."""
     m = min(len(run), end - offset)
     if run[:m] == tokens[offset:offset + m]:

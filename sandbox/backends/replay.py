@@ -122,8 +122,8 @@ class ReplayBackend:
 def _chained(previous: bytes, rendered: Rendered, operations: _Operations) -> bytes:
     """A digest of the task's requests so far: tokens, message spans and cache operations."""
     digest = hashlib.blake2b(previous, digest_size=16)
-    digest.update(array("i", rendered.token_ids).tobytes())
-    digest.update(array("i", [i for span in rendered.spans for i in span]).tobytes())
+    digest.update(rendered.token_array)
+    digest.update(array("i", [i for span in rendered.spans for i in span]))
     drop_message, reposition, max_tokens = operations
     digest.update(json.dumps([drop_message or {}, list(reposition), max_tokens], sort_keys=True).encode())
     return digest.digest()

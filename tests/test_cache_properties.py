@@ -147,3 +147,19 @@ def test_punched_ranges_free_each_slot_once_and_survive_a_split(punches, cut):
     upper = RadixCache(SlotAllocator(200))._split(node, cut)
     for part in (upper, node):
         assert part.hole_ranges == hole_ranges(part.slots) and part.holes == part.slots.count(HOLE)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.booleans()), min_size=1, max_size=12))
+def test_pools_of_any_size_hand_out_each_free_slot_once(steps):
+    pools = [SlotAllocator(total) for total in (7, 64, 3000)]   # they share the slot numbers' int objects
+    held: list[list[int]] = [[] for _ in pools]
+    for index, n, give_back in steps:
+        pool = pools[index]
+        if give_back and held[index]:
+            pool.free(held[index][:n])
+            del held[index][:n]
+        n = min(n, pool.free_count)
+        held[index] += pool.allocate(n)
+        assert len(set(held[index])) == len(held[index])               # no slot handed out twice
+        assert sorted(held[index] + pool.free_slots()) == list(range(pool.total))

@@ -6,6 +6,23 @@ request; the allocator only counts. Slots never handed out yet are not listed
 """
 from __future__ import annotations
 
+import threading
+
+# Slot numbers as int objects, _NUMBERS[i] == i, made once per process and shared by every
+# allocator: handing out never-used slots is a list slice, not one new int per slot (the replay
+# simulator starts a fresh pool for every task and would otherwise make millions of them).
+_NUMBERS: list[int] = []
+_GROWING = threading.Lock()
+
+
+def _numbers(start: int, stop: int, total: int) -> list[int]:
+    """The slot numbers [start, stop), for a pool of `total` slots."""
+    if stop > len(_NUMBERS):
+        with _GROWING:
+            if stop > len(_NUMBERS):
+                _NUMBERS.extend(range(len(_NUMBERS), max(stop, min(2 * len(_NUMBERS), total))))
+    return _NUMBERS[start:stop]
+
 
 class SlotAllocator:
     """A free list of slot indices in [0, total)."""
@@ -37,7 +54,7 @@ class SlotAllocator:
         del self._free[len(self._free) - reused:]
         fresh = n - reused
         if fresh:
-            slots.extend(range(self._fresh, self._fresh + fresh))
+            slots += _numbers(self._fresh, self._fresh + fresh, self.total)
             self._fresh += fresh
         return slots
 

@@ -135,8 +135,9 @@ class RadixCache:
         tokens, records = key.tokens, key.records
         node, offset, record_index = self.root, 0, 0
         now = self._tick()
+        boundary = records[0][0] if records else len(tokens)   # where the token run ends: a record or the key's end
         while True:
-            if record_index < len(records) and records[record_index][0] == offset:
+            if offset == boundary and record_index < len(records):
                 if record_index == record_limit:
                     break
                 child = node.children.get(records[record_index][1])
@@ -144,9 +145,9 @@ class RadixCache:
                     break
                 node, record_index = child, record_index + 1
                 node.last_access = now
+                boundary = records[record_index][0] if record_index < len(records) else len(tokens)
                 continue
-            end = records[record_index][0] if record_index < len(records) else len(tokens)
-            end = min(end, token_limit)
+            end = boundary if boundary < token_limit else token_limit
             if offset >= end:
                 break
             child = node.children.get(tokens[offset])
@@ -154,12 +155,11 @@ class RadixCache:
                 break
             run = child.tokens
             stop = offset + len(run)
-            if stop <= end and run == tokens[offset:stop]:   # the usual case: the whole edge matches
-                n = len(run)
-            else:
+            if stop > end or run != tokens[offset:stop]:   # the edge matches only in part: split it
                 n = common_prefix(run, tokens, offset, end)
                 child = self._split(child, n)
-            node, offset = child, offset + n
+                stop = offset + n
+            node, offset = child, stop
             node.last_access = now
         return Match(node, offset, record_index)
 

@@ -50,12 +50,15 @@ class SlotAllocator:
         if not self.can_allocate(n):
             raise RuntimeError(f"allocate({n}) with only {self.free_count} slots free")
         reused = min(n, len(self._free))
-        slots = self._free[len(self._free) - reused:]
-        del self._free[len(self._free) - reused:]
         fresh = n - reused
-        if fresh:
-            slots += _numbers(self._fresh, self._fresh + fresh, self.total)
-            self._fresh += fresh
+        if not reused:
+            slots = _numbers(self._fresh, self._fresh + fresh, self.total)
+        else:
+            slots = self._free[len(self._free) - reused:]
+            del self._free[len(self._free) - reused:]
+            if fresh:
+                slots += _numbers(self._fresh, self._fresh + fresh, self.total)
+        self._fresh += fresh
         return slots
 
     def free(self, slots: list[int]) -> None:

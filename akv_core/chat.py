@@ -121,7 +121,7 @@ class ChatTokenizer:
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = True) -> Rendered:
         """Render a whole history; glue before a message belongs to that message's span."""
-        tools_key = json.dumps(tools, sort_keys=True) if tools else None
+        tools_key = json.dumps(tools, ensure_ascii=False) if tools else None   # key order is rendered too
         ids = array("i")
         spans: list[tuple[int, int]] = []
         for index, message in enumerate(messages):
@@ -227,13 +227,25 @@ def _text(content: Any) -> str:
 
 
 def _message_key(message: Mapping, first: bool, tools_key: str | None, native_tools: bool) -> tuple:
-    """What the template reads of a message; `name` and `tool_call_id` only where it renders them."""
+    """What the template reads of a message (with `_plain`'s shaping when the template has no tools)."""
     calls = message.get("tool_calls")
     key = (first, message.get("role"), _text(message.get("content")), message.get("reasoning_content"),
-           json.dumps(calls, sort_keys=True) if calls else None, tools_key if first else None)
+           tools_key if first else None)
     if native_tools:
-        key += (message.get("name"), message.get("tool_call_id"))
-    return key
+        return key + (json.dumps(calls, ensure_ascii=False) if calls else None, message.get("name"),
+                      message.get("tool_call_id"))
+    return key + (_calls_key(calls) if calls else None,)
+
+
+def _calls_key(calls: Sequence[Mapping]) -> tuple:
+    """What `_plain` writes of tool calls: each function's name and arguments (ids are not rendered)."""
+    key = []
+    for call in calls:
+        function = call.get("function", call)
+        name, arguments = function.get("name"), function.get("arguments", {})
+        key.append((name if isinstance(name, str) else json.dumps(name),
+                    arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)))
+    return tuple(key)
 
 
 def _plain(message: Mapping) -> dict:

@@ -115,6 +115,18 @@ def test_the_memo_ignores_fields_the_template_does_not_render(chat):
     assert fresh.render([HISTORY[0], *results]) == chat.render([HISTORY[0], *results])
 
 
+def test_the_memo_tells_apart_tools_and_calls_that_differ_only_in_key_order(chat):
+    reordered_tools = [{"function": dict(reversed(TOOLS[0]["function"].items())), "type": "function"}]
+    call = {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo", "days": 2}}}
+    swapped = {**call, "function": {"name": "weather", "arguments": {"days": 2, "city": "Oslo"}}}
+    histories = [(HISTORY[:2] + [{"role": "assistant", "content": "", "tool_calls": [c]}], tools)
+                 for c in (call, swapped) for tools in (TOOLS, reordered_tools)]
+    for messages, tools in histories:          # each one right after the others, through one memo
+        fresh = ChatTokenizer.from_model("smollm2")
+        assert chat.render(messages, tools=tools) == fresh.render(messages, tools=tools)
+    assert len({chat.render(m, tools=t).token_ids for m, t in histories}) == len(histories)
+
+
 def test_spans_partition_the_prompt_and_are_prefix_stable(chat):
     full = chat.render(HISTORY, tools=TOOLS)
     assert full.spans[0][0] == 0 and full.spans[-1][1] == full.header_start

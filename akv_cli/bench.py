@@ -60,30 +60,12 @@ def cost(
     _report(module, settings, as_json)
 
 
-@bench.command()
-def replay(
-    tasks: int = typer.Option(10, min=1, help="localcomp train tasks per policy."),
-    repeat: int = typer.Option(5, min=1, help="Passes over all trajectories."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
-    """Requests per second of the replay accounting (the per-candidate work of evolution)."""
+@bench.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+               add_help_option=False)
+def replay(ctx: typer.Context) -> None:
+    """Requests per second of the replay accounting (the per-candidate work of evolution); --help for options."""
     module = _benchmark("replay")
-    figures = _guarded(lambda: module.measure(tasks, repeat))
-    if as_json:
-        typer.echo(json.dumps(figures))
-        return
-    from benchmarks.common import format_table, ratio
-
-    typer.echo(f"replay: {figures['trajectories']} trajectories, {figures['requests']:,} requests, "
-               f"{figures['prompt_tokens']:,} prompt tokens, x{figures['repeat']}")
-    target = figures["target_requests_per_s"]
-    typer.echo(format_table(
-        ["path", "requests/s", "x target"],
-        [["accounting (pre-rendered)", figures["accounting_requests_per_s"],
-          ratio(figures["accounting_requests_per_s"], target)],
-         ["replay backend (render + accounting)", figures["replay_backend_requests_per_s"],
-          ratio(figures["replay_backend_requests_per_s"], target)]]))
-    typer.echo(f"target {target:,} requests/s of accounting: {'met' if figures['meets_target'] else 'missed'}")
+    _guarded(lambda: module.main(list(ctx.args), prog="akv bench replay"))
 
 
 def _report(module: ModuleType, settings: Any, as_json: bool) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import common, cost, serving
+from benchmarks import common, cost, replay, serving
 
 
 def test_format_table_aligns_columns_and_marks_missing_values() -> None:
@@ -120,3 +120,24 @@ def test_pooled_concatenates_suites_in_the_same_order_for_every_policy() -> None
     assert set(pooled) == set(cost.POLICIES)
     assert len(pooled[cost.AKV].scores) == 4
     assert pooled[cost.AKV].task_ids == pooled[cost.STANDARD].task_ids
+
+
+def test_replay_table_gives_wall_and_cpu_rates_and_both_verdicts() -> None:
+    figures = {"trajectories": 3, "requests": 59, "prompt_tokens": 316_669, "repeat": 2,
+               "target_requests_per_s": 10_000, "meets_target": False, "meets_target_per_cpu_s": True}
+    for rate, (_, name) in zip((8_000, 6_000, 12_000), replay.PATHS):
+        figures[f"{name}_requests_per_s"], figures[f"{name}_requests_per_cpu_s"] = rate, rate + 3_000
+    lines = replay.render(figures).splitlines()
+    assert lines[3].split()[-3:] == ["8,000", "11,000", "0.800"]
+    assert lines[-1].endswith("missed per wall-clock second, met per CPU second")
+
+
+def test_akv_bench_replay_hands_its_arguments_to_the_benchmark() -> None:
+    from typer.testing import CliRunner
+
+    from akv_cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "replay", "--help"])
+    assert result.exit_code == 0 and "--repeat" in result.stdout and "akv bench replay" in result.stdout
+    result = CliRunner().invoke(app, ["bench", "replay", "--tasks", "0"])
+    assert result.exit_code == 2 and "--tasks: expected a positive integer" in result.output

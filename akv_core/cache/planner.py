@@ -75,12 +75,21 @@ class Walk:
     copy_maps: dict[int, list[tuple[int, int, int]]]   # reposition record -> (first copy, start, end) per run
 
     def live_copies(self, record_index: int) -> list[tuple[int, int]]:
-        """Copy index ranges of `record_index` that the visible runs still read."""
+        """Copy index ranges of `record_index` that the visible runs still read.
+
+        Runs and the record's copy map are both in key order, so one merge-like pass does.
+        """
         live = []
+        copy_map = self.copy_maps[record_index]
+        first_entry = 0
         for run in self.runs:
             if run[3] != record_index:
                 continue
-            for first, start, end in self.copy_maps[record_index]:
+            while first_entry < len(copy_map) and copy_map[first_entry][2] <= run[0]:
+                first_entry += 1   # entries ending before this run cannot reach the later runs either
+            for first, start, end in copy_map[first_entry:]:
+                if start >= run[1]:
+                    break
                 lo, hi = max(start, run[0]), min(end, run[1])
                 if lo < hi:
                     live.append((first + lo - start, first + hi - start))
@@ -151,12 +160,15 @@ def _append(runs: list[list[int]], start: int, end: int, position: int) -> int:
 
 
 def _hide(runs: list[list[int]], hidden: tuple[tuple[int, int], ...]) -> list[list[int]]:
-    """The runs minus the hidden ranges (both sorted by offset)."""
+    """The runs minus the hidden ranges (both sorted by offset, so one merge-like pass does)."""
     kept: list[list[int]] = []
+    first = 0
     for start, end, position, source in runs:
-        for hide_start, hide_end in hidden:
-            if hide_end <= start or hide_start >= end:
-                continue
+        while first < len(hidden) and hidden[first][1] <= start:
+            first += 1   # ranges ending before this run cannot reach the later runs either
+        for hide_start, hide_end in hidden[first:]:
+            if hide_start >= end:
+                break
             if hide_start > start:
                 kept.append([start, hide_start, position, source])
             if hide_end >= end:

@@ -142,6 +142,10 @@ def test_punched_ranges_free_each_slot_once_and_survive_a_split(punches, cut):
     holed = sorted({i for lo, hi in punches for i in range(lo, hi)})
     assert sorted(freed) == [100 + i for i in holed]          # every punched slot handed back exactly once
     assert node.owned_slots() == [slot for slot in node.slots if slot != HOLE]
+    for lo, hi in punches:
+        scan = [i for i in range(lo, hi) if node.slots[i] == HOLE]
+        assert node.first_hole(lo, hi) == (scan[0] if scan else None)
+        assert node.first_hole(hi, 12) == next((i for i in range(hi, 12) if node.slots[i] == HOLE), None)
     root = Node(None, (), [])
     node.parent, root.children[node.edge] = root, node
     upper = RadixCache(SlotAllocator(200))._split(node, cut)

@@ -81,6 +81,14 @@ class Node:
             self.holes += len(freed)
         return freed
 
+    def first_hole(self, lo: int, hi: int) -> int | None:
+        """The first index in [lo, hi) whose slot is a hole, or None."""
+        for hole_lo, hole_hi in self.hole_ranges:
+            if hole_hi > lo:
+                first = max(hole_lo, lo)
+                return first if first < hi else None
+        return None
+
     def _take(self, lo: int, hi: int) -> list[int]:
         """Slots [lo, hi) (none of them a hole), replaced by holes."""
         taken = self.slots[lo:hi]
@@ -341,14 +349,19 @@ class RadixCache:
         """The first key offset inside `ranges` ([start, end, ...], sorted) that is a hole on the path to `node`."""
         if not self.holes:
             return None
+        first = 0
         for start, path_node in self.token_offsets(node):
+            while first < len(ranges) and ranges[first][1] <= start:
+                first += 1   # nodes come in offset order: ranges ending before this one are done
             if not path_node.holes:
                 continue
             end = start + len(path_node.tokens)
-            for run in ranges:
-                lo, hi = max(start, run[0]), min(end, run[1])
-                if lo < hi and HOLE in path_node.slots[lo - start:hi - start]:
-                    return start + path_node.slots.index(HOLE, lo - start, hi - start)
+            for run in ranges[first:]:
+                if run[0] >= end:
+                    break
+                hole = path_node.first_hole(max(start, run[0]) - start, min(end, run[1]) - start)
+                if hole is not None:
+                    return start + hole
         return None
 
     def _add(self, parent: Node, child: Node) -> Node:

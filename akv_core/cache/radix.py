@@ -61,7 +61,7 @@ class Node:
 
     def make_holes(self, lo: int, hi: int) -> list[int]:
         """Turn slots [lo, hi) into holes; returns the slots it owned there, for the caller to free."""
-        freed: list[int] = []
+        gaps: list[tuple[int, int]] = []   # the parts of [lo, hi) that are not holes yet
         kept: list[tuple[int, int]] = []
         cursor, start, end = lo, lo, hi
         for hole_lo, hole_hi in self.hole_ranges:
@@ -69,16 +69,20 @@ class Node:
                 kept.append((hole_lo, hole_hi))
                 continue
             if cursor < hole_lo:
-                freed += self._take(cursor, hole_lo)
+                gaps.append((cursor, hole_lo))
             cursor = max(cursor, hole_hi)
             start, end = min(start, hole_lo), max(end, hole_hi)
         if cursor < hi:
-            freed += self._take(cursor, hi)
-        if freed:
-            kept.append((start, end))
-            kept.sort()
-            self.hole_ranges = kept
-            self.holes += len(freed)
+            gaps.append((cursor, hi))
+        if not gaps:
+            return []
+        freed = self._take(*gaps[0])
+        for gap in gaps[1:]:
+            freed += self._take(*gap)
+        kept.append((start, end))
+        kept.sort()
+        self.hole_ranges = kept
+        self.holes += len(freed)
         return freed
 
     def first_hole(self, lo: int, hi: int) -> int | None:
@@ -91,6 +95,9 @@ class Node:
 
     def _take(self, lo: int, hi: int) -> list[int]:
         """Slots [lo, hi) (none of them a hole), replaced by holes."""
+        if hi - lo == len(self.slots):   # the whole node: a new list, no copy of the old one
+            taken, self.slots = self.slots, [HOLE] * len(self.slots)
+            return taken
         taken = self.slots[lo:hi]
         self.slots[lo:hi] = [HOLE] * (hi - lo)
         return taken
@@ -324,14 +331,13 @@ class RadixCache:
             index += 1
             if path_node.lock_ref or not path_node.slots or path_node.holes == len(path_node.slots):
                 continue
-            count, cursor, owned = len(path_node.slots), 0, []
+            count, cursor = len(path_node.slots), 0
             for lo, hi in live(index - 1) + [(count, count)]:
                 if cursor < lo:   # copies [cursor, lo) are not read at the end
-                    owned += path_node.make_holes(cursor, lo)
+                    owned = path_node.make_holes(cursor, lo)
+                    self.allocator.free(owned)
+                    freed += len(owned)
                 cursor = max(cursor, hi)
-            if owned:
-                self.allocator.free(owned)
-                freed += len(owned)
         self.holes += freed
         self.cached_slots -= freed
         return freed

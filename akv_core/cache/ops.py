@@ -63,14 +63,15 @@ def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> 
             raise OperationError(field, "expected a list of message indices")
         indices = []
         for position, raw in enumerate(raw_indices):
-            item_field = f"{field}[{position}]"
-            index = _index(raw, item_field, n_messages, allow_string=False)
+            # A plain in-range int is the usual case; anything else gets _index's checks and message.
+            valid = type(raw) is int and 0 <= raw < n_messages
+            index = raw if valid else _index(raw, f"{field}[{position}]", n_messages, allow_string=False)
             if index >= trigger:
-                raise OperationError(item_field, f"message {index} cannot be dropped at or before itself "
-                                                 f"(trigger {trigger}); only earlier messages can be dropped")
+                raise OperationError(f"{field}[{position}]", f"message {index} cannot be dropped at or before "
+                                     f"itself (trigger {trigger}); only earlier messages can be dropped")
             if index in dropped_by:
-                raise OperationError(item_field, f"message {index} is already dropped "
-                                                 f"(by trigger {dropped_by[index]})")
+                raise OperationError(f"{field}[{position}]", f"message {index} is already dropped "
+                                                             f"(by trigger {dropped_by[index]})")
             dropped_by[index] = trigger
             indices.append(index)
         if indices:

@@ -28,8 +28,7 @@ HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request
 class Node:
     """A token run (`record is None`) or an operation record."""
 
-    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes",
-                 "hole_ranges")
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes")
 
     def __init__(self, parent: Node | None, tokens: array | tuple[()], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
@@ -41,9 +40,6 @@ class Node:
         self.lock_ref = 0
         self.last_access = last_access
         self.holes = 0   # entries of `slots` that are HOLE
-        # The same holes as sorted [lo, hi) index ranges, apart from each other: punching a range
-        # again costs a few comparisons instead of a scan of its slots.
-        self.hole_ranges: list[tuple[int, int]] = []
 
     @property
     def size(self) -> int:
@@ -51,56 +47,26 @@ class Node:
         return len(self.slots) - self.holes
 
     def owned_slots(self) -> list[int]:
-        if not self.holes:
-            return self.slots
-        owned, cursor = [], 0
-        for lo, hi in self.hole_ranges:
-            owned += self.slots[cursor:lo]
-            cursor = hi
-        return owned + self.slots[cursor:]
+        return [slot for slot in self.slots if slot != HOLE] if self.holes else self.slots
 
     def make_holes(self, lo: int, hi: int) -> list[int]:
-        """Turn slots [lo, hi) into holes; returns the slots it owned there, for the caller to free."""
-        gaps: list[tuple[int, int]] = []   # the parts of [lo, hi) that are not holes yet
-        kept: list[tuple[int, int]] = []
-        cursor, start, end = lo, lo, hi
-        for hole_lo, hole_hi in self.hole_ranges:
-            if hole_hi < lo or hole_lo > hi:   # apart from [lo, hi): stays as it is
-                kept.append((hole_lo, hole_hi))
-                continue
-            if cursor < hole_lo:
-                gaps.append((cursor, hole_lo))
-            cursor = max(cursor, hole_hi)
-            start, end = min(start, hole_lo), max(end, hole_hi)
-        if cursor < hi:
-            gaps.append((cursor, hi))
-        if not gaps:
-            return []
-        freed = self._take(*gaps[0])
-        for gap in gaps[1:]:
-            freed += self._take(*gap)
-        kept.append((start, end))
-        kept.sort()
-        self.hole_ranges = kept
-        self.holes += len(freed)
-        return freed
+        """Turn slots [lo, hi) into holes; returns the slots it owned there, for the caller to free.
 
-    def first_hole(self, lo: int, hi: int) -> int | None:
-        """The first index in [lo, hi) whose slot is a hole, or None."""
-        for hole_lo, hole_hi in self.hole_ranges:
-            if hole_hi > lo:
-                first = max(hole_lo, lo)
-                return first if first < hi else None
-        return None
-
-    def _take(self, lo: int, hi: int) -> list[int]:
-        """Slots [lo, hi) (none of them a hole), replaced by holes."""
-        if hi - lo == len(self.slots):   # the whole node: a new list, no copy of the old one
-            taken, self.slots = self.slots, [HOLE] * len(self.slots)
-            return taken
-        taken = self.slots[lo:hi]
-        self.slots[lo:hi] = [HOLE] * (hi - lo)
-        return taken
+        Holes are found with C-level list operations (a range punched again is one count).
+        """
+        if hi - lo == len(self.slots) and not self.holes:   # the whole node: a new list, no copy of the old one
+            owned, self.slots = self.slots, [HOLE] * len(self.slots)
+        else:
+            owned = self.slots[lo:hi]
+            if self.holes:
+                already = owned.count(HOLE)
+                if already == hi - lo:
+                    return []
+                if already:
+                    owned = [slot for slot in owned if slot != HOLE]
+            self.slots[lo:hi] = [HOLE] * (hi - lo)
+        self.holes += len(owned)
+        return owned
 
     @property
     def edge(self) -> object:
@@ -183,9 +149,7 @@ class RadixCache:
         upper = Node(node.parent, node.tokens[:n], node.slots[:n], None, node.last_access)
         upper.lock_ref = node.lock_ref
         if node.holes:
-            upper.hole_ranges = [(lo, min(hi, n)) for lo, hi in node.hole_ranges if lo < n]
-            node.hole_ranges = [(max(lo, n) - n, hi - n) for lo, hi in node.hole_ranges if hi > n]
-            upper.holes = sum(hi - lo for lo, hi in upper.hole_ranges)
+            upper.holes = upper.slots.count(HOLE)
             node.holes -= upper.holes
         node.parent.children[upper.edge] = upper
         node.tokens, node.slots, node.parent = node.tokens[n:], node.slots[n:], upper
@@ -281,7 +245,6 @@ class RadixCache:
                 spare.append(mine[i])
         filled = node.holes
         node.holes = 0
-        node.hole_ranges = []
         self.holes -= filled
         self.cached_slots += filled
         if node.lock_ref:
@@ -355,19 +318,14 @@ class RadixCache:
         """The first key offset inside `ranges` ([start, end, ...], sorted) that is a hole on the path to `node`."""
         if not self.holes:
             return None
-        first = 0
         for start, path_node in self.token_offsets(node):
-            while first < len(ranges) and ranges[first][1] <= start:
-                first += 1   # nodes come in offset order: ranges ending before this one are done
             if not path_node.holes:
                 continue
             end = start + len(path_node.tokens)
-            for run in ranges[first:]:
-                if run[0] >= end:
-                    break
-                hole = path_node.first_hole(max(start, run[0]) - start, min(end, run[1]) - start)
-                if hole is not None:
-                    return start + hole
+            for run in ranges:
+                lo, hi = max(start, run[0]), min(end, run[1])
+                if lo < hi and HOLE in path_node.slots[lo - start:hi - start]:
+                    return start + path_node.slots.index(HOLE, lo - start, hi - start)
         return None
 
     def _add(self, parent: Node, child: Node) -> Node:
@@ -442,7 +400,6 @@ class RadixCache:
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
             _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
             _check(node.holes == node.slots.count(HOLE), "a node's hole count is out of date")
-            _check(node.hole_ranges == hole_ranges(node.slots), "a node's hole ranges are out of date")
             holes += node.holes
             _claim(seen, node.owned_slots())
             cached += node.size
@@ -468,19 +425,6 @@ def _claim(seen: set[int], slots: list[int]) -> None:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(f"cache integrity: {message}")
-
-
-def hole_ranges(slots: list[int]) -> list[tuple[int, int]]:
-    """The [lo, hi) index ranges of `slots` that are HOLE, sorted and apart (a slow scan, for checks)."""
-    ranges: list[tuple[int, int]] = []
-    for i, slot in enumerate(slots):
-        if slot != HOLE:
-            continue
-        if ranges and ranges[-1][1] == i:
-            ranges[-1] = (ranges[-1][0], i + 1)
-        else:
-            ranges.append((i, i + 1))
-    return ranges
 
 
 def common_prefix(run: array, tokens: array, offset: int, end: int) -> int:

@@ -17,11 +17,16 @@ processes' turns do not count).
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import `benchmarks` and the packages from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 POLICIES = ("full", "expert", "standard-8k")

@@ -314,14 +314,13 @@ def _slots(values: list[int]) -> torch.Tensor:
 
 
 def _stage_mask(stage: Stage) -> torch.Tensor | None:
-    """Causal among the new tokens, plus the drops that happen inside the stage."""
-    if not stage.hidden:
+    """Each new token sees the columns up to its own, minus the drops that happen inside the stage."""
+    if not stage.hidden and stage.queries_last:
         return None
-    q, k = len(stage.token_ids), len(stage.kv_slots)
-    mask = torch.ones(q, k, dtype=torch.bool)
-    mask[:, k - q:] = torch.ones(q, q, dtype=torch.bool).tril()
-    for row, columns in stage.hidden:
-        mask[row:, list(columns)] = False
+    columns = torch.tensor(stage.query_columns, dtype=torch.long)
+    mask = torch.arange(len(stage.kv_slots))[None, :] <= columns[:, None]
+    for row, hidden in stage.hidden:
+        mask[row:, list(hidden)] = False
     return mask
 
 

@@ -59,11 +59,20 @@ def test_same_tokens_with_other_operations_share_only_the_common_prefix():
     rendered = render(messages)
     serve(sim, messages, {"5": [3]})
     # Message 3's KV was freed when the first request ended (nobody running needed it): a
-    # history that keeps it visible recomputes from there; the common prefix is reused.
+    # history that keeps it visible recomputes message 3 alone, then what follows the record
+    # where the histories part; the tokens between (messages 4 and 5) are reused.
+    trigger_end = rendered.spans[5][1]
     other = serve(sim, messages, {"5": [2]})
-    assert other.prefilled_tokens == other.prompt_tokens - rendered.spans[3][0]
+    assert other.prefilled_tokens == _length(rendered, 3) + other.prompt_tokens - trigger_end
     plain = serve(sim, messages)   # message 2 was freed by the second request in turn
-    assert plain.prefilled_tokens == plain.prompt_tokens - rendered.spans[2][0]
+    assert plain.prefilled_tokens == _length(rendered, 2) + plain.prompt_tokens - trigger_end
+    again = serve(sim, messages, {"5": [3]})   # everything is back: a full hit
+    assert again.prefilled_tokens == 1
+
+
+def _length(rendered, message: int) -> int:
+    start, end = rendered.spans[message]
+    return end - start
 
 
 def test_dropped_kv_is_freed_once_no_running_request_needs_it():
@@ -87,7 +96,8 @@ def test_dropped_kv_is_freed_once_no_running_request_needs_it():
     assert cache.stats().slots_cached == grown - (end - start)   # freed when nobody needs it
     assert cache.tree.holes == end - start
     refill = cache.plan(plain_key)
-    assert refill.match.tokens == start                             # needed visible again: recomputed
+    assert refill.restore.token_holes == tuple(range(start, end))  # needed visible again: recomputed alone
+    assert refill.usage.prefilled_tokens == end - start + 1
     cache.release(cache.admit(refill, 0), keep_prompt=True)
     cache.check_integrity()
     assert cache.tree.holes == 0
@@ -206,6 +216,31 @@ def test_restore_after_eviction_equals_the_never_evicted_run():
     after, usage = run_symbolic(cache, kv, rendered, drops, repos)
     assert usage.prefilled_tokens > 1
     assert after == before == fresh_state(rendered, drops, repos)
+
+
+def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
+    """A dropped message 3 after reposition 5 moved it: a branch that keeps it gets its birth slot
+    recomputed (with message 2, which message 3 attended to) and reposition 5's copies re-rotated."""
+    cache, kv = KVCache(1000), SymbolicKV()
+    rendered = render(agent_history(4))
+    dropping = ({"5": [2], "7": [3]}, [5, 7])
+    branch = ({"5": [2], "7": [4]}, [5, 7])
+    run_symbolic(cache, kv, rendered, *dropping)
+    assert cache.tree.holes > 0
+    key = build_key(rendered, validate_operations(10, *branch))
+    plan = cache.plan(key)
+    msg2, msg3 = rendered.spans[2], rendered.spans[3]
+    assert plan.restore.token_holes == tuple(range(*msg2)) + tuple(range(*msg3))
+    assert plan.restore.copy_holes and all(record == 1 for record, _ in plan.restore.copy_holes)
+    trigger_end = rendered.spans[7][1]
+    assert plan.match.tokens == trigger_end                 # messages 4 to 7 are reused as they are
+    assert plan.usage.prefilled_tokens == (msg3[1] - msg2[0]) + len(key) - trigger_end
+    state, _ = run_symbolic(cache, kv, rendered, *branch)
+    assert state == fresh_state(rendered, *branch)
+    again = cache.plan(key)                                 # everything it restored stayed
+    assert not again.restore and again.usage.prefilled_tokens == 1
+    state, _ = run_symbolic(cache, kv, rendered, *dropping)
+    assert state == fresh_state(rendered, *dropping)
 
 
 def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_window():

@@ -176,11 +176,30 @@ def test_restore_after_eviction_equals_the_never_evicted_run(shared):
     # evicted, both operation records included.
     filler = [history[0], {"role": "user", "content": "Tell me about the history of the printing press. " * 40}]
     run(engine, filler, max_tokens=2)
+    assert engine.cache.stats().slots_evicted > 0
     restored, restored_logits = run(engine, history, drops, repos)
-    reused = restored.usage.prompt_tokens - restored.usage.prefilled_tokens
-    assert 0 < reused <= engine.tokenizer.render(history).spans[5][1]   # both records are recomputed
+    # The last reposition record was evicted: it is added again, its keys re-rotated rather than
+    # recomputed, and the copies of the first reposition it had superseded are re-rotated too.
+    assert restored.usage.repos_tokens > 0
+    assert 1 < restored.usage.prefilled_tokens < restored.usage.prompt_tokens
     assert restored.token_ids == first.token_ids
     assert_same_logits(restored_logits, first_logits)
+
+
+def test_a_branch_restores_only_the_freed_keys_it_reads(shared):
+    """Message 3 is dropped after reposition 5 moved it, and its KV freed; a branch that keeps it
+    recomputes messages 2-3 (message 3 attended to 2) and re-rotates 5's copies, nothing more."""
+    engine = new_engine(shared)
+    history, branch_ops = agent(4), ({"5": [2], "7": [4]}, [5, 7])
+    run(engine, history, {"5": [2], "7": [3]}, [5, 7])
+    assert engine.cache.tree.holes > 0
+    branch, branch_logits = run(engine, history, *branch_ops)
+    spans = engine.tokenizer.render(history).spans
+    restored = sum(spans[i][1] - spans[i][0] for i in (2, 3))
+    assert branch.usage.prefilled_tokens == restored + branch.usage.prompt_tokens - spans[7][1]
+    fresh, fresh_logits = run(new_engine(shared), history, *branch_ops)
+    assert branch.token_ids == fresh.token_ids
+    assert_same_logits(branch_logits, fresh_logits)
 
 
 def test_batched_greedy_equals_one_at_a_time(shared):

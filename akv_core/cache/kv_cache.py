@@ -29,6 +29,8 @@ class Lease:
     token_slots: list[int]           # prompt tokens [plan.match.tokens, len(key))
     record_slots: list[list[int]]    # per new record: its re-rotated copies
     decode_slots: list[int]          # reserved for generated tokens, taken front to back
+    hole_slots: list[int] = field(default_factory=list)        # per plan.restore.token_holes
+    copy_hole_slots: list[int] = field(default_factory=list)   # per plan.restore.copy_holes
     decode_used: int = 0
     released: bool = field(default=False)
 
@@ -87,13 +89,18 @@ class KVCache:
         if shortfall > 0:
             self.tree.evict(shortfall)
         slots = self.allocator.allocate(needed)
-        token_slots = slots[:plan.compute_tokens]
-        cursor = plan.compute_tokens
+        cursor = plan.suffix_tokens
+        token_slots = slots[:cursor]
         record_slots = []
         for count in plan.copies:
             record_slots.append(slots[cursor:cursor + count])
             cursor += count
-        lease = Lease(plan, token_slots, record_slots, slots[cursor:])
+        holes = len(plan.restore.token_holes)
+        hole_slots = slots[cursor:cursor + holes]
+        cursor += holes
+        copy_hole_slots = slots[cursor:cursor + len(plan.restore.copy_holes)]
+        cursor += len(copy_hole_slots)
+        lease = Lease(plan, token_slots, record_slots, slots[cursor:], hole_slots, copy_hole_slots)
         self._leases.add(lease)
         return lease
 
@@ -107,10 +114,15 @@ class KVCache:
         end = None
         if keep_prompt:
             end = self.tree.insert(plan.match, plan.key, lease.token_slots, lease.record_slots)
+            if plan.restore:
+                self.allocator.free(self.tree.fill(plan.match.node, plan.restore.token_holes, lease.hole_slots,
+                                                   plan.restore.copy_holes, lease.copy_hole_slots))
         else:
             self.allocator.free(lease.token_slots)
             for slots in lease.record_slots:
                 self.allocator.free(slots)
+            self.allocator.free(lease.hole_slots)
+            self.allocator.free(lease.copy_hole_slots)
         self.tree.unlock(plan.match.node)
         self.allocator.free(lease.decode_slots)
         if end is not None:   # KV the finished path no longer reads, where nobody running needs it
@@ -127,5 +139,6 @@ class KVCache:
         """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""
         leases = list(self._leases)
         owned = [lease.token_slots for lease in leases] + [lease.decode_slots for lease in leases]
+        owned += [lease.hole_slots for lease in leases] + [lease.copy_hole_slots for lease in leases]
         owned += [slots for lease in leases for slots in lease.record_slots]
         self.tree.check_integrity([lease.plan.match.node for lease in leases], owned)

@@ -304,19 +304,37 @@ class RadixCache:
                 offset += len(path_node.tokens)
         return out
 
-    def first_hole(self, node: Node, ranges: list[list[int]]) -> int | None:
-        """The first key offset inside `ranges` ([start, end, ...], sorted) that is a hole on the path to `node`."""
-        if not self.holes:
-            return None
-        for start, path_node in self.token_offsets(node):
-            if not path_node.holes:
-                continue
-            end = start + len(path_node.tokens)
-            for run in ranges:
-                lo, hi = max(start, run[0]), min(end, run[1])
-                if lo < hi and HOLE in path_node.slots[lo - start:hi - start]:
-                    return start + path_node.slots.index(HOLE, lo - start, hi - start)
-        return None
+    def fill(self, node: Node, token_holes: tuple[int, ...], token_slots: list[int],
+             copy_holes: tuple[tuple[int, int], ...], copy_slots: list[int]) -> list[int]:
+        """Give holes on the path to `node` a request's restored slots; returns the slots not needed.
+
+        `token_holes` are key offsets, `copy_holes` (record index on the path, copy index).
+        A hole another request filled in the meantime keeps its slot and ours is spare.
+        """
+        spare: list[int] = []
+        if token_holes:
+            nodes = self.token_offsets(node)
+            i = 0
+            for offset, slot in zip(token_holes, token_slots):
+                while nodes[i][0] + len(nodes[i][1].tokens) <= offset:
+                    i += 1
+                self._fill_one(nodes[i][1], offset - nodes[i][0], slot, spare)
+        if copy_holes:
+            records = [path_node for path_node in self.path(node) if path_node.record is not None]
+            for (record, copy), slot in zip(copy_holes, copy_slots):
+                self._fill_one(records[record], copy, slot, spare)
+        return spare
+
+    def _fill_one(self, node: Node, index: int, slot: int, spare: list[int]) -> None:
+        if node.slots[index] != HOLE:
+            spare.append(slot)
+            return
+        node.slots[index] = slot
+        node.holes -= 1
+        self.holes -= 1
+        self.cached_slots += 1
+        if node.lock_ref:
+            self.protected_slots += 1
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child

@@ -258,6 +258,27 @@ def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_wind
     assert sim.stats().slots_cached < 3 * (window + 2) * 20
 
 
+def test_a_cold_rolling_history_recycles_dead_copies_and_restores_exactly():
+    """Restored cold, a drop-and-reposition-every-step history re-rotates the window at every
+    record; copies a later record supersedes are dead, and their slots serve later copies."""
+    messages = [tuple(range(1000 + 20 * i, 1020 + 20 * i)) for i in range(30)]
+    window = 4
+    triggers = list(range(window + 2, 30))
+    drops = {str(t): [t - window - 1] for t in triggers}
+    rendered = render(messages)
+    key = build_key(rendered, validate_operations(30, drops, triggers))
+    plan = KVCache(100_000).plan(key)
+    assert sum(plan.copies) > 3 * len(key)                  # one copy per key per record...
+    assert plan.copy_slots <= (window + 2) * 20             # ...but about a window of them alive at once
+    assert plan.slots_needed == len(key) + plan.copy_slots
+    cache, kv = KVCache(plan.slots_needed + 2), SymbolicKV()   # the pool the recycled plan needs
+    state, usage = run_symbolic(cache, kv, rendered, drops, triggers, max_tokens=2)
+    assert state == reference_state(key)
+    assert cache.tree.cached_slots <= len(key) + plan.copy_slots
+    again, _ = run_symbolic(cache, kv, rendered, drops, triggers, max_tokens=2)
+    assert again == state
+
+
 def test_a_running_request_keeps_what_a_finishing_one_would_free():
     """A finishes a longer history whose later reposition supersedes copies B (still running) reads."""
     cache, kv = KVCache(1000), SymbolicKV()

@@ -11,7 +11,9 @@ import threading
 import pytest
 import torch
 
+from akv_core.cache.key import build_key
 from akv_core.cache.kv_cache import KVCapacityError
+from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.engine import Engine
 from akv_core.request import RequestFailed
@@ -200,6 +202,25 @@ def test_a_branch_restores_only_the_freed_keys_it_reads(shared):
     fresh, fresh_logits = run(new_engine(shared), history, *branch_ops)
     assert branch.token_ids == fresh.token_ids
     assert_same_logits(branch_logits, fresh_logits)
+
+
+def test_a_cold_history_with_many_repositions_equals_the_step_by_step_run(shared):
+    """Cold, the history's copies that later repositions supersede share slots (recycled);
+    step by step, each request adds one record. Both must reach the same state."""
+    drops, repos = {"5": [3], "7": [4, 5], "9": [7], "11": [2, 9]}, [5, 7, 9, 11]
+    stepwise = new_engine(shared)
+    for turns in range(3, 6):
+        n = 2 + 2 * turns
+        out, logits = run(stepwise, agent(turns), {t: d for t, d in drops.items() if int(t) < n},
+                          [t for t in repos if t < n])
+    cold = new_engine(shared)
+    key = build_key(cold.tokenizer.render(agent(5)), validate_operations(12, drops, repos))
+    plan = cold.cache.plan(key)
+    assert plan.copy_slots < sum(plan.copies)
+    fresh, fresh_logits = run(cold, agent(5), drops, repos)
+    assert fresh.usage.prefilled_tokens == fresh.usage.prompt_tokens
+    assert fresh.token_ids == out.token_ids
+    assert_same_logits(fresh_logits, logits)
 
 
 def test_batched_greedy_equals_one_at_a_time(shared):

@@ -165,7 +165,7 @@ def expand(path: list[Node], lease: Lease) -> PromptLayout:
                     stage.add_context(slots)
             else:
                 if stage is None:
-                    stage, pending = _StageBuilder(view, pending), _no_rerotations()
+                    stage, pending = _StageBuilder(view, _last_write_wins(pending)), _no_rerotations()
                 view.append(range(start, stop), slots, position, stage.next_column)
                 stage.add_queries(key.tokens[start:stop], range(position, position + stop - start), slots)
             position += stop - start
@@ -188,6 +188,16 @@ def expand(path: list[Node], lease: Lease) -> PromptLayout:
     if stage is not None:
         stages.append(stage.build())
     return PromptLayout(tuple(stages), view.slots, position)
+
+
+def _last_write_wins(work: Rerotations) -> Rerotations:
+    """One write per destination: a recycled copy slot written twice in one batch keeps the later copy."""
+    if len(set(work.dst)) == len(work.dst):
+        return work
+    last = {dst: i for i, dst in enumerate(work.dst)}
+    keep = [i for i, dst in enumerate(work.dst) if last[dst] == i]
+    return Rerotations(*([getattr(work, name)[i] for i in keep] for name in ("src", "old_positions",
+                                                                             "new_positions", "dst")))
 
 
 def _pieces(offset: int, end: int, reused: int, holes: tuple[int, ...]) -> list[tuple[int, int, bool]]:

@@ -53,6 +53,7 @@ class Plan:
     visible_tokens: int       # prompt tokens visible at the end
     walk: Walk                # the whole key walked: what the end state reads (for freeing the rest)
     restore: Restore = NO_RESTORE   # freed KV on the reused path that this request reads
+    copy_ids: tuple[tuple[int, ...], ...] | None = None   # per new record, a slot id per copy (see CopyIds)
 
     @property
     def suffix_tokens(self) -> int:
@@ -65,9 +66,16 @@ class Plan:
         return self.suffix_tokens + len(self.restore.token_holes)
 
     @property
+    def copy_slots(self) -> int:
+        """Slots the new records' copies take: fewer than the copies when dead ones are recycled."""
+        if self.copy_ids is None:
+            return sum(self.copies)
+        return 1 + max((i for ids in self.copy_ids for i in ids), default=-1)
+
+    @property
     def slots_needed(self) -> int:
         """New slots for the prompt: computed tokens, re-rotated copies, restored copies."""
-        return self.compute_tokens + sum(self.copies) + len(self.restore.copy_holes)
+        return self.compute_tokens + self.copy_slots + len(self.restore.copy_holes)
 
 
 def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
@@ -91,7 +99,8 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
         repos -= sum(1 for h in visible_holes if _inside(moved, h))
     usage = Usage.of_prompt(prefilled=n - reused + len(holes), cached=visible_reused - repos, repos=repos,
                             drop_skipped=reused - len(holes) - visible_reused)
-    return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk, restore)
+    copy_ids = _recycled_copy_ids(key, match.records) if _new_repositions(key, match.records) > 1 else None
+    return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk, restore, copy_ids)
 
 
 def end_position(key: CacheKey) -> int:
@@ -227,6 +236,59 @@ def _inside(ranges: list, offset: int) -> bool:
         if run[0] <= offset < run[1]:
             return True
     return False
+
+
+def _new_repositions(key: CacheKey, first_new: int) -> int:
+    return sum(1 for _, record in key.records[first_new:] if not isinstance(record, DropRecord))
+
+
+def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[int, ...], ...]:
+    """A slot id per copy of each new record, reusing the ids of copies no longer read.
+
+    A copy a new record made is dead once a later record hides its key or moves it
+    again: nothing after that point reads it, and re-rotation always starts from the
+    birth slot. Its slot then serves a copy of a later record (the layout runs the
+    re-rotations of one batch in key order, so the later write wins), which keeps a
+    cold restore of a long drop-and-reposition history near its prompt in slots
+    instead of one copy per reposition per key. Live copies keep distinct ids.
+    """
+    runs: list[list[int]] = []
+    copy_maps: dict[int, list[tuple[int, int, int]]] = {}
+    ids: dict[int, list[int]] = {}
+    free: list[int] = []
+    position = offset = fresh = 0
+    for index, (record_offset, record) in enumerate(key.records):
+        position = _append(runs, offset, record_offset, position)
+        offset = record_offset
+        if isinstance(record, DropRecord):
+            for run in runs:
+                if run[3] >= first_new:
+                    for lo, hi in record.hidden:
+                        free.extend(_ids_of(ids, copy_maps, run[3], max(lo, run[0]), min(hi, run[1])))
+            runs = _hide(runs, record.hidden)
+        else:
+            moving = 0
+            for run in runs:
+                if run[2] != moving and run[3] >= first_new:
+                    free.extend(_ids_of(ids, copy_maps, run[3], run[0], run[1]))
+                moving += run[1] - run[0]
+            count, position = _reposition(runs, index, 0, [], copy_maps)
+            if index >= first_new:
+                taken = [free.pop() for _ in range(min(count, len(free)))]
+                ids[index] = taken + list(range(fresh, fresh + count - len(taken)))
+                fresh += count - len(taken)
+    return tuple(tuple(ids.get(index, ())) for index in range(first_new, len(key.records)))
+
+
+def _ids_of(ids: dict[int, list[int]], copy_maps: dict[int, list[tuple[int, int, int]]], record: int,
+            start: int, end: int) -> list[int]:
+    """The ids of record `record`'s copies of the keys at offsets [start, end)."""
+    out: list[int] = []
+    for first, lo, hi in copy_maps.get(record, ()):
+        a, b = max(lo, start), min(hi, end)
+        if a < b:
+            out.extend(ids[record][first + a - lo:first + b - lo])
+    return out
 
 
 def _append(runs: list[list[int]], start: int, end: int, position: int) -> int:

@@ -189,10 +189,14 @@ class RadixCache:
                 mine = record_slots[record_index - first_record]
                 record = records[record_index][1]
                 child = node.children.get(record)
-                if child is None:
-                    child = self._add(node, Node(node, (), mine, record, now))
+                if child is None:   # copies this key no longer reads come as HOLE
+                    child = Node(node, (), mine, record, now)
+                    child.holes = mine.count(HOLE) if HOLE in mine else 0
+                    self.holes += child.holes
+                    child = self._add(node, child)
                 else:
-                    self.allocator.free(self._fill_holes(child, mine) if child.holes else mine)
+                    spare = self._fill_holes(child, mine) if child.holes else mine
+                    self.allocator.free([slot for slot in spare if slot != HOLE] if HOLE in spare else spare)
                 node, record_index = child, record_index + 1
                 node.last_access = now
                 continue
@@ -218,13 +222,14 @@ class RadixCache:
     def _fill_holes(self, node: Node, mine: list[int]) -> list[int]:
         """Give `node`'s holes this request's recomputed slots; returns the slots it does not need."""
         spare = []
+        filled = 0
         for i, slot in enumerate(node.slots):
             if slot == HOLE:
                 node.slots[i] = mine[i]
+                filled += mine[i] != HOLE
             else:
                 spare.append(mine[i])
-        filled = node.holes
-        node.holes = 0
+        node.holes -= filled
         self.holes -= filled
         self.cached_slots += filled
         if node.lock_ref:

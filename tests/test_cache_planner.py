@@ -209,13 +209,16 @@ def test_reused_state_equals_a_fresh_computation_across_operations():
 def test_restore_after_eviction_equals_the_never_evicted_run():
     messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
     rendered = render(messages)
-    cache, kv = KVCache(120), SymbolicKV()
-    before, _ = run_symbolic(cache, kv, rendered, drops, repos)
-    # Another history takes the room: the first one's tail (ops included) is evicted.
-    run_symbolic(cache, kv, render([(70,) * 30, (71,) * 30]), None, None)
-    after, usage = run_symbolic(cache, kv, rendered, drops, repos)
-    assert usage.prefilled_tokens > 1
-    assert after == before == fresh_state(rendered, drops, repos)
+    for filler, recomputed in ((30, False), (50, True)):
+        cache, kv = KVCache(120), SymbolicKV()
+        before, _ = run_symbolic(cache, kv, rendered, drops, repos)
+        # Another history takes the room: a small one only the re-rotated copies (they go
+        # first: re-rotating them again needs no forward), a large one the tail too.
+        run_symbolic(cache, kv, render([(70,) * filler, (71,) * filler]), None, None)
+        assert cache.stats().slots_evicted > 0
+        after, usage = run_symbolic(cache, kv, rendered, drops, repos)
+        assert (usage.prefilled_tokens > 1) == recomputed
+        assert after == before == fresh_state(rendered, drops, repos)
 
 
 def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():

@@ -76,6 +76,7 @@ class RadixCache:
         self.evicted_slots = 0     # freed by eviction so far
         self.holes = 0             # tokens in the tree whose dropped KV was freed
         self._leaves: set[Node] = set()   # nodes without children (eviction candidates when unlocked)
+        self._copy_nodes: set[Node] = set()   # record nodes that may own copies (a superset, pruned lazily)
         self._clock = 0
 
     @property
@@ -234,6 +235,8 @@ class RadixCache:
         self.cached_slots += filled
         if node.lock_ref:
             self.protected_slots += filled
+        if node.record is not None and filled:
+            self._copy_nodes.add(node)
         return spare
 
     def punch(self, node: Node, key: CacheKey) -> int:
@@ -340,26 +343,37 @@ class RadixCache:
         self.cached_slots += 1
         if node.lock_ref:
             self.protected_slots += 1
+        if node.record is not None:
+            self._copy_nodes.add(node)
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child
         self._leaves.discard(parent)
         self._leaves.add(child)
         self.cached_slots += child.size
+        if child.record is not None and child.size:
+            self._copy_nodes.add(child)
         return child
 
     # -- evict ---------------------------------------------------------------------------------
 
     def evict(self, n_slots: int) -> int:
-        """Free at least `n_slots` slots from unlocked leaves, least recently used first; returns the count."""
+        """Free at least `n_slots` slots, least recently used first; returns the count.
+
+        Re-rotated copies go first: a copy is a cheap function of its birth slot (the
+        next request that reads it re-rotates it again, a restore without any forward),
+        so unlocked record nodes give up their copies before any leaf's KV is evicted.
+        Then unlocked leaves go, whole.
+        """
+        freed = self._evict_copies(n_slots)
         heap = [(node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
-        freed = 0
         while freed < n_slots and heap:
             _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[node.edge]
             self._leaves.discard(node)
+            self._copy_nodes.discard(node)
             self.allocator.free(node.owned_slots())
             self.holes -= node.holes
             freed += node.size
@@ -370,6 +384,30 @@ class RadixCache:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    def _evict_copies(self, n_slots: int) -> int:
+        """Turn the copies of unlocked record nodes into holes, least recently used first."""
+        candidates = []
+        for node in list(self._copy_nodes):
+            if node.parent is None or node.size == 0:
+                self._copy_nodes.discard(node)
+            elif node.lock_ref == 0:
+                candidates.append((node.last_access, node))
+        candidates.sort()
+        freed = 0
+        for _, node in candidates:
+            if freed >= n_slots:
+                break
+            owned = node.owned_slots()
+            self.allocator.free(owned)
+            node.slots = [HOLE] * len(node.slots)
+            node.holes = len(node.slots)
+            self._copy_nodes.discard(node)
+            self.holes += len(owned)
+            self.cached_slots -= len(owned)
+            self.evicted_slots += len(owned)
+            freed += len(owned)
         return freed
 
     def _nodes(self) -> Iterable[Node]:
@@ -413,6 +451,8 @@ class RadixCache:
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
             _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
             _check(node.holes == node.slots.count(HOLE), "a node's hole count is out of date")
+            _check(node.record is None or node.size == 0 or node in self._copy_nodes,
+                   "a record node owning copies is not an eviction candidate")
             holes += node.holes
             _claim(seen, node.owned_slots())
             cached += node.size

@@ -164,8 +164,9 @@ def test_cancelled_request_leaves_nothing_behind():
     assert cache.stats().slots_used == 0
 
 
-def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2):
-    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2,
+                 thinking: bool = False):
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
     plan = cache.plan(key)
     if not cache.can_admit(plan, max_tokens):
         return None
@@ -181,10 +182,10 @@ def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tok
     return state, plan.usage
 
 
-def fresh_state(rendered, drops, repos):
-    state, usage = run_symbolic(KVCache(10_000), SymbolicKV(), rendered, drops, repos)
+def fresh_state(rendered, drops, repos, thinking: bool = False):
+    state, usage = run_symbolic(KVCache(10_000), SymbolicKV(), rendered, drops, repos, thinking=thinking)
     assert usage.prefilled_tokens == usage.prompt_tokens
-    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
     assert state == reference_state(key)
     return state
 
@@ -301,3 +302,74 @@ def test_a_running_request_keeps_what_a_finishing_one_would_free():
     assert kv.state(layout.view_slots, layout.end_position) == reference_state(short_key)
     cache.release(running, keep_prompt=True)
     cache.check_integrity()
+
+
+# ---- thinking_drop: the reasoning tokens inside assistant messages -------------------------------
+
+REASONING = (1, 4)   # tokens 1..3 of a thinking call: its rendered reasoning
+
+
+def thinking_history(turns: int):
+    """(messages, reasoning spans): an agent whose calls carry reasoning (tokens 70-72)."""
+    messages = [SYSTEM, TASK]
+    for turn in range(turns):
+        messages += [(8, 70 + turn, 71, 72, 9, 20 + turn), RESULT + (40 + turn,)]
+    return messages, {2 + 2 * turn: REASONING for turn in range(turns)}
+
+
+def reasoning_at(rendered, index: int) -> tuple[int, int]:
+    start = rendered.spans[index][0]
+    return start + REASONING[0], start + REASONING[1]
+
+
+def test_thinking_drop_hides_each_reasoning_right_after_its_message_but_not_the_last():
+    messages, reasoning = thinking_history(2)
+    rendered = render(messages[:5], reasoning)   # message 4, the last one, thinks too
+    key = build_key(rendered, validate_operations(5, None, None, thinking_drop=True))
+    assert key.records == ((rendered.spans[2][1], DropRecord((reasoning_at(rendered, 2),))),)
+    # Cumulative and deterministic: the grown history keeps that record and adds one for message 4.
+    grown = render(messages, reasoning)
+    key = build_key(grown, validate_operations(6, None, [3, 4], thinking_drop=True))
+    assert key.records == ((grown.spans[2][1], DropRecord((reasoning_at(grown, 2),))), (grown.spans[3][1], REPOS),
+                           (grown.spans[4][1], DropRecord((reasoning_at(grown, 4),))), (grown.spans[4][1], REPOS))
+    assert key == build_key(render(messages, reasoning), validate_operations(6, None, [4, 3], thinking_drop=True))
+    # Without the rule, or without reasoning, there is nothing to drop.
+    assert build_key(grown, validate_operations(6, None, None)).records == ()
+    assert build_key(render(messages), validate_operations(6, None, None, thinking_drop=True)).records == ()
+
+
+def test_thinking_drop_repeated_is_a_full_hit_that_skips_the_reasoning():
+    sim = CacheSimulator(1000)
+    messages, reasoning = thinking_history(3)
+    rendered = render(messages, reasoning)
+    first = sim.request(rendered, thinking_drop=True)
+    sim.check_integrity()
+    assert first.prefilled_tokens == first.prompt_tokens and first.drop_skipped_tokens == 0
+    again = sim.request(rendered, thinking_drop=True)
+    sim.check_integrity()
+    assert again.prefilled_tokens == 1
+    assert again.drop_skipped_tokens == 3 * (REASONING[1] - REASONING[0])
+    assert again.cached_tokens == again.prompt_tokens - 1 - again.drop_skipped_tokens
+    # The agent's next turn reuses everything before it and accounts as the per-token reference.
+    longer, longer_reasoning = thinking_history(4)
+    grown = render(longer, longer_reasoning)
+    usage = sim.request(grown, reposition=[9], thinking_drop=True)
+    sim.check_integrity()
+    key = build_key(grown, validate_operations(10, None, [9], thinking_drop=True))
+    expected = account(key, len(rendered.token_ids) - 2, len(build_key(rendered, validate_operations(
+        8, None, None, thinking_drop=True)).records))
+    assert usage.drop_skipped_tokens == expected["drop_skipped"] == 3 * (REASONING[1] - REASONING[0])
+    assert (usage.cached_tokens, usage.repos_tokens, usage.prefilled_tokens) == \
+        (expected["cached"], expected["repos"], expected["prefilled"])
+    assert usage.repos_tokens > 0
+
+
+def test_thinking_drop_reuses_correct_state_mixed_with_other_requests():
+    cache, kv = KVCache(10_000), SymbolicKV()
+    requests = [(3, None, False), (3, None, True), (4, None, True), (4, [7], True), (4, None, False),
+                (4, [7], True), (4, [9], False)]
+    for turns, repos, thinking in requests:
+        messages, reasoning = thinking_history(turns)
+        rendered = render(messages, reasoning)
+        state, _ = run_symbolic(cache, kv, rendered, None, repos, thinking=thinking)
+        assert state == fresh_state(rendered, None, repos, thinking)

@@ -12,24 +12,30 @@ from akv_core.cache.key import CacheKey, DropRecord
 
 @dataclass(frozen=True)
 class FakeRendered:
-    """The three fields the cache reads from a rendered history."""
+    """The fields the cache reads from a rendered history."""
 
     token_ids: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     header_start: int
+    reasoning_spans: tuple[tuple[int, int] | None, ...]
 
 
 HEADER = (900, 901)
 
 
-def render(messages: list[tuple[int, ...]]) -> FakeRendered:
+def render(messages: list[tuple[int, ...]], reasoning: dict[int, tuple[int, int]] | None = None) -> FakeRendered:
+    """Messages as token tuples; `reasoning` maps a message to its reasoning tokens [start, end) within it."""
     ids: list[int] = []
     spans = []
-    for message in messages:
-        spans.append((len(ids), len(ids) + len(message)))
+    reasoning_spans = []
+    for index, message in enumerate(messages):
+        start = len(ids)
+        spans.append((start, start + len(message)))
+        inside = (reasoning or {}).get(index)
+        reasoning_spans.append(None if inside is None else (start + inside[0], start + inside[1]))
         ids.extend(message)
     header_start = len(ids)
-    return FakeRendered(tuple(ids) + HEADER, tuple(spans), header_start)
+    return FakeRendered(tuple(ids) + HEADER, tuple(spans), header_start, tuple(reasoning_spans))
 
 
 def items(key: CacheKey) -> list:

@@ -28,6 +28,26 @@ SECRET = [
 ]
 
 
+# An earlier assistant turn thought about the secret; only its reasoning holds it.
+THOUGHT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Please keep the code of the blue door in mind."},
+    {"role": "assistant", "reasoning_content": "The secret code of the blue door is 4721.",
+     "content": "Understood, I will keep it in mind."},
+    {"role": "user", "content": "What is the secret code of the blue door?"},
+]
+
+
+def thinking_agent(turns: int) -> list[dict]:
+    """A growing tool-use history whose assistant turns carry reasoning."""
+    history = agent(0)
+    for turn in range(turns):
+        history.append({"role": "assistant", "reasoning_content": f"Candidate {turn} is worth a search.",
+                        "content": f"I will search for candidate number {turn}."})
+        history.append({"role": "tool", "content": f"Result {turn}: city {turn} holds {turn + 3} million books."})
+    return history
+
+
 def agent(turns: int) -> list[dict]:
     """A growing tool-use history, as an agent would send it."""
     history = [{"role": "system", "content": "You are a research agent. Use the search tool."},
@@ -52,11 +72,12 @@ def new_engine(shared, kv_tokens: int = 2048, max_running: int = 8) -> Engine:
     return Engine(model, tokenizer, kv_tokens, max_running, threads={"prefill": 1, "decode": 1})
 
 
-def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4):
+def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4, thinking: bool = False):
     """Generate greedily; returns (generation, logits of every sampled token)."""
     logits = []
     engine.logits_probe = lambda handle, row: logits.append(row.clone())
-    out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens)
+    out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens,
+                          thinking_drop=thinking)
     engine.logits_probe = None
     engine.check_integrity()
     usage = out.usage
@@ -127,6 +148,72 @@ def test_a_dropped_secret_is_forgotten_and_an_unrelated_drop_keeps_it(shared):
     assert "4721" in run(engine, SECRET, max_tokens=14)[0].text
     assert "4721" not in run(engine, SECRET, {"3": [1]}, max_tokens=14)[0].text
     assert "4721" in run(engine, SECRET, {"3": [2]}, max_tokens=14)[0].text
+
+
+def test_thinking_drop_gives_the_reasoning_exactly_zero_attention_after_its_message(shared):
+    engine = new_engine(shared)
+    rendered = engine.tokenizer.render(THOUGHT)
+    start, end = rendered.reasoning_spans[2]
+    trigger_end = rendered.spans[2][1]
+    assert rendered.spans[2][0] < start < end < trigger_end
+    seen = []
+    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
+    try:
+        run(engine, THOUGHT, max_tokens=3, thinking=True)
+    finally:
+        engine.model.attention_probe = None
+    prompt_slots = next(slots for slots, probs in seen if probs.shape[0] > 1)
+    reasoning = prompt_slots[start:end]
+    after = before = 0.0
+    for slots, probs in seen:
+        on_reasoning = torch.isin(slots, reasoning)
+        if probs.shape[0] > 1:
+            after += probs[trigger_end:][:, :, on_reasoning].abs().sum().item()
+            before += probs[end:trigger_end][:, :, on_reasoning].sum().item()   # the message's own content
+        else:
+            after += probs[:, :, on_reasoning].abs().sum().item()
+    assert len(seen) == 30 * 3 and after == 0.0
+    assert before > 0.0
+    assert engine.cache.tree.holes == end - start   # freed once the request ended
+
+
+def test_a_secret_only_in_earlier_reasoning_is_forgotten_under_thinking_drop(shared):
+    engine = new_engine(shared)
+    assert "4721" in run(engine, THOUGHT, max_tokens=14)[0].text
+    assert "4721" not in run(engine, THOUGHT, max_tokens=14, thinking=True)[0].text
+
+
+def test_thinking_drop_equals_a_forward_with_the_reasoning_masked_and_repeats_as_a_full_hit(shared):
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+
+    model = shared[0]
+    engine = new_engine(shared)
+    rendered = engine.tokenizer.render(THOUGHT)
+    start, end = rendered.reasoning_spans[2]
+    trigger_end, n = rendered.spans[2][1], len(rendered.token_ids)
+    first, first_logits = run(engine, THOUGHT, max_tokens=3, thinking=True)
+    assert first.usage.prefilled_tokens == n
+    # The reference: the whole prompt in one forward, rows after message 2 masked off the reasoning.
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    mask[trigger_end:, start:end] = False
+    slots = torch.arange(n)
+    batch = ForwardBatch(torch.tensor(rendered.token_ids), torch.arange(n), slots,
+                         [SeqAttention(0, n, slots, mask)], torch.tensor([n - 1]))
+    masked = model.forward(batch, new_engine(shared, kv_tokens=n).kv)
+    assert_same_logits(first_logits[:1], masked)
+    _, plain_logits = run(new_engine(shared), THOUGHT, max_tokens=1)
+    assert (plain_logits - masked).abs().max() > 1e-2   # the reasoning did matter
+    again, again_logits = run(engine, THOUGHT, max_tokens=3, thinking=True)
+    assert again.usage.prefilled_tokens == 1 and again.usage.repos_tokens == 0
+    assert again.usage.drop_skipped_tokens == end - start
+    assert again.usage.cached_tokens == n - 1 - (end - start)
+    assert again.token_ids == first.token_ids
+    assert_same_logits(again_logits, first_logits)
+    # With a reposition after the last message the reasoning gap closes; reuse still equals a fresh run.
+    moved, moved_logits = run(engine, THOUGHT, None, [3], max_tokens=3, thinking=True)
+    assert moved.usage.repos_tokens > 0 and moved.usage.drop_skipped_tokens == end - start
+    _, fresh_logits = run(new_engine(shared), THOUGHT, None, [3], max_tokens=3, thinking=True)
+    assert_same_logits(moved_logits, fresh_logits)
 
 
 def test_reposition_moves_keys_to_compacted_positions(shared):
@@ -251,6 +338,25 @@ def test_usage_agrees_with_the_replay_simulator(shared):
         assert out.usage == replayed
     assert simulator.stats().slots_evicted == engine.cache.stats().slots_evicted > 0
     assert out.usage.prefilled_tokens > 1   # the repeated request was restored, not a full hit
+
+
+def test_thinking_drop_usage_agrees_with_the_replay_simulator(shared):
+    engine = new_engine(shared, kv_tokens=400)   # small enough that earlier turns get evicted
+    simulator = CacheSimulator(400)
+    sequence = [(thinking_agent(1), None, True), (thinking_agent(2), None, True), (thinking_agent(2), [5], True),
+                (thinking_agent(3), None, False), (thinking_agent(3), [5, 7], True), (THOUGHT, None, True),
+                (thinking_agent(3), [5, 7], True), (thinking_agent(3), None, True)]
+    skipped = 0
+    for messages, repos, thinking in sequence:
+        out = engine.generate(messages, reposition=repos, max_tokens=2, thinking_drop=thinking)
+        engine.check_integrity()
+        replayed = simulator.request(engine.tokenizer.render(messages), None, repos, max_tokens=2,
+                                     completion_tokens=out.usage.completion_tokens, thinking_drop=thinking)
+        simulator.check_integrity()
+        assert out.usage == replayed
+        skipped += out.usage.drop_skipped_tokens
+    assert skipped > 0
+    assert simulator.stats().slots_evicted == engine.cache.stats().slots_evicted > 0
 
 
 def test_a_full_pool_makes_requests_wait_and_a_too_large_one_is_refused(shared):

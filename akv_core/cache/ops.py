@@ -1,8 +1,9 @@
 """The AKV request fields `drop_message`, `reposition` and `thinking_drop`, checked against a history.
 
 The fields are cumulative: a request carries every operation since the start of
-its history (`thinking_drop` applies to every earlier message with reasoning). Checking happens once, here, so the server (400 naming the field),
-the engine and the replay simulator reject exactly the same inputs.
+its history (`thinking_drop` applies to every earlier message with reasoning).
+Checking happens once, here, so the server (400 naming the field), the engine
+and the replay simulator reject exactly the same inputs.
 """
 from __future__ import annotations
 

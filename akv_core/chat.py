@@ -58,15 +58,28 @@ class ChatTemplateError(ValueError):
 
 @dataclass(frozen=True)
 class Rendered:
-    """A rendered history: ids, one [start, end) span per message, and the generation header."""
+    """A rendered history: ids, one [start, end) span per message, and the generation header.
+
+    `reasoning_spans` holds, per message, the [start, end) tokens of its rendered reasoning
+    (inside the message's span), or None where the message renders none.
+    """
 
     token_array: array            # the token ids, packed as C ints (typecode "i")
     spans: tuple[tuple[int, int], ...]
     header_start: int
+    reasoning_spans: tuple[tuple[int, int] | None, ...]
 
     @cached_property
     def token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_array)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One message's ids as rendered after the messages before it, and its reasoning tokens."""
+
+    ids: array                          # token ids, typecode "i"
+    reasoning: tuple[int, int] | None   # relative to the message's first token
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,7 @@ class ChatTokenizer:
         env.globals["raise_exception"] = _raise_template_error
         self._template = env.from_string(files.chat_template)
         self._bos = files.bos_token or ""
-        self._memo: OrderedDict[tuple, array] = OrderedDict()   # least recently used first
+        self._memo: OrderedDict[tuple, _Piece] = OrderedDict()   # least recently used first
         self._memo_limit = memo_tokens
         self._memo_tokens = 0
         self._header = array("i", self.encode(self._after_anchor([], None, add_generation_prompt=True)))
@@ -124,32 +137,36 @@ class ChatTokenizer:
         tools_key = json.dumps(tools, ensure_ascii=False) if tools else None   # key order is rendered too
         ids = array("i")
         spans: list[tuple[int, int]] = []
+        reasoning_spans: list[tuple[int, int] | None] = []
         for index, message in enumerate(messages):
             piece = self._piece(message, index == 0, tools, tools_key)
-            spans.append((len(ids), len(ids) + len(piece)))
-            ids.extend(piece)
+            start = len(ids)
+            spans.append((start, start + len(piece.ids)))
+            reasoning_spans.append(None if piece.reasoning is None
+                                   else (start + piece.reasoning[0], start + piece.reasoning[1]))
+            ids.extend(piece.ids)
         header_start = len(ids)
         if add_generation_prompt:
             ids.extend(self._header)
-        return Rendered(ids, tuple(spans), header_start)
+        return Rendered(ids, tuple(spans), header_start, tuple(reasoning_spans))
 
     def count(self, message: Mapping) -> int:
         """Tokens of one message as rendered after other messages (the policy TokenCounter protocol)."""
-        return len(self._piece(message, False, None, None))
+        return len(self._piece(message, False, None, None).ids)
 
     def _piece(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
-               tools_key: str | None) -> array:
-        """One message's ids from the memo, rendered (and remembered) on a miss."""
+               tools_key: str | None) -> _Piece:
+        """One message's ids (and reasoning tokens) from the memo, rendered and remembered on a miss."""
         key = _message_key(message, first, tools_key, self.native_tools)
         piece = self._memo.get(key)
         if piece is not None:
             self._memo.move_to_end(key)
             return piece
-        piece = array("i", self.encode(self._message_text(message, first, tools)))
+        piece = self._message_piece(message, first, tools)
         self._memo[key] = piece
-        self._memo_tokens += len(piece)
+        self._memo_tokens += len(piece.ids)
         while self._memo_tokens > self._memo_limit and len(self._memo) > 1:   # the newest always stays
-            self._memo_tokens -= len(self._memo.popitem(last=False)[1])
+            self._memo_tokens -= len(self._memo.popitem(last=False)[1].ids)
         return piece
 
     def render_text(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
@@ -178,6 +195,30 @@ class ChatTokenizer:
         return AssistantReply(content, reasoning, tuple(calls))
 
     # -- rendering one message ---------------------------------------------------------------
+
+    def _message_piece(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> _Piece:
+        text = self._message_text(message, first, tools)
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)   # the same ids as encode(text)
+        reasoning = None
+        if message.get("reasoning_content"):
+            chars = self._reasoning_chars(message, first, tools, text)
+            reasoning = None if chars is None else _covering_tokens(encoding.offsets, chars)
+        return _Piece(array("i", encoding.ids), reasoning)
+
+    def _reasoning_chars(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
+                         text: str) -> tuple[int, int] | None:
+        """The [start, end) characters of `text` (the message rendered) that its reasoning added.
+
+        Our own rendering puts a known think block at the start of the content. A template
+        that renders reasoning itself is asked twice, with and without it, and the
+        characters that differ are the reasoning with whatever the template wraps it in.
+        """
+        if not self.native_tools:
+            block = _think_block(message["reasoning_content"])
+            at = text.find(block)
+            return None if at < 0 else (at, at + len(block))
+        bare = {name: value for name, value in message.items() if name != "reasoning_content"}
+        return _inserted(self._message_text(bare, first, tools), text)
 
     def _message_text(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> str:
         if first:
@@ -226,6 +267,31 @@ def _text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
 
 
+def _think_block(reasoning: Any) -> str:
+    """Reasoning as our rendering writes it before the content (Hermes/Qwen style)."""
+    return f"<think>\n{reasoning}\n</think>\n\n"
+
+
+def _inserted(without: str, with_: str) -> tuple[int, int] | None:
+    """The characters of `with_` that differ from `without` (common prefix and suffix taken away)."""
+    limit = min(len(without), len(with_))
+    prefix = 0
+    while prefix < limit and without[prefix] == with_[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < limit - prefix and without[-1 - suffix] == with_[-1 - suffix]:
+        suffix += 1
+    end = len(with_) - suffix
+    return (prefix, end) if prefix < end else None
+
+
+def _covering_tokens(offsets: Sequence[tuple[int, int]], chars: tuple[int, int]) -> tuple[int, int] | None:
+    """The [first, last + 1) tokens holding any of the characters in `chars`."""
+    start, end = chars
+    covered = [index for index, (lo, hi) in enumerate(offsets) if lo < end and hi > start]
+    return (covered[0], covered[-1] + 1) if covered else None
+
+
 def _message_key(message: Mapping, first: bool, tools_key: str | None, native_tools: bool) -> tuple:
     """What the template reads of a message (with `_plain`'s shaping when the template has no tools)."""
     calls = message.get("tool_calls")
@@ -253,7 +319,7 @@ def _plain(message: Mapping) -> dict:
     content = _text(message.get("content"))
     reasoning = message.get("reasoning_content")
     if reasoning:
-        content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        content = _think_block(reasoning) + content
     for call in message.get("tool_calls") or ():
         function = call.get("function", call)
         arguments = function.get("arguments", {})

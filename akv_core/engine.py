@@ -101,10 +101,12 @@ class Engine:
     def submit(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-               stop: str | Sequence[str] | None = None) -> RequestHandle:
+               stop: str | Sequence[str] | None = None, thinking_drop: bool = False) -> RequestHandle:
         """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
 
         `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
+        `thinking_drop` hides each earlier message's reasoning from everything after that message
+        (the API's `drop_rule: {"type": "thinking_drop"}`; not together with `drop_message`).
         """
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
@@ -114,7 +116,7 @@ class Engine:
             raise ValueError(f"max_tokens: must be at least 1, got {max_tokens}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
-        operations = validate_operations(len(messages), drop_message, reposition)
+        operations = validate_operations(len(messages), drop_message, reposition, thinking_drop)
         rendered = self.tokenizer.render(messages, tools)
         if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
             raise KVCapacityError(f"messages: the prompt ({len(rendered.token_ids)} tokens) plus max_tokens "
@@ -133,9 +135,10 @@ class Engine:
     def generate(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                  reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                  max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> Generation:
+                 stop: str | Sequence[str] | None = None, thinking_drop: bool = False) -> Generation:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
-        handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop)
+        handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop,
+                             thinking_drop)
         if not self._loop_running:
             while not handle.done:
                 self.step()
@@ -314,14 +317,13 @@ def _slots(values: list[int]) -> torch.Tensor:
 
 
 def _stage_mask(stage: Stage) -> torch.Tensor | None:
-    """Causal among the new tokens, plus the drops that happen inside the stage."""
-    if not stage.hidden:
+    """Each new token sees the columns up to its own, minus the drops that happen inside the stage."""
+    if not stage.hidden and stage.queries_last:
         return None
-    q, k = len(stage.token_ids), len(stage.kv_slots)
-    mask = torch.ones(q, k, dtype=torch.bool)
-    mask[:, k - q:] = torch.ones(q, q, dtype=torch.bool).tril()
-    for row, columns in stage.hidden:
-        mask[row:, list(columns)] = False
+    columns = torch.tensor(stage.query_columns, dtype=torch.long)
+    mask = torch.arange(len(stage.kv_slots))[None, :] <= columns[:, None]
+    for row, hidden in stage.hidden:
+        mask[row:, list(hidden)] = False
     return mask
 
 

@@ -139,8 +139,8 @@ def _stream(policy: str, task_id: str, recorded: Sequence[Any]) -> Stream:
 def _cold_slots(rendered: Any, request: Any) -> int:
     """Slots the engine's planner asks for when nothing of the request is cached (after an eviction).
 
-    Restoring a history with repositions recomputes every re-rotated copy it ever made, so this can
-    be several times the prompt.
+    A history with repositions also needs the re-rotated copies that are alive at once (a copy a
+    later record supersedes gives its slot to a later one), so this exceeds the prompt.
     """
     from akv_core.cache.key import build_key
     from akv_core.cache.kv_cache import KVCache
@@ -163,7 +163,7 @@ def largest_request(streams: dict[str, list[Stream]]) -> int:
 def pool_size(streams: dict[str, list[Stream]], settings: Settings) -> int:
     """KV slots for the server: `pool_fraction` of Standard's need, never less than the largest request.
 
-    When the largest request (an AKV history restored after eviction, re-rotated copies and all)
+    When the largest request (an AKV history restored after eviction, with its live re-rotated copies)
     needs more than that fraction, the pool grows to it and Standard may no longer have to evict;
     `measure` reports whether it must.
     """

@@ -16,6 +16,19 @@ def test_nothing_is_empty():
     assert validate_operations(3, {}, []).empty
 
 
+def test_thinking_drop_is_an_operation_of_its_own_never_with_drop_message():
+    ops = validate_operations(4, None, [3], thinking_drop=True)
+    assert ops == Operations(drops=(), repositions=(3,), thinking_drop=True) and not ops.empty
+    assert not validate_operations(4, None, None, thinking_drop=True).empty
+    for drop_message in ({"3": [1]}, {}):
+        with pytest.raises(OperationError) as caught:
+            validate_operations(4, drop_message, None, thinking_drop=True)
+        assert caught.value.field == "drop_rule" and "not both" in str(caught.value)
+    with pytest.raises(OperationError) as caught:
+        validate_operations(4, None, None, thinking_drop="yes")
+    assert caught.value.field == "drop_rule"
+
+
 @pytest.mark.parametrize("drop_message, reposition, field", [
     ({"x": [1]}, None, "drop_message.x"),
     ({"1.5": [0]}, None, "drop_message.1.5"),

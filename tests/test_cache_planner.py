@@ -59,11 +59,20 @@ def test_same_tokens_with_other_operations_share_only_the_common_prefix():
     rendered = render(messages)
     serve(sim, messages, {"5": [3]})
     # Message 3's KV was freed when the first request ended (nobody running needed it): a
-    # history that keeps it visible recomputes from there; the common prefix is reused.
+    # history that keeps it visible recomputes message 3 alone, then what follows the record
+    # where the histories part; the tokens between (messages 4 and 5) are reused.
+    trigger_end = rendered.spans[5][1]
     other = serve(sim, messages, {"5": [2]})
-    assert other.prefilled_tokens == other.prompt_tokens - rendered.spans[3][0]
+    assert other.prefilled_tokens == _length(rendered, 3) + other.prompt_tokens - trigger_end
     plain = serve(sim, messages)   # message 2 was freed by the second request in turn
-    assert plain.prefilled_tokens == plain.prompt_tokens - rendered.spans[2][0]
+    assert plain.prefilled_tokens == _length(rendered, 2) + plain.prompt_tokens - trigger_end
+    again = serve(sim, messages, {"5": [3]})   # everything is back: a full hit
+    assert again.prefilled_tokens == 1
+
+
+def _length(rendered, message: int) -> int:
+    start, end = rendered.spans[message]
+    return end - start
 
 
 def test_dropped_kv_is_freed_once_no_running_request_needs_it():
@@ -87,7 +96,8 @@ def test_dropped_kv_is_freed_once_no_running_request_needs_it():
     assert cache.stats().slots_cached == grown - (end - start)   # freed when nobody needs it
     assert cache.tree.holes == end - start
     refill = cache.plan(plain_key)
-    assert refill.match.tokens == start                             # needed visible again: recomputed
+    assert refill.restore.token_holes == tuple(range(start, end))  # needed visible again: recomputed alone
+    assert refill.usage.prefilled_tokens == end - start + 1
     cache.release(cache.admit(refill, 0), keep_prompt=True)
     cache.check_integrity()
     assert cache.tree.holes == 0
@@ -154,8 +164,9 @@ def test_cancelled_request_leaves_nothing_behind():
     assert cache.stats().slots_used == 0
 
 
-def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2):
-    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2,
+                 thinking: bool = False):
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
     plan = cache.plan(key)
     if not cache.can_admit(plan, max_tokens):
         return None
@@ -171,10 +182,10 @@ def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tok
     return state, plan.usage
 
 
-def fresh_state(rendered, drops, repos):
-    state, usage = run_symbolic(KVCache(10_000), SymbolicKV(), rendered, drops, repos)
+def fresh_state(rendered, drops, repos, thinking: bool = False):
+    state, usage = run_symbolic(KVCache(10_000), SymbolicKV(), rendered, drops, repos, thinking=thinking)
     assert usage.prefilled_tokens == usage.prompt_tokens
-    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos))
+    key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
     assert state == reference_state(key)
     return state
 
@@ -199,13 +210,41 @@ def test_reused_state_equals_a_fresh_computation_across_operations():
 def test_restore_after_eviction_equals_the_never_evicted_run():
     messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
     rendered = render(messages)
-    cache, kv = KVCache(120), SymbolicKV()
-    before, _ = run_symbolic(cache, kv, rendered, drops, repos)
-    # Another history takes the room: the first one's tail (ops included) is evicted.
-    run_symbolic(cache, kv, render([(70,) * 30, (71,) * 30]), None, None)
-    after, usage = run_symbolic(cache, kv, rendered, drops, repos)
-    assert usage.prefilled_tokens > 1
-    assert after == before == fresh_state(rendered, drops, repos)
+    for filler, recomputed in ((30, False), (50, True)):
+        cache, kv = KVCache(120), SymbolicKV()
+        before, _ = run_symbolic(cache, kv, rendered, drops, repos)
+        # Another history takes the room: a small one only the re-rotated copies (they go
+        # first: re-rotating them again needs no forward), a large one the tail too.
+        run_symbolic(cache, kv, render([(70,) * filler, (71,) * filler]), None, None)
+        assert cache.stats().slots_evicted > 0
+        after, usage = run_symbolic(cache, kv, rendered, drops, repos)
+        assert (usage.prefilled_tokens > 1) == recomputed
+        assert after == before == fresh_state(rendered, drops, repos)
+
+
+def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
+    """A dropped message 3 after reposition 5 moved it: a branch that keeps it gets its birth slot
+    recomputed (with message 2, which message 3 attended to) and reposition 5's copies re-rotated."""
+    cache, kv = KVCache(1000), SymbolicKV()
+    rendered = render(agent_history(4))
+    dropping = ({"5": [2], "7": [3]}, [5, 7])
+    branch = ({"5": [2], "7": [4]}, [5, 7])
+    run_symbolic(cache, kv, rendered, *dropping)
+    assert cache.tree.holes > 0
+    key = build_key(rendered, validate_operations(10, *branch))
+    plan = cache.plan(key)
+    msg2, msg3 = rendered.spans[2], rendered.spans[3]
+    assert plan.restore.token_holes == tuple(range(*msg2)) + tuple(range(*msg3))
+    assert plan.restore.copy_holes and all(record == 1 for record, _ in plan.restore.copy_holes)
+    trigger_end = rendered.spans[7][1]
+    assert plan.match.tokens == trigger_end                 # messages 4 to 7 are reused as they are
+    assert plan.usage.prefilled_tokens == (msg3[1] - msg2[0]) + len(key) - trigger_end
+    state, _ = run_symbolic(cache, kv, rendered, *branch)
+    assert state == fresh_state(rendered, *branch)
+    again = cache.plan(key)                                 # everything it restored stayed
+    assert not again.restore and again.usage.prefilled_tokens == 1
+    state, _ = run_symbolic(cache, kv, rendered, *dropping)
+    assert state == fresh_state(rendered, *dropping)
 
 
 def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_window():
@@ -221,6 +260,27 @@ def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_wind
             assert usage.prefilled_tokens == 20 + 2   # the new message and the header: nothing restored
     # ~14 visible messages, their birth slots and one copy each, plus the last header.
     assert sim.stats().slots_cached < 3 * (window + 2) * 20
+
+
+def test_a_cold_rolling_history_recycles_dead_copies_and_restores_exactly():
+    """Restored cold, a drop-and-reposition-every-step history re-rotates the window at every
+    record; copies a later record supersedes are dead, and their slots serve later copies."""
+    messages = [tuple(range(1000 + 20 * i, 1020 + 20 * i)) for i in range(30)]
+    window = 4
+    triggers = list(range(window + 2, 30))
+    drops = {str(t): [t - window - 1] for t in triggers}
+    rendered = render(messages)
+    key = build_key(rendered, validate_operations(30, drops, triggers))
+    plan = KVCache(100_000).plan(key)
+    assert sum(plan.copies) > 3 * len(key)                  # one copy per key per record...
+    assert plan.copy_slots <= (window + 2) * 20             # ...but about a window of them alive at once
+    assert plan.slots_needed == len(key) + plan.copy_slots
+    cache, kv = KVCache(plan.slots_needed + 2), SymbolicKV()   # the pool the recycled plan needs
+    state, usage = run_symbolic(cache, kv, rendered, drops, triggers, max_tokens=2)
+    assert state == reference_state(key)
+    assert cache.tree.cached_slots <= len(key) + plan.copy_slots
+    again, _ = run_symbolic(cache, kv, rendered, drops, triggers, max_tokens=2)
+    assert again == state
 
 
 def test_a_running_request_keeps_what_a_finishing_one_would_free():
@@ -242,3 +302,74 @@ def test_a_running_request_keeps_what_a_finishing_one_would_free():
     assert kv.state(layout.view_slots, layout.end_position) == reference_state(short_key)
     cache.release(running, keep_prompt=True)
     cache.check_integrity()
+
+
+# ---- thinking_drop: the reasoning tokens inside assistant messages -------------------------------
+
+REASONING = (1, 4)   # tokens 1..3 of a thinking call: its rendered reasoning
+
+
+def thinking_history(turns: int):
+    """(messages, reasoning spans): an agent whose calls carry reasoning (tokens 70-72)."""
+    messages = [SYSTEM, TASK]
+    for turn in range(turns):
+        messages += [(8, 70 + turn, 71, 72, 9, 20 + turn), RESULT + (40 + turn,)]
+    return messages, {2 + 2 * turn: REASONING for turn in range(turns)}
+
+
+def reasoning_at(rendered, index: int) -> tuple[int, int]:
+    start = rendered.spans[index][0]
+    return start + REASONING[0], start + REASONING[1]
+
+
+def test_thinking_drop_hides_each_reasoning_right_after_its_message_but_not_the_last():
+    messages, reasoning = thinking_history(2)
+    rendered = render(messages[:5], reasoning)   # message 4, the last one, thinks too
+    key = build_key(rendered, validate_operations(5, None, None, thinking_drop=True))
+    assert key.records == ((rendered.spans[2][1], DropRecord((reasoning_at(rendered, 2),))),)
+    # Cumulative and deterministic: the grown history keeps that record and adds one for message 4.
+    grown = render(messages, reasoning)
+    key = build_key(grown, validate_operations(6, None, [3, 4], thinking_drop=True))
+    assert key.records == ((grown.spans[2][1], DropRecord((reasoning_at(grown, 2),))), (grown.spans[3][1], REPOS),
+                           (grown.spans[4][1], DropRecord((reasoning_at(grown, 4),))), (grown.spans[4][1], REPOS))
+    assert key == build_key(render(messages, reasoning), validate_operations(6, None, [4, 3], thinking_drop=True))
+    # Without the rule, or without reasoning, there is nothing to drop.
+    assert build_key(grown, validate_operations(6, None, None)).records == ()
+    assert build_key(render(messages), validate_operations(6, None, None, thinking_drop=True)).records == ()
+
+
+def test_thinking_drop_repeated_is_a_full_hit_that_skips_the_reasoning():
+    sim = CacheSimulator(1000)
+    messages, reasoning = thinking_history(3)
+    rendered = render(messages, reasoning)
+    first = sim.request(rendered, thinking_drop=True)
+    sim.check_integrity()
+    assert first.prefilled_tokens == first.prompt_tokens and first.drop_skipped_tokens == 0
+    again = sim.request(rendered, thinking_drop=True)
+    sim.check_integrity()
+    assert again.prefilled_tokens == 1
+    assert again.drop_skipped_tokens == 3 * (REASONING[1] - REASONING[0])
+    assert again.cached_tokens == again.prompt_tokens - 1 - again.drop_skipped_tokens
+    # The agent's next turn reuses everything before it and accounts as the per-token reference.
+    longer, longer_reasoning = thinking_history(4)
+    grown = render(longer, longer_reasoning)
+    usage = sim.request(grown, reposition=[9], thinking_drop=True)
+    sim.check_integrity()
+    key = build_key(grown, validate_operations(10, None, [9], thinking_drop=True))
+    expected = account(key, len(rendered.token_ids) - 2, len(build_key(rendered, validate_operations(
+        8, None, None, thinking_drop=True)).records))
+    assert usage.drop_skipped_tokens == expected["drop_skipped"] == 3 * (REASONING[1] - REASONING[0])
+    assert (usage.cached_tokens, usage.repos_tokens, usage.prefilled_tokens) == \
+        (expected["cached"], expected["repos"], expected["prefilled"])
+    assert usage.repos_tokens > 0
+
+
+def test_thinking_drop_reuses_correct_state_mixed_with_other_requests():
+    cache, kv = KVCache(10_000), SymbolicKV()
+    requests = [(3, None, False), (3, None, True), (4, None, True), (4, [7], True), (4, None, False),
+                (4, [7], True), (4, [9], False)]
+    for turns, repos, thinking in requests:
+        messages, reasoning = thinking_history(turns)
+        rendered = render(messages, reasoning)
+        state, _ = run_symbolic(cache, kv, rendered, None, repos, thinking=thinking)
+        assert state == fresh_state(rendered, None, repos, thinking)

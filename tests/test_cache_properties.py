@@ -16,7 +16,7 @@ from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.radix import HOLE, Node, RadixCache
 from akv_core.cache.simulator import CacheSimulator
-from test_cache_planner import run_symbolic
+from test_cache_planner import agent_history, run_symbolic
 from test_cache_support import SymbolicKV, account, reference_state, render, reused_tokens
 
 MESSAGES = [(1, 2, 3), (1, 2), (4,), (1, 2, 3, 4, 5), (6, 7), (6, 8, 9, 10)]
@@ -24,7 +24,11 @@ MESSAGES = [(1, 2, 3), (1, 2), (4,), (1, 2, 3, 4, 5), (6, 7), (6, 8, 9, 10)]
 
 def _request(messages, drop_pairs, repositions):
     """A history and valid cumulative operations made from freely drawn (trigger, dropped) pairs."""
-    n = len(messages)
+    drops, repos = _operations(len(messages), drop_pairs, repositions)
+    return [MESSAGES[i] for i in messages], drops, repos
+
+
+def _operations(n, drop_pairs, repositions):
     dropped: set[int] = set()
     drops: dict[str, list[int]] = {}
     for trigger, index in drop_pairs:
@@ -32,7 +36,7 @@ def _request(messages, drop_pairs, repositions):
             drops.setdefault(str(trigger), []).append(index)
             dropped.add(index)
     repos = sorted({t for t in repositions if t < n})
-    return [MESSAGES[i] for i in messages], drops or None, repos or None
+    return drops or None, repos or None
 
 
 requests = st.builds(_request, st.lists(st.integers(0, len(MESSAGES) - 1), min_size=1, max_size=7),
@@ -70,9 +74,10 @@ def test_reuse_never_exceeds_an_inserted_prefix_and_accounting_matches_per_token
         key = build_key(rendered, validate_operations(len(messages), drops, repos))
         longest, _ = reused_tokens(key, inserted)
         plan = cache.plan(key)
-        # Shorter than the longest inserted prefix only where freed dropped KV must be recomputed.
-        assert plan.match.tokens == longest or (plan.match.tokens < longest and cache.tree.holes)
-        expected = account(key, plan.match.tokens, plan.match.records)
+        # Freed KV on the path is restored where it is read, never by cutting the match short.
+        assert plan.match.tokens == longest
+        assert not plan.restore or cache.tree.holes
+        expected = account(key, plan.match.tokens, plan.match.records, plan.restore.token_holes)
         usage = plan.usage
         assert (usage.prefilled_tokens, usage.cached_tokens, usage.repos_tokens, usage.drop_skipped_tokens) == (
             expected["prefilled"], expected["cached"], expected["repos"], expected["drop_skipped"])
@@ -163,3 +168,26 @@ def test_pools_of_any_size_hand_out_each_free_slot_once(steps):
         held[index] += pool.allocate(n)
         assert len(set(held[index])) == len(held[index])               # no slot handed out twice
         assert sorted(held[index] + pool.free_slots()) == list(range(pool.total))
+
+
+pairs = st.lists(st.tuples(st.integers(2, 9), st.integers(0, 8)), max_size=5)
+triggers = st.lists(st.integers(2, 9), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs, triggers, st.lists(st.tuples(st.integers(2, 9), pairs, triggers), min_size=2, max_size=6),
+       st.integers(70, 200))
+def test_branches_of_one_history_restore_freed_keys_and_copies_exactly(base_pairs, base_repos, branches, pool):
+    """Branches share the records up to a cut and differ after it: each frees what its end state
+    hides (keys and re-rotated copies), and the next one reads some of it back."""
+    cache, kv = KVCache(pool), SymbolicKV()
+    rendered = render(agent_history(4))
+    for cut, tail_pairs, tail_repos in branches:
+        drops, repos = _operations(10, [p for p in base_pairs if p[0] <= cut] + [p for p in tail_pairs if p[0] > cut],
+                                   [t for t in base_repos if t <= cut] + [t for t in tail_repos if t > cut])
+        result = run_symbolic(cache, kv, rendered, drops, repos)
+        if result is None:
+            continue
+        key = build_key(rendered, validate_operations(10, drops, repos))
+        assert result[0] == reference_state(key)
+        assert result[1].prompt_tokens == len(key)

@@ -13,11 +13,12 @@ from akv_core.cache.key import CacheKey, DropRecord
 
 @dataclass(frozen=True)
 class FakeRendered:
-    """The three fields the cache reads from a rendered history."""
+    """The fields the cache reads from a rendered history."""
 
     token_ids: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     header_start: int
+    reasoning_spans: tuple[tuple[int, int] | None, ...]
 
     @property
     def token_array(self) -> array:
@@ -27,14 +28,19 @@ class FakeRendered:
 HEADER = (900, 901)
 
 
-def render(messages: list[tuple[int, ...]]) -> FakeRendered:
+def render(messages: list[tuple[int, ...]], reasoning: dict[int, tuple[int, int]] | None = None) -> FakeRendered:
+    """Messages as token tuples; `reasoning` maps a message to its reasoning tokens [start, end) within it."""
     ids: list[int] = []
     spans = []
-    for message in messages:
-        spans.append((len(ids), len(ids) + len(message)))
+    reasoning_spans = []
+    for index, message in enumerate(messages):
+        start = len(ids)
+        spans.append((start, start + len(message)))
+        inside = (reasoning or {}).get(index)
+        reasoning_spans.append(None if inside is None else (start + inside[0], start + inside[1]))
         ids.extend(message)
     header_start = len(ids)
-    return FakeRendered(tuple(ids) + HEADER, tuple(spans), header_start)
+    return FakeRendered(tuple(ids) + HEADER, tuple(spans), header_start, tuple(reasoning_spans))
 
 
 def items(key: CacheKey) -> list:
@@ -69,8 +75,8 @@ def reused_tokens(key: CacheKey, inserted: list[CacheKey]) -> tuple[int, int]:
     return tokens, records
 
 
-def account(key: CacheKey, reused: int, reused_records: int) -> dict[str, int]:
-    """Per-token classification of a prompt whose first `reused` tokens come from the cache."""
+def account(key: CacheKey, reused: int, reused_records: int, recomputed: tuple[int, ...] = ()) -> dict[str, int]:
+    """Per-token classification of a prompt whose first `reused` tokens, but `recomputed`, come from the cache."""
     position: dict[int, int] = {}
     visible: list[int] = []
     moved: set[int] = set()
@@ -94,11 +100,12 @@ def account(key: CacheKey, reused: int, reused_records: int) -> dict[str, int]:
             next_position += 1
             visible.append(offset)
     end_visible = set(visible)
+    from_cache = [t for t in range(reused) if t not in set(recomputed)]
     return {
-        "prefilled": len(key) - reused,
-        "cached": sum(1 for t in range(reused) if t in end_visible and t not in moved),
-        "repos": sum(1 for t in range(reused) if t in end_visible and t in moved),
-        "drop_skipped": sum(1 for t in range(reused) if t not in end_visible),
+        "prefilled": len(key) - len(from_cache),
+        "cached": sum(1 for t in from_cache if t in end_visible and t not in moved),
+        "repos": sum(1 for t in from_cache if t in end_visible and t in moved),
+        "drop_skipped": sum(1 for t in from_cache if t not in end_visible),
         "end_position": next_position,
     }
 
@@ -121,14 +128,15 @@ class SymbolicKV:
             token, position, context = self.slots[src]
             assert position == old, "re-rotation from a key that is not at its birth position"
             self.slots[dst] = (token, new, context)
-        start = len(stage.kv_slots) - len(stage.token_ids)
         hidden: set[int] = set()
         pending = list(stage.hidden)
-        for row, (token, position, out) in enumerate(zip(stage.token_ids, stage.positions, stage.out_slots)):
+        rows = zip(stage.token_ids, stage.positions, stage.out_slots, stage.query_columns)
+        for row, (token, position, out, column) in enumerate(rows):
+            assert stage.kv_slots[column] == out, "a query's own column is not its slot"
             while pending and pending[0][0] <= row:
                 hidden.update(pending.pop(0)[1])
             self.slots[out] = (token, position, 0)   # written before attention, as the model does
-            seen = [self.slots[s] for c, s in enumerate(stage.kv_slots[:start + row + 1]) if c not in hidden]
+            seen = [self.slots[s] for c, s in enumerate(stage.kv_slots[:column + 1]) if c not in hidden]
             self.slots[out] = (token, position, hash(frozenset(seen)))
 
     def state(self, view_slots: list[int], end_position: int) -> tuple[int, frozenset]:

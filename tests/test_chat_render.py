@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from akv_core.chat import ChatTokenizer
+from akv_core.tokenizer import TokenizerFiles
 from akv_core.model import locate as locate_module
 from akv_core.model.locate import ModelNotFoundError, embedded_gguf, locate
 
@@ -152,6 +153,54 @@ def test_tools_calls_and_reasoning_are_rendered_hermes_style(chat):
     # Tools without a system message: the declarations belong to message 0's span.
     rendered = chat.render(HISTORY[1:2], tools=TOOLS)
     assert "<tools>" in chat.decode(rendered.token_ids[slice(*rendered.spans[0])])
+
+
+def test_reasoning_spans_hold_exactly_the_rendered_think_block(chat):
+    rendered = chat.render(HISTORY, tools=TOOLS)
+    assert [i for i, span in enumerate(rendered.reasoning_spans) if span] == [2]
+    start, end = rendered.reasoning_spans[2]
+    first, last = rendered.spans[2]
+    assert chat.decode(rendered.token_ids[first:start]) == "<|im_start|>assistant\n"
+    assert chat.decode(rendered.token_ids[start:end]) == "<think>\nSimple arithmetic.\n</think>\n\n"
+    assert chat.decode(rendered.token_ids[end:last]) == "4<|im_end|>\n"
+    # Reasoning with tool calls and no content, as the first message and after others.
+    call = {"role": "assistant", "content": None, "reasoning_content": "Check the weather.",
+            "tool_calls": HISTORY[4]["tool_calls"]}
+    for messages in ([call], [HISTORY[1], call, HISTORY[5]]):
+        fresh = ChatTokenizer.from_model("smollm2")   # the span comes with the ids, memoized or not
+        rendered = fresh.render(messages, tools=TOOLS)
+        assert rendered == chat.render(messages, tools=TOOLS)
+        index = messages.index(call)
+        start, end = rendered.reasoning_spans[index]
+        assert chat.decode(rendered.token_ids[start:end]) == "<think>\nCheck the weather.\n</think>\n\n"
+        assert chat.decode(rendered.token_ids[end:rendered.spans[index][1]]).startswith("\n<tool_call>")
+        assert list(rendered.token_ids) == chat.encode(chat.render_text(messages, tools=TOOLS))
+
+
+THINKING_TEMPLATE = (
+    "{% if tools %}<|im_start|> system tools <|im_end|> {% endif %}"
+    "{% for m in messages %}<|im_start|> {{ m.role }} "
+    "{% if m.reasoning_content %}<think> {{ m.reasoning_content }} </think> {% endif %}"
+    "{{ m.content }} <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def test_a_template_that_renders_reasoning_itself_gets_its_span_from_the_difference():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "system", "user", "assistant",
+             "tools", ".", "hi", "maybe", "so", "yes"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    chat = ChatTokenizer(TokenizerFiles(tokenizer, THINKING_TEMPLATE, None, (2,)))
+    assert chat.native_tools
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yes", "reasoning_content": "maybe so"},
+                {"role": "user", "content": "so"}]
+    rendered = chat.render(messages)
+    assert list(rendered.token_ids) == chat.encode(chat.render_text(messages))
+    start, end = rendered.reasoning_spans[1]
+    assert chat.decode(rendered.token_ids[start:end]).split() == ["<think>", "maybe", "so", "</think>"]
+    assert rendered.reasoning_spans[0] is None and rendered.reasoning_spans[2] is None
 
 
 def test_generated_tool_calls_parse_back(chat):

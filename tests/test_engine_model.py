@@ -11,7 +11,9 @@ import threading
 import pytest
 import torch
 
+from akv_core.cache.key import build_key
 from akv_core.cache.kv_cache import KVCapacityError
+from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.engine import Engine
 from akv_core.request import RequestFailed
@@ -24,6 +26,26 @@ SECRET = [
     {"role": "user", "content": "I had pasta for lunch today."},
     {"role": "user", "content": "What is the secret code of the blue door?"},
 ]
+
+
+# An earlier assistant turn thought about the secret; only its reasoning holds it.
+THOUGHT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Please keep the code of the blue door in mind."},
+    {"role": "assistant", "reasoning_content": "The secret code of the blue door is 4721.",
+     "content": "Understood, I will keep it in mind."},
+    {"role": "user", "content": "What is the secret code of the blue door?"},
+]
+
+
+def thinking_agent(turns: int) -> list[dict]:
+    """A growing tool-use history whose assistant turns carry reasoning."""
+    history = agent(0)
+    for turn in range(turns):
+        history.append({"role": "assistant", "reasoning_content": f"Candidate {turn} is worth a search.",
+                        "content": f"I will search for candidate number {turn}."})
+        history.append({"role": "tool", "content": f"Result {turn}: city {turn} holds {turn + 3} million books."})
+    return history
 
 
 def agent(turns: int) -> list[dict]:
@@ -50,11 +72,12 @@ def new_engine(shared, kv_tokens: int = 2048, max_running: int = 8) -> Engine:
     return Engine(model, tokenizer, kv_tokens, max_running, threads={"prefill": 1, "decode": 1})
 
 
-def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4):
+def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4, thinking: bool = False):
     """Generate greedily; returns (generation, logits of every sampled token)."""
     logits = []
     engine.logits_probe = lambda handle, row: logits.append(row.clone())
-    out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens)
+    out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens,
+                          thinking_drop=thinking)
     engine.logits_probe = None
     engine.check_integrity()
     usage = out.usage
@@ -127,6 +150,72 @@ def test_a_dropped_secret_is_forgotten_and_an_unrelated_drop_keeps_it(shared):
     assert "4721" in run(engine, SECRET, {"3": [2]}, max_tokens=14)[0].text
 
 
+def test_thinking_drop_gives_the_reasoning_exactly_zero_attention_after_its_message(shared):
+    engine = new_engine(shared)
+    rendered = engine.tokenizer.render(THOUGHT)
+    start, end = rendered.reasoning_spans[2]
+    trigger_end = rendered.spans[2][1]
+    assert rendered.spans[2][0] < start < end < trigger_end
+    seen = []
+    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
+    try:
+        run(engine, THOUGHT, max_tokens=3, thinking=True)
+    finally:
+        engine.model.attention_probe = None
+    prompt_slots = next(slots for slots, probs in seen if probs.shape[0] > 1)
+    reasoning = prompt_slots[start:end]
+    after = before = 0.0
+    for slots, probs in seen:
+        on_reasoning = torch.isin(slots, reasoning)
+        if probs.shape[0] > 1:
+            after += probs[trigger_end:][:, :, on_reasoning].abs().sum().item()
+            before += probs[end:trigger_end][:, :, on_reasoning].sum().item()   # the message's own content
+        else:
+            after += probs[:, :, on_reasoning].abs().sum().item()
+    assert len(seen) == 30 * 3 and after == 0.0
+    assert before > 0.0
+    assert engine.cache.tree.holes == end - start   # freed once the request ended
+
+
+def test_a_secret_only_in_earlier_reasoning_is_forgotten_under_thinking_drop(shared):
+    engine = new_engine(shared)
+    assert "4721" in run(engine, THOUGHT, max_tokens=14)[0].text
+    assert "4721" not in run(engine, THOUGHT, max_tokens=14, thinking=True)[0].text
+
+
+def test_thinking_drop_equals_a_forward_with_the_reasoning_masked_and_repeats_as_a_full_hit(shared):
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+
+    model = shared[0]
+    engine = new_engine(shared)
+    rendered = engine.tokenizer.render(THOUGHT)
+    start, end = rendered.reasoning_spans[2]
+    trigger_end, n = rendered.spans[2][1], len(rendered.token_ids)
+    first, first_logits = run(engine, THOUGHT, max_tokens=3, thinking=True)
+    assert first.usage.prefilled_tokens == n
+    # The reference: the whole prompt in one forward, rows after message 2 masked off the reasoning.
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    mask[trigger_end:, start:end] = False
+    slots = torch.arange(n)
+    batch = ForwardBatch(torch.tensor(rendered.token_ids), torch.arange(n), slots,
+                         [SeqAttention(0, n, slots, mask)], torch.tensor([n - 1]))
+    masked = model.forward(batch, new_engine(shared, kv_tokens=n).kv)
+    assert_same_logits(first_logits[:1], masked)
+    _, plain_logits = run(new_engine(shared), THOUGHT, max_tokens=1)
+    assert (plain_logits - masked).abs().max() > 1e-2   # the reasoning did matter
+    again, again_logits = run(engine, THOUGHT, max_tokens=3, thinking=True)
+    assert again.usage.prefilled_tokens == 1 and again.usage.repos_tokens == 0
+    assert again.usage.drop_skipped_tokens == end - start
+    assert again.usage.cached_tokens == n - 1 - (end - start)
+    assert again.token_ids == first.token_ids
+    assert_same_logits(again_logits, first_logits)
+    # With a reposition after the last message the reasoning gap closes; reuse still equals a fresh run.
+    moved, moved_logits = run(engine, THOUGHT, None, [3], max_tokens=3, thinking=True)
+    assert moved.usage.repos_tokens > 0 and moved.usage.drop_skipped_tokens == end - start
+    _, fresh_logits = run(new_engine(shared), THOUGHT, None, [3], max_tokens=3, thinking=True)
+    assert_same_logits(moved_logits, fresh_logits)
+
+
 def test_reposition_moves_keys_to_compacted_positions(shared):
     engine = new_engine(shared)
     model = engine.model
@@ -168,19 +257,57 @@ def test_reposition_that_closes_no_gap_changes_nothing(shared):
     assert torch.equal(moved_logits, plain_logits)
 
 
-def test_restore_after_eviction_equals_the_never_evicted_run(shared):
+@pytest.mark.parametrize("filler_repeats, recomputed", [(40, False), (44, True)])
+def test_restore_after_eviction_equals_the_never_evicted_run(shared, filler_repeats, recomputed):
     engine = new_engine(shared, kv_tokens=560)
     history, drops, repos = agent(4), {"5": [3], "9": [2, 4]}, [5, 9]
     first, first_logits = run(engine, history, drops, repos)
-    # Another task with the same system prompt needs most of the pool: the history's tail is
-    # evicted, both operation records included.
-    filler = [history[0], {"role": "user", "content": "Tell me about the history of the printing press. " * 40}]
+    # Another task with the same system prompt takes room: a smaller one only the re-rotated
+    # copies (evicted first; restoring them is a re-rotation, no forward), a larger one the
+    # history's tail too, operation records included.
+    filler = [history[0], {"role": "user", "content": "Tell me about the history of the printing press. "
+                                                      * filler_repeats}]
     run(engine, filler, max_tokens=2)
+    assert engine.cache.stats().slots_evicted > 0
     restored, restored_logits = run(engine, history, drops, repos)
-    reused = restored.usage.prompt_tokens - restored.usage.prefilled_tokens
-    assert 0 < reused <= engine.tokenizer.render(history).spans[5][1]   # both records are recomputed
+    assert (restored.usage.prefilled_tokens > 1) == recomputed
     assert restored.token_ids == first.token_ids
     assert_same_logits(restored_logits, first_logits)
+
+
+def test_a_branch_restores_only_the_freed_keys_it_reads(shared):
+    """Message 3 is dropped after reposition 5 moved it, and its KV freed; a branch that keeps it
+    recomputes messages 2-3 (message 3 attended to 2) and re-rotates 5's copies, nothing more."""
+    engine = new_engine(shared)
+    history, branch_ops = agent(4), ({"5": [2], "7": [4]}, [5, 7])
+    run(engine, history, {"5": [2], "7": [3]}, [5, 7])
+    assert engine.cache.tree.holes > 0
+    branch, branch_logits = run(engine, history, *branch_ops)
+    spans = engine.tokenizer.render(history).spans
+    restored = sum(spans[i][1] - spans[i][0] for i in (2, 3))
+    assert branch.usage.prefilled_tokens == restored + branch.usage.prompt_tokens - spans[7][1]
+    fresh, fresh_logits = run(new_engine(shared), history, *branch_ops)
+    assert branch.token_ids == fresh.token_ids
+    assert_same_logits(branch_logits, fresh_logits)
+
+
+def test_a_cold_history_with_many_repositions_equals_the_step_by_step_run(shared):
+    """Cold, the history's copies that later repositions supersede share slots (recycled);
+    step by step, each request adds one record. Both must reach the same state."""
+    drops, repos = {"5": [3], "7": [4, 5], "9": [7], "11": [2, 9]}, [5, 7, 9, 11]
+    stepwise = new_engine(shared)
+    for turns in range(3, 6):
+        n = 2 + 2 * turns
+        out, logits = run(stepwise, agent(turns), {t: d for t, d in drops.items() if int(t) < n},
+                          [t for t in repos if t < n])
+    cold = new_engine(shared)
+    key = build_key(cold.tokenizer.render(agent(5)), validate_operations(12, drops, repos))
+    plan = cold.cache.plan(key)
+    assert plan.copy_slots < sum(plan.copies)
+    fresh, fresh_logits = run(cold, agent(5), drops, repos)
+    assert fresh.usage.prefilled_tokens == fresh.usage.prompt_tokens
+    assert fresh.token_ids == out.token_ids
+    assert_same_logits(fresh_logits, logits)
 
 
 def test_batched_greedy_equals_one_at_a_time(shared):
@@ -211,6 +338,25 @@ def test_usage_agrees_with_the_replay_simulator(shared):
         assert out.usage == replayed
     assert simulator.stats().slots_evicted == engine.cache.stats().slots_evicted > 0
     assert out.usage.prefilled_tokens > 1   # the repeated request was restored, not a full hit
+
+
+def test_thinking_drop_usage_agrees_with_the_replay_simulator(shared):
+    engine = new_engine(shared, kv_tokens=400)   # small enough that earlier turns get evicted
+    simulator = CacheSimulator(400)
+    sequence = [(thinking_agent(1), None, True), (thinking_agent(2), None, True), (thinking_agent(2), [5], True),
+                (thinking_agent(3), None, False), (thinking_agent(3), [5, 7], True), (THOUGHT, None, True),
+                (thinking_agent(3), [5, 7], True), (thinking_agent(3), None, True)]
+    skipped = 0
+    for messages, repos, thinking in sequence:
+        out = engine.generate(messages, reposition=repos, max_tokens=2, thinking_drop=thinking)
+        engine.check_integrity()
+        replayed = simulator.request(engine.tokenizer.render(messages), None, repos, max_tokens=2,
+                                     completion_tokens=out.usage.completion_tokens, thinking_drop=thinking)
+        simulator.check_integrity()
+        assert out.usage == replayed
+        skipped += out.usage.drop_skipped_tokens
+    assert skipped > 0
+    assert simulator.stats().slots_evicted == engine.cache.stats().slots_evicted > 0
 
 
 def test_a_full_pool_makes_requests_wait_and_a_too_large_one_is_refused(shared):

@@ -30,3 +30,27 @@ def test_scripted_run_of_three_tasks_on_the_embedded_engine() -> None:
     for task in (1, 2):
         assert served.results[task].tokens.cached > replayed.results[task].tokens.cached == 0
         assert served.results[task].cost_usd < replayed.results[task].cost_usd
+
+
+def test_thinking_drop_on_the_embedded_engine_accounts_as_replay() -> None:
+    from sandbox.backends import BackendRequest
+
+    history = ({"role": "system", "content": "You research."},
+               {"role": "user", "content": "Find the capital."},
+               {"role": "assistant", "content": "Canberra.", "reasoning_content": "Not Sydney: Canberra."},
+               {"role": "user", "content": "And its population?"})
+    rule = {"type": "thinking_drop"}
+    requests = [BackendRequest(messages=history[:2], max_tokens=2),
+                BackendRequest(messages=history, drop_rule=rule, max_tokens=2),
+                BackendRequest(messages=history, drop_rule=rule, reposition=(3,), max_tokens=2)]
+    backend, replay = open_backend("embedded"), open_backend("replay")
+    replay.start_task()
+    fields = ("prompt_tokens", "cached_tokens", "repos_tokens", "drop_skipped_tokens", "prefilled_tokens")
+    try:
+        for request in requests:
+            served, replayed = backend.complete(request), replay.complete(request)
+            assert served.message is not None
+            assert [getattr(served.usage, f) for f in fields] == [getattr(replayed.usage, f) for f in fields]
+        assert served.usage.drop_skipped_tokens > 0 and served.usage.repos_tokens > 0
+    finally:
+        backend.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.agents.llm import AgentSetupError, LLMAgent
-from sandbox.backends import BackendRequest
+from sandbox.backends import BackendError, BackendRequest, CacheOperations
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import Usage
 from sandbox.suite import AgentView, Task
@@ -160,6 +160,60 @@ def test_request_fields_leave_empty_operations_out_and_prefer_drop_rule() -> Non
     request = BackendRequest(messages=(), drop_message={"3": [1]}, reposition=(3,),
                              drop_rule={"type": "thinking_drop"})
     assert request.api_fields() == {"drop_rule": {"type": "thinking_drop"}, "reposition": [3]}
+
+
+def test_request_cache_operations_resolve_the_drop_rule() -> None:
+    plain = BackendRequest(messages=(), drop_message={"3": [1]}, reposition=(3,))
+    assert plain.cache_operations() == CacheOperations({"3": [1]}, (3,), False)
+    thinking = BackendRequest(messages=(), reposition=(3,), drop_rule={"type": "thinking_drop"})
+    assert thinking.cache_operations() == CacheOperations(None, (3,), True)
+    rule = BackendRequest(messages=(), drop_rule={"type": "message_drop", "drop_messages": {"3": [2]}})
+    assert rule.cache_operations() == CacheOperations({"3": [2]}, (), False)
+    with pytest.raises(BackendError, match="drop_rule.type: expected message_drop or thinking_drop"):
+        BackendRequest(messages=(), drop_rule={"type": "forget"}).cache_operations()
+
+
+THINKING_HISTORY = (
+    {"role": "system", "content": "You research."},
+    {"role": "user", "content": "Find the capital."},
+    {"role": "assistant", "content": "Canberra.", "reasoning_content": "Not Sydney; the capital is Canberra."},
+    {"role": "user", "content": "And its population?"},
+)
+
+
+def test_replay_accounts_thinking_drop_as_the_simulator_does_memo_or_not() -> None:
+    from akv_core.cache.simulator import CacheSimulator
+    from sandbox.backends.replay import ReplayBackend, TaskPrefixMemo
+
+    rendered = shared_tokenizer().render(THINKING_HISTORY)
+    start, end = rendered.reasoning_spans[2]
+    requests = [BackendRequest(messages=THINKING_HISTORY, drop_rule={"type": "thinking_drop"}),
+                BackendRequest(messages=THINKING_HISTORY, drop_rule={"type": "thinking_drop"}, reposition=(3,)),
+                BackendRequest(messages=THINKING_HISTORY, drop_rule={"type": "message_drop",
+                                                                     "drop_messages": {"3": [2]}})]
+    simulator = CacheSimulator(1 << 20)
+    expected = [Usage.from_fields(simulator.request(rendered, None, None, max_tokens=64, thinking_drop=True)),
+                Usage.from_fields(simulator.request(rendered, None, [3], max_tokens=64, thinking_drop=True)),
+                Usage.from_fields(simulator.request(rendered, {"3": [2]}, None, max_tokens=64))]
+    assert expected[1].drop_skipped_tokens == end - start > 0
+    # The thinking requests freed the reasoning's KV; keeping it visible until message 3 recomputes
+    # the reasoning alone: the rest of message 2 is reused (and hidden at the end).
+    message_start, message_end = rendered.spans[2]
+    assert expected[2].drop_skipped_tokens == (message_end - message_start) - (end - start)
+    assert expected[2].prefilled_tokens == (end - start) + len(rendered.token_ids) - message_end
+    replay = ReplayBackend(memo=TaskPrefixMemo())
+    for task in range(2):   # the second task is served from the memo
+        replay.start_task()
+        assert [replay.complete(request).usage for request in requests] == expected
+    # The memo keys on the reasoning spans too: the same tokens without reasoning are another request.
+    as_text = [dict(m) for m in THINKING_HISTORY]
+    as_text[2] = {"role": "assistant", "content": "<think>\n" + THINKING_HISTORY[2]["reasoning_content"]
+                  + "\n</think>\n\nCanberra."}
+    assert shared_tokenizer().render(as_text).token_ids == rendered.token_ids
+    replay.start_task()
+    replay.complete(requests[0])
+    assert replay.complete(BackendRequest(messages=tuple(as_text), drop_rule={"type": "thinking_drop"})
+                           ).usage.drop_skipped_tokens == 0
 
 
 def test_the_cache_tool_is_offered_only_under_policies_that_act_on_it() -> None:

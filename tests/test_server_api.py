@@ -65,7 +65,10 @@ BAD_REQUESTS = [
     ({"drop_message": {"3": [1]}, "drop_rule": {"type": "message_drop", "drop_messages": {}}},
      400, "drop_rule"),
     ({"drop_rule": {"type": "forget_everything"}}, 400, "drop_rule.type"),
-    ({"drop_rule": {"type": "thinking_drop"}}, 400, "drop_rule.type"),
+    ({"drop_rule": {"type": "thinking"}}, 400, "drop_rule.type"),
+    ({"drop_rule": {"type": "thinking_drop"}, "drop_message": {}}, 400, "drop_rule"),
+    ({"drop_rule": {"type": "thinking_drop", "drop_messages": {"3": [1]}}}, 400, "drop_rule.drop_messages"),
+    ({"drop_rule": {"type": "thinking_drop"}, "reposition": [4]}, 400, "reposition[0]"),
     ({"drop_rule": {"type": "message_drop", "drop_messages": {"3": [5]}}},
      400, "drop_rule.drop_messages.3[0]"),
     ({"messages": []}, 400, "messages"),
@@ -125,6 +128,26 @@ def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: Liv
     assert choice["finish_reason"] in {"stop", "length"}
     assert list(choice) == ["index", "message", "logprobs", "finish_reason"]
     assert choice["message"]["role"] == "assistant" and "content" in choice["message"]
+    server.check_idle_and_intact()
+
+
+def test_thinking_drop_skips_earlier_reasoning_and_repeats_as_a_full_hit(server: LiveServer) -> None:
+    history = [*README_HISTORY[:2],
+               {"role": "assistant", "content": "The capital of Australia is Canberra.",
+                "reasoning_content": "Sydney is larger, but the capital is Canberra."},
+               README_HISTORY[3]]
+    start, end = server.engine.tokenizer.render(history).reasoning_spans[2]
+    body = {"messages": history, "max_tokens": 1, "temperature": 0,
+            "drop_rule": {"type": "thinking_drop"}, "reposition": [3]}
+    first = server.chat(body)
+    assert first.status_code == 200, first.text
+    assert_usage_adds_up(first.json())
+    assert details(first.json())["drop_skipped_tokens"] == 0   # the reasoning was computed here
+    again = server.chat(body).json()
+    assert_usage_adds_up(again)
+    assert details(again)["drop_skipped_tokens"] == end - start > 0
+    assert details(again)["prefilled_tokens"] == 1 and details(again)["repos_tokens"] == 0
+    assert again["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
     server.check_idle_and_intact()
 
 

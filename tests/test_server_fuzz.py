@@ -51,7 +51,8 @@ akv_values = {
                                            index_keys, st.lists(indices, max_size=2), max_size=2)}),
     "messages": st.lists(st.fixed_dictionaries(
         {"role": st.sampled_from(["system", "user", "assistant", "tool", "robot"])},
-        optional={"content": st.text(max_size=12) | json_values}), max_size=5),
+        optional={"content": st.text(max_size=12) | json_values,
+                  "reasoning_content": st.text(max_size=12)}), max_size=5),
     "stream": st.booleans(),
     "max_tokens": st.integers(-2, 2) | json_values,
     "max_completion_tokens": st.integers(-1, 2) | st.none(),

@@ -5,6 +5,12 @@ message, one did not), so plain prefix matching could reuse the wrong state.
 The key inserts a record right after the last token of each trigger message:
 first a drop record (the absolute token ranges it hides), then a reposition
 record. Records take part in matching like tokens but hold no KV of their own.
+
+A drop record hides whole messages (`drop_message`) or, under `thinking_drop`,
+the rendered reasoning of the message it follows: every message with a
+reasoning span and at least one message after it gets a record right after
+itself, so its own content was computed seeing its reasoning and nothing
+later does.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ class RenderedPrompt(Protocol):
     token_array: array   # the token ids as C ints (typecode "i")
     spans: tuple[tuple[int, int], ...]
     header_start: int
+    reasoning_spans: tuple[tuple[int, int] | None, ...]
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,26 @@ def build_key(rendered: RenderedPrompt, operations: Operations) -> CacheKey:
         return CacheKey(tokens, ())
     spans = rendered.spans
     records: list[tuple[int, int, Record]] = []  # (offset, order, record); drops sort first
-    for trigger, dropped in operations.drops:
-        hidden = _merge([spans[index] for index in dropped])
+    for trigger, ranges in sorted(_hidden_by_trigger(rendered, operations).items()):
+        hidden = _merge(ranges)
         if hidden:
             records.append((spans[trigger][1], 0, DropRecord(hidden)))
     for trigger in operations.repositions:
         records.append((spans[trigger][1], 1, REPOS))
     records.sort(key=lambda item: (item[0], item[1]))
     return CacheKey(tokens, tuple((offset, record) for offset, _, record in records))
+
+
+def _hidden_by_trigger(rendered: RenderedPrompt, operations: Operations) -> dict[int, list[tuple[int, int]]]:
+    """Per trigger message, the token ranges it hides: dropped messages and its own reasoning."""
+    hidden: dict[int, list[tuple[int, int]]] = {}
+    for trigger, dropped in operations.drops:
+        hidden.setdefault(trigger, []).extend(rendered.spans[index] for index in dropped)
+    if operations.thinking_drop:
+        for trigger, reasoning in enumerate(rendered.reasoning_spans[:len(rendered.spans) - 1]):
+            if reasoning is not None:
+                hidden.setdefault(trigger, []).append(reasoning)
+    return hidden
 
 
 def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from akv_core.cache.allocator import SlotAllocator
 from akv_core.cache.key import CacheKey
 from akv_core.cache.planner import Plan, plan_request
-from akv_core.cache.radix import RadixCache
+from akv_core.cache.radix import HOLE, RadixCache
 
 
 class KVCapacityError(ValueError):
@@ -27,8 +27,11 @@ class Lease:
 
     plan: Plan
     token_slots: list[int]           # prompt tokens [plan.match.tokens, len(key))
-    record_slots: list[list[int]]    # per new record: its re-rotated copies
+    record_slots: list[list[int]]    # per new record: the slot of each re-rotated copy (recycled ones repeat)
     decode_slots: list[int]          # reserved for generated tokens, taken front to back
+    hole_slots: list[int] = field(default_factory=list)        # per plan.restore.token_holes
+    copy_hole_slots: list[int] = field(default_factory=list)   # per plan.restore.copy_holes
+    copy_slots: list[int] = field(default_factory=list)        # the new records' copy slots, each once
     decode_used: int = 0
     released: bool = field(default=False)
 
@@ -87,13 +90,17 @@ class KVCache:
         if shortfall > 0:
             self.tree.evict(shortfall)
         slots = self.allocator.allocate(needed)
-        token_slots = slots[:plan.compute_tokens]
-        cursor = plan.compute_tokens
-        record_slots = []
-        for count in plan.copies:
-            record_slots.append(slots[cursor:cursor + count])
-            cursor += count
-        lease = Lease(plan, token_slots, record_slots, slots[cursor:])
+        cursor = plan.suffix_tokens
+        token_slots = slots[:cursor]
+        copy_slots = slots[cursor:cursor + plan.copy_slots]
+        cursor += plan.copy_slots
+        holes = len(plan.restore.token_holes)
+        hole_slots = slots[cursor:cursor + holes]
+        cursor += holes
+        copy_hole_slots = slots[cursor:cursor + len(plan.restore.copy_holes)]
+        cursor += len(copy_hole_slots)
+        lease = Lease(plan, token_slots, _record_slots(plan, copy_slots), slots[cursor:], hole_slots,
+                      copy_hole_slots, copy_slots)
         self._leases.add(lease)
         return lease
 
@@ -106,11 +113,20 @@ class KVCache:
         plan = lease.plan
         end = None
         if keep_prompt:
-            end = self.tree.insert(plan.match, plan.key, lease.token_slots, lease.record_slots)
+            record_slots = lease.record_slots
+            if plan.copy_ids is not None:   # recycled copies: the tree takes the live ones, the rest is freed
+                record_slots = _live_record_slots(plan, record_slots)
+                kept = {slot for slots in record_slots for slot in slots}
+                self.allocator.free([slot for slot in lease.copy_slots if slot not in kept])
+            end = self.tree.insert(plan.match, plan.key, lease.token_slots, record_slots)
+            if plan.restore:
+                self.allocator.free(self.tree.fill(plan.match.node, plan.restore.token_holes, lease.hole_slots,
+                                                   plan.restore.copy_holes, lease.copy_hole_slots))
         else:
             self.allocator.free(lease.token_slots)
-            for slots in lease.record_slots:
-                self.allocator.free(slots)
+            self.allocator.free(lease.copy_slots)
+            self.allocator.free(lease.hole_slots)
+            self.allocator.free(lease.copy_hole_slots)
         self.tree.unlock(plan.match.node)
         self.allocator.free(lease.decode_slots)
         if end is not None:   # KV the finished path no longer reads, where nobody running needs it
@@ -127,5 +143,28 @@ class KVCache:
         """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""
         leases = list(self._leases)
         owned = [lease.token_slots for lease in leases] + [lease.decode_slots for lease in leases]
-        owned += [slots for lease in leases for slots in lease.record_slots]
+        owned += [lease.hole_slots for lease in leases] + [lease.copy_hole_slots for lease in leases]
+        owned += [lease.copy_slots for lease in leases]
         self.tree.check_integrity([lease.plan.match.node for lease in leases], owned)
+
+
+def _record_slots(plan: Plan, copy_slots: list[int]) -> list[list[int]]:
+    """Per new record, the slot of each copy: consecutive, or by recycled id."""
+    if plan.copy_ids is not None:
+        return [[copy_slots[i] for i in ids] for ids in plan.copy_ids]
+    out, cursor = [], 0
+    for count in plan.copies:
+        out.append(copy_slots[cursor:cursor + count])
+        cursor += count
+    return out
+
+
+def _live_record_slots(plan: Plan, record_slots: list[list[int]]) -> list[list[int]]:
+    """The copies the key's end state reads keep their slots; the dead ones become holes."""
+    out = []
+    for offset, slots in enumerate(record_slots):
+        live = [HOLE] * len(slots)
+        for lo, hi in plan.walk.live_copies(plan.match.records + offset) if slots else ():
+            live[lo:hi] = slots[lo:hi]
+        out.append(live)
+    return out

@@ -7,12 +7,18 @@ re-rotations run before the next stage. Inside a stage, a new drop record
 hides columns from the following query rows (a segment mask), so a restore or
 a first request with several operations still takes one forward per stage.
 
+Restored holes (freed KV the request reads) are computed in the stage of their
+place in the key, between reused tokens, which join the stage as context
+columns: each query row sees the columns before its own, minus hidden ones. A
+reused reposition record that moves keys ends an open stage too, and a restored
+copy is re-rotated before the next stage, from its birth slot.
+
 Every re-rotation starts from the key's birth slot and birth position, so
 repeated repositions never drift.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from akv_core.cache.key import DropRecord
@@ -38,8 +44,15 @@ class Stage:
     token_ids: list[int]
     positions: list[int]
     out_slots: list[int]
-    kv_slots: list[int]             # visible slots, the new tokens last
+    kv_slots: list[int]             # visible slots, in key order
     hidden: tuple[tuple[int, tuple[int, ...]], ...]   # (first query row, kv columns hidden from it on)
+    query_columns: list[int]        # each new token's own column in kv_slots; it sees the columns up to it
+
+    @property
+    def queries_last(self) -> bool:
+        """The new tokens are the last columns (the usual causal layout, no mask needed without drops)."""
+        q, k = len(self.token_ids), len(self.kv_slots)
+        return q == 0 or (self.query_columns[0] == k - q and self.query_columns[-1] == k - 1)
 
 
 @dataclass(frozen=True)
@@ -85,20 +98,34 @@ class _View:
 class _StageBuilder:
     def __init__(self, view: _View, rerotations: Rerotations) -> None:
         self.rerotations = rerotations
-        self.start_slots = list(view.slots)
+        self.kv_slots = list(view.slots)
         view.columns = list(range(len(view.slots)))
         self.token_ids: list[int] = []
         self.positions: list[int] = []
         self.out_slots: list[int] = []
+        self.query_columns: list[int] = []
         self.hidden: list[tuple[int, tuple[int, ...]]] = []
 
     @property
     def next_column(self) -> int:
-        return len(self.start_slots) + len(self.out_slots)
+        return len(self.kv_slots)
+
+    def add_context(self, slots: list[int]) -> None:
+        """Reused keys after the stage opened: visible to the query rows after them."""
+        self.kv_slots.extend(slots)
+
+    def add_queries(self, token_ids: tuple[int, ...], positions: range, slots: list[int]) -> None:
+        self.query_columns.extend(range(self.next_column, self.next_column + len(slots)))
+        self.token_ids.extend(token_ids)
+        self.positions.extend(positions)
+        self.out_slots.extend(slots)
+        self.kv_slots.extend(slots)
 
     def build(self) -> Stage:
-        return Stage(self.rerotations, self.token_ids, self.positions, self.out_slots,
-                     self.start_slots + self.out_slots, tuple(self.hidden))
+        kv_slots = self.kv_slots[:self.query_columns[-1] + 1]   # columns after the last query are never read
+        hidden = tuple((row, tuple(c for c in columns if c < len(kv_slots))) for row, columns in self.hidden)
+        return Stage(self.rerotations, self.token_ids, self.positions, self.out_slots, kv_slots,
+                     tuple(entry for entry in hidden if entry[1]), self.query_columns)
 
 
 def _no_rerotations() -> Rerotations:
@@ -112,28 +139,36 @@ def expand(path: list[Node], lease: Lease) -> PromptLayout:
     prompt_slots = [slot for node in path if node.record is None for slot in node.slots]
     if len(prompt_slots) != reused:
         raise RuntimeError(f"tree path holds {len(prompt_slots)} slots for {reused} reused tokens")
+    holes = plan.restore.token_holes
+    for offset, slot in zip(holes, lease.hole_slots):
+        prompt_slots[offset] = slot
     prompt_slots += lease.token_slots
-    record_nodes = [node for node in path if node.record is not None]
+    record_copies = [node.slots for node in path if node.record is not None]
+    restored_copies: dict[int, set[int]] = {}
+    for (index, copy), slot in zip(plan.restore.copy_holes, lease.copy_hole_slots):
+        if index not in restored_copies:
+            record_copies[index] = list(record_copies[index])
+            restored_copies[index] = set()
+        record_copies[index][copy] = slot
+        restored_copies[index].add(copy)
     view = _View()
     stages: list[Stage] = []
     stage: _StageBuilder | None = None
     pending = _no_rerotations()
     position = offset = 0
-    n = len(key)
-    for index, (end, record) in enumerate([*key.records, (n, None)]):
-        stop = min(end, reused)
-        if offset < stop:
-            view.append(range(offset, stop), prompt_slots[offset:stop], position, 0)
-            position += stop - offset
-        start = max(offset, reused)
-        if start < end:
-            if stage is None:
-                stage, pending = _StageBuilder(view, pending), _no_rerotations()
-            view.append(range(start, end), prompt_slots[start:end], position, stage.next_column)
-            stage.token_ids.extend(key.tokens[start:end])
-            stage.positions.extend(range(position, position + end - start))
-            stage.out_slots.extend(prompt_slots[start:end])
-            position += end - start
+    for index, (end, record) in enumerate([*key.records, (len(key), None)]):
+        for start, stop, computed in _pieces(offset, end, reused, holes):
+            slots = prompt_slots[start:stop]
+            if not computed:
+                view.append(range(start, stop), slots, position, stage.next_column if stage else 0)
+                if stage is not None:
+                    stage.add_context(slots)
+            else:
+                if stage is None:
+                    stage, pending = _StageBuilder(view, _last_write_wins(pending)), _no_rerotations()
+                view.append(range(start, stop), slots, position, stage.next_column)
+                stage.add_queries(key.tokens[start:stop], range(position, position + stop - start), slots)
+            position += stop - start
         offset = end
         if record is None:
             break
@@ -143,10 +178,11 @@ def expand(path: list[Node], lease: Lease) -> PromptLayout:
                 stage.hidden.append((len(stage.token_ids), tuple(columns)))
             continue
         is_new = index >= reused_records
-        copies = lease.record_slots[index - reused_records] if is_new else record_nodes[index].slots
-        _reposition(view, copies, pending if is_new else None)
+        copies = lease.record_slots[index - reused_records] if is_new else record_copies[index]
+        redo = None if is_new else restored_copies.get(index, set())
+        moved = _reposition(view, copies, pending, redo)
         position = len(view.slots)
-        if is_new and stage is not None:
+        if stage is not None and (is_new or moved):
             stages.append(stage.build())
             stage = None
     if stage is not None:
@@ -154,20 +190,55 @@ def expand(path: list[Node], lease: Lease) -> PromptLayout:
     return PromptLayout(tuple(stages), view.slots, position)
 
 
-def _reposition(view: _View, copies: list[int], work: Rerotations | None) -> None:
-    """Move the view to positions 0..r-1, taking `copies` in order for keys that move."""
+def _last_write_wins(work: Rerotations) -> Rerotations:
+    """One write per destination: a recycled copy slot written twice in one batch keeps the later copy."""
+    if len(set(work.dst)) == len(work.dst):
+        return work
+    last = {dst: i for i, dst in enumerate(work.dst)}
+    keep = [i for i, dst in enumerate(work.dst) if last[dst] == i]
+    return Rerotations(*([getattr(work, name)[i] for i in keep] for name in ("src", "old_positions",
+                                                                             "new_positions", "dst")))
+
+
+def _pieces(offset: int, end: int, reused: int, holes: tuple[int, ...]) -> list[tuple[int, int, bool]]:
+    """Key tokens [offset, end) as runs (start, stop, computed): reused ones, restored holes, the suffix."""
+    pieces = []
+    lo, hi = bisect_left(holes, offset), bisect_left(holes, min(end, reused))
+    cursor = offset
+    for hole in holes[lo:hi]:
+        if pieces and pieces[-1][2] and pieces[-1][1] == hole:
+            pieces[-1] = (pieces[-1][0], hole + 1, True)
+        else:
+            if cursor < hole:
+                pieces.append((cursor, hole, False))
+            pieces.append((hole, hole + 1, True))
+        cursor = hole + 1
+    if cursor < min(end, reused):
+        pieces.append((cursor, min(end, reused), False))
+    if max(offset, reused) < end:
+        pieces.append((max(offset, reused), end, True))
+    return pieces
+
+
+def _reposition(view: _View, copies: list[int], work: Rerotations, redo: set[int] | None) -> int:
+    """Move the view to positions 0..r-1, taking `copies` in order for keys that move; returns how many.
+
+    `redo` None: a new record, every copy is re-rotated into its slot (`work`); else a reused
+    record, and only the restored copies in `redo` are.
+    """
     used = 0
     for j, current in enumerate(view.positions):
         if current == j:
             continue
         dst = copies[used]
-        used += 1
-        if work is not None:
+        if redo is None or used in redo:
             work.src.append(view.birth_slots[j])
             work.old_positions.append(view.birth_positions[j])
             work.new_positions.append(j)
             work.dst.append(dst)
+        used += 1
         view.slots[j] = dst
         view.positions[j] = j
     if used != len(copies):
         raise RuntimeError(f"a reposition record owns {len(copies)} copies but moves {used} keys")
+    return used

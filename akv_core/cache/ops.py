@@ -1,8 +1,9 @@
-"""The AKV request fields `drop_message` and `reposition`, checked against a history.
+"""The AKV request fields `drop_message`, `reposition` and `thinking_drop`, checked against a history.
 
-Both fields are cumulative: a request carries every operation since the start of
-its history. Checking happens once, here, so the server (400 naming the field),
-the engine and the replay simulator reject exactly the same inputs.
+The fields are cumulative: a request carries every operation since the start of
+its history (`thinking_drop` applies to every earlier message with reasoning).
+Checking happens once, here, so the server (400 naming the field), the engine
+and the replay simulator reject exactly the same inputs.
 """
 from __future__ import annotations
 
@@ -22,27 +23,37 @@ class OperationError(ValueError):
 
 @dataclass(frozen=True)
 class Operations:
-    """Validated operations: per trigger message the messages it drops, and the reposition triggers."""
+    """Validated operations: per trigger message the messages it drops, the reposition triggers,
+    and whether each message's reasoning is dropped right after it (`thinking_drop`)."""
 
     drops: tuple[tuple[int, tuple[int, ...]], ...]  # (trigger, dropped messages), trigger order
     repositions: tuple[int, ...]                    # sorted triggers
+    thinking_drop: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.drops and not self.repositions
+        return not self.drops and not self.repositions and not self.thinking_drop
 
 
 NO_OPERATIONS = Operations((), ())
 
 
 def validate_operations(n_messages: int, drop_message: Mapping[Any, Any] | None,
-                        reposition: Sequence[Any] | None) -> Operations:
-    """Check the operation fields of a history of `n_messages` messages; raise OperationError."""
+                        reposition: Sequence[Any] | None, thinking_drop: bool = False) -> Operations:
+    """Check the operation fields of a history of `n_messages` messages; raise OperationError.
+
+    `thinking_drop` is the API's `drop_rule: {"type": "thinking_drop"}`, which takes the
+    place of `drop_message`: the two never come together.
+    """
+    if not isinstance(thinking_drop, bool):
+        raise OperationError("drop_rule", f"thinking_drop must be true or false, got {thinking_drop!r}")
+    if thinking_drop and drop_message is not None:
+        raise OperationError("drop_rule", "send either drop_message or drop_rule, not both")
     drops = _validate_drops(n_messages, drop_message)
     repositions = _validate_repositions(n_messages, reposition)
-    if not drops and not repositions:
+    if not drops and not repositions and not thinking_drop:
         return NO_OPERATIONS
-    return Operations(drops, repositions)
+    return Operations(drops, repositions, thinking_drop)
 
 
 def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> tuple:

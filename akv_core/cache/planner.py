@@ -10,14 +10,35 @@ ranges; a reposition record moves the visible tokens to 0..r-1 and later tokens
 continue from r. A reused key token is `cached` if visible at the end and not
 moved by a reposition record this request adds, `repos` if visible and moved,
 `drop_skipped` if hidden at the end; every computed token is `prefilled`.
+
+Freed KV on the reused path (`HOLE`s left by dropped keys and superseded
+copies) costs nothing unless this request reads it. What it reads is restored
+alone, not everything after it: a freed birth slot is recomputed (with the
+holes its own computation reads, transitively), a freed re-rotated copy is
+re-rotated again from its birth slot. That set is the plan's `Restore`.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
-from akv_core.cache.radix import HOLE, Match, RadixCache
+from akv_core.cache.radix import HOLE, Match, Node, RadixCache
 from akv_core.cache.usage import Usage
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Freed KV on the reused path that the request reads, and how it comes back."""
+
+    token_holes: tuple[int, ...] = ()                  # key offsets whose birth slot is recomputed, sorted
+    copy_holes: tuple[tuple[int, int], ...] = ()       # (record index, copy index) re-rotated again, sorted
+
+    def __bool__(self) -> bool:
+        return bool(self.token_holes or self.copy_holes)
+
+
+NO_RESTORE = Restore()
 
 
 @dataclass(frozen=True)
@@ -31,15 +52,30 @@ class Plan:
     end_position: int         # position of the first generated token
     visible_tokens: int       # prompt tokens visible at the end
     walk: Walk                # the whole key walked: what the end state reads (for freeing the rest)
+    restore: Restore = NO_RESTORE   # freed KV on the reused path that this request reads
+    copy_ids: tuple[tuple[int, ...], ...] | None = None   # per new record, a slot id per copy (see CopyIds)
 
     @property
-    def compute_tokens(self) -> int:
+    def suffix_tokens(self) -> int:
+        """Key tokens after the reused prefix."""
         return len(self.key) - self.match.tokens
 
     @property
+    def compute_tokens(self) -> int:
+        """Tokens the forward computes: the suffix plus the recomputed holes."""
+        return self.suffix_tokens + len(self.restore.token_holes)
+
+    @property
+    def copy_slots(self) -> int:
+        """Slots the new records' copies take: fewer than the copies when dead ones are recycled."""
+        if self.copy_ids is None:
+            return sum(self.copies)
+        return 1 + max((i for ids in self.copy_ids for i in ids), default=-1)
+
+    @property
     def slots_needed(self) -> int:
-        """New slots for the prompt: computed tokens plus re-rotated copies."""
-        return self.compute_tokens + sum(self.copies)
+        """New slots for the prompt: computed tokens, re-rotated copies, restored copies."""
+        return self.compute_tokens + self.copy_slots + len(self.restore.copy_holes)
 
 
 def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
@@ -47,16 +83,24 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
     n = len(key)
     if n == 0:
         raise ValueError("an empty prompt cannot be planned")
-    match = _match_without_needed_holes(tree, key, tree.match(key, n - 1))
+    match = tree.match(key, n - 1)
+    restore = _restore(tree, key, match) if tree.holes else NO_RESTORE
     reused = match.tokens
     walk = _walk(key, n, len(key.records), reused, match.records)
     runs = walk.runs
     visible = sum(run[1] - run[0] for run in runs)
     visible_reused = sum(min(run[1], reused) - run[0] for run in runs if run[0] < reused)
-    repos = _overlap(runs, _merge(walk.moved), reused)
-    usage = Usage.of_prompt(prefilled=n - reused, cached=visible_reused - repos, repos=repos,
-                            drop_skipped=reused - visible_reused)
-    return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk)
+    moved = _merge(walk.moved)
+    repos = _overlap(runs, moved, reused)
+    holes = restore.token_holes
+    if holes:   # recomputed: prefilled, whatever they are at the end
+        visible_holes = [h for h in holes if _inside(runs, h)]
+        visible_reused -= len(visible_holes)
+        repos -= sum(1 for h in visible_holes if _inside(moved, h))
+    usage = Usage.of_prompt(prefilled=n - reused + len(holes), cached=visible_reused - repos, repos=repos,
+                            drop_skipped=reused - len(holes) - visible_reused)
+    copy_ids = _recycled_copy_ids(key, match.records) if _new_repositions(key, match.records) > 1 else None
+    return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk, restore, copy_ids)
 
 
 def end_position(key: CacheKey) -> int:
@@ -116,35 +160,144 @@ def _walk(key: CacheKey, tokens: int, records: int, reused: int, first_new: int)
     return walk
 
 
-def _match_without_needed_holes(tree: RadixCache, key: CacheKey, match: Match) -> Match:
-    """Shorten the match to end before the first hole (freed KV) that is read where it ends.
+def _restore(tree: RadixCache, key: CacheKey, match: Match) -> Restore:
+    """The holes on the matched path that the request reads, closed under what recomputing them reads.
 
-    A key is read if it is visible at the match point: its birth slot (re-rotations
-    start there) and, if a reposition record moved it, that record's copy. A hole
-    hidden at the match point is never read again by this request; a needed one
-    is recomputed, and so is everything after it.
+    Read at the match point: the birth slot of every visible key (re-rotations start
+    there) and the copy of each moved key in the record that moved it. A recomputed
+    hole reads what was visible where it sits, so the holes there join in turn; a
+    restored copy is re-rotated from its birth slot, which joins too.
     """
-    while tree.holes:
-        walk = _walk(key, match.tokens, match.records, 0, match.records)
-        record = _first_copy_hole(tree, match, walk)
-        if record is not None:
-            match = tree.match(key, key.records[record][0], record_limit=record)
+    path = tree.path(match.node)
+    token_nodes = tree.token_offsets(match.node)
+    record_nodes = [node for node in path if node.record is not None]
+    record_offsets = [offset for offset, _ in key.records]
+    token_holes: set[int] = set()
+    copy_holes: set[tuple[int, int]] = set()
+    frontier = [(match.tokens, match.records)]
+    seen_points: set[int] = set()
+    while frontier:
+        offset, records = frontier.pop()
+        walk = _walk(key, offset, records, 0, records)
+        births = _holes_in(token_nodes, walk.runs)
+        for index in sorted({run[3] for run in walk.runs if run[3] >= 0}):
+            copy_map, slots = walk.copy_maps[index], record_nodes[index].slots
+            if not record_nodes[index].holes:
+                continue
+            for lo, hi in walk.live_copies(index):
+                for copy in range(lo, hi):
+                    if slots[copy] == HOLE and (index, copy) not in copy_holes:
+                        copy_holes.add((index, copy))
+                        births.extend(h for h in [_copy_birth(copy_map, copy)] if _is_hole(token_nodes, h))
+        new = sorted(set(births) - token_holes)
+        token_holes.update(new)
+        for start in _segment_starts(new, record_offsets):   # each recomputed run reads what it saw
+            if start not in seen_points:
+                seen_points.add(start)
+                frontier.append((start, bisect_right(record_offsets, start)))
+    return Restore(tuple(sorted(token_holes)), tuple(sorted(copy_holes)))
+
+
+def _holes_in(token_nodes: list[tuple[int, Node]], runs: list[list[int]]) -> list[int]:
+    """Key offsets inside `runs` whose slot on the path is a hole."""
+    found = []
+    for start, node in token_nodes:
+        if not node.holes:
             continue
-        hole = tree.first_hole(match.node, walk.runs)
-        if hole is None:
-            break
-        match = tree.match(key, hole)
-    return match
+        end = start + len(node.tokens)
+        for run in runs:
+            lo, hi = max(start, run[0]), min(end, run[1])
+            found.extend(start + i for i in range(lo - start, hi - start) if node.slots[i] == HOLE)
+    return found
 
 
-def _first_copy_hole(tree: RadixCache, match: Match, walk: Walk) -> int | None:
-    """The first reposition record whose copy of a visible key was freed."""
-    record_nodes = [node for node in tree.path(match.node) if node.record is not None]
-    for index in sorted({run[3] for run in walk.runs if run[3] >= 0}):
-        slots = record_nodes[index].slots
-        if record_nodes[index].holes and any(HOLE in slots[lo:hi] for lo, hi in walk.live_copies(index)):
-            return index
-    return None
+def _is_hole(token_nodes: list[tuple[int, Node]], offset: int) -> bool:
+    starts = [start for start, _ in token_nodes]
+    start, node = token_nodes[bisect_right(starts, offset) - 1]
+    return node.slots[offset - start] == HOLE
+
+
+def _copy_birth(copy_map: list[tuple[int, int, int]], copy: int) -> int:
+    """The key offset whose re-rotated copy has index `copy` in its record."""
+    for first, start, end in copy_map:
+        if first <= copy < first + end - start:
+            return start + copy - first
+    raise ValueError(f"copy {copy} is not in the record's copy map")
+
+
+def _segment_starts(offsets: list[int], record_offsets: list[int]) -> list[int]:
+    """Starts of the runs of consecutive `offsets` (sorted), split where a record sits between two."""
+    starts = []
+    for i, offset in enumerate(offsets):
+        if i == 0 or offsets[i - 1] != offset - 1 or _record_at(record_offsets, offset):
+            starts.append(offset)
+    return starts
+
+
+def _record_at(record_offsets: list[int], offset: int) -> bool:
+    i = bisect_left(record_offsets, offset)
+    return i < len(record_offsets) and record_offsets[i] == offset
+
+
+def _inside(ranges: list, offset: int) -> bool:
+    """Whether `offset` lies in one of `ranges` ([start, end, ...], sorted, disjoint)."""
+    for run in ranges:
+        if run[0] <= offset < run[1]:
+            return True
+    return False
+
+
+def _new_repositions(key: CacheKey, first_new: int) -> int:
+    return sum(1 for _, record in key.records[first_new:] if not isinstance(record, DropRecord))
+
+
+def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[int, ...], ...]:
+    """A slot id per copy of each new record, reusing the ids of copies no longer read.
+
+    A copy a new record made is dead once a later record hides its key or moves it
+    again: nothing after that point reads it, and re-rotation always starts from the
+    birth slot. Its slot then serves a copy of a later record (the layout runs the
+    re-rotations of one batch in key order, so the later write wins), which keeps a
+    cold restore of a long drop-and-reposition history near its prompt in slots
+    instead of one copy per reposition per key. Live copies keep distinct ids.
+    """
+    runs: list[list[int]] = []
+    copy_maps: dict[int, list[tuple[int, int, int]]] = {}
+    ids: dict[int, list[int]] = {}
+    free: list[int] = []
+    position = offset = fresh = 0
+    for index, (record_offset, record) in enumerate(key.records):
+        position = _append(runs, offset, record_offset, position)
+        offset = record_offset
+        if isinstance(record, DropRecord):
+            for run in runs:
+                if run[3] >= first_new:
+                    for lo, hi in record.hidden:
+                        free.extend(_ids_of(ids, copy_maps, run[3], max(lo, run[0]), min(hi, run[1])))
+            runs = _hide(runs, record.hidden)
+        else:
+            moving = 0
+            for run in runs:
+                if run[2] != moving and run[3] >= first_new:
+                    free.extend(_ids_of(ids, copy_maps, run[3], run[0], run[1]))
+                moving += run[1] - run[0]
+            count, position = _reposition(runs, index, 0, [], copy_maps)
+            if index >= first_new:
+                taken = [free.pop() for _ in range(min(count, len(free)))]
+                ids[index] = taken + list(range(fresh, fresh + count - len(taken)))
+                fresh += count - len(taken)
+    return tuple(tuple(ids.get(index, ())) for index in range(first_new, len(key.records)))
+
+
+def _ids_of(ids: dict[int, list[int]], copy_maps: dict[int, list[tuple[int, int, int]]], record: int,
+            start: int, end: int) -> list[int]:
+    """The ids of record `record`'s copies of the keys at offsets [start, end)."""
+    out: list[int] = []
+    for first, lo, hi in copy_maps.get(record, ()):
+        a, b = max(lo, start), min(hi, end)
+        if a < b:
+            out.extend(ids[record][first + a - lo:first + b - lo])
+    return out
 
 
 def _append(runs: list[list[int]], start: int, end: int, position: int) -> int:

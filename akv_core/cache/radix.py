@@ -96,6 +96,7 @@ class RadixCache:
         self.evicted_slots = 0     # freed by eviction so far
         self.holes = 0             # tokens in the tree whose dropped KV was freed
         self._leaves: set[Node] = set()   # nodes without children (eviction candidates when unlocked)
+        self._copy_nodes: set[Node] = set()   # record nodes that may own copies (a superset, pruned lazily)
         self._clock = 0
 
     @property
@@ -209,10 +210,14 @@ class RadixCache:
                 mine = record_slots[record_index - first_record]
                 record = records[record_index][1]
                 child = node.children.get(record)
-                if child is None:
-                    child = self._add(node, Node(node, (), mine, record, now))
+                if child is None:   # copies this key no longer reads come as HOLE
+                    child = Node(node, (), mine, record, now)
+                    child.holes = mine.count(HOLE) if HOLE in mine else 0
+                    self.holes += child.holes
+                    child = self._add(node, child)
                 else:
-                    self.allocator.free(self._fill_holes(child, mine) if child.holes else mine)
+                    spare = self._fill_holes(child, mine) if child.holes else mine
+                    self.allocator.free([slot for slot in spare if slot != HOLE] if HOLE in spare else spare)
                 node, record_index = child, record_index + 1
                 node.last_access = now
                 continue
@@ -238,17 +243,20 @@ class RadixCache:
     def _fill_holes(self, node: Node, mine: list[int]) -> list[int]:
         """Give `node`'s holes this request's recomputed slots; returns the slots it does not need."""
         spare = []
+        filled = 0
         for i, slot in enumerate(node.slots):
             if slot == HOLE:
                 node.slots[i] = mine[i]
+                filled += mine[i] != HOLE
             else:
                 spare.append(mine[i])
-        filled = node.holes
-        node.holes = 0
+        node.holes -= filled
         self.holes -= filled
         self.cached_slots += filled
         if node.lock_ref:
             self.protected_slots += filled
+        if node.record is not None and filled:
+            self._copy_nodes.add(node)
         return spare
 
     def punch(self, node: Node, key: CacheKey) -> int:
@@ -314,39 +322,68 @@ class RadixCache:
                 offset += len(path_node.tokens)
         return out
 
-    def first_hole(self, node: Node, ranges: list[list[int]]) -> int | None:
-        """The first key offset inside `ranges` ([start, end, ...], sorted) that is a hole on the path to `node`."""
-        if not self.holes:
-            return None
-        for start, path_node in self.token_offsets(node):
-            if not path_node.holes:
-                continue
-            end = start + len(path_node.tokens)
-            for run in ranges:
-                lo, hi = max(start, run[0]), min(end, run[1])
-                if lo < hi and HOLE in path_node.slots[lo - start:hi - start]:
-                    return start + path_node.slots.index(HOLE, lo - start, hi - start)
-        return None
+    def fill(self, node: Node, token_holes: tuple[int, ...], token_slots: list[int],
+             copy_holes: tuple[tuple[int, int], ...], copy_slots: list[int]) -> list[int]:
+        """Give holes on the path to `node` a request's restored slots; returns the slots not needed.
+
+        `token_holes` are key offsets, `copy_holes` (record index on the path, copy index).
+        A hole another request filled in the meantime keeps its slot and ours is spare.
+        """
+        spare: list[int] = []
+        if token_holes:
+            nodes = self.token_offsets(node)
+            i = 0
+            for offset, slot in zip(token_holes, token_slots):
+                while nodes[i][0] + len(nodes[i][1].tokens) <= offset:
+                    i += 1
+                self._fill_one(nodes[i][1], offset - nodes[i][0], slot, spare)
+        if copy_holes:
+            records = [path_node for path_node in self.path(node) if path_node.record is not None]
+            for (record, copy), slot in zip(copy_holes, copy_slots):
+                self._fill_one(records[record], copy, slot, spare)
+        return spare
+
+    def _fill_one(self, node: Node, index: int, slot: int, spare: list[int]) -> None:
+        if node.slots[index] != HOLE:
+            spare.append(slot)
+            return
+        node.slots[index] = slot
+        node.holes -= 1
+        self.holes -= 1
+        self.cached_slots += 1
+        if node.lock_ref:
+            self.protected_slots += 1
+        if node.record is not None:
+            self._copy_nodes.add(node)
 
     def _add(self, parent: Node, child: Node) -> Node:
         parent.children[child.edge] = child
         self._leaves.discard(parent)
         self._leaves.add(child)
         self.cached_slots += child.size
+        if child.record is not None and child.size:
+            self._copy_nodes.add(child)
         return child
 
     # -- evict ---------------------------------------------------------------------------------
 
     def evict(self, n_slots: int) -> int:
-        """Free at least `n_slots` slots from unlocked leaves, least recently used first; returns the count."""
+        """Free at least `n_slots` slots, least recently used first; returns the count.
+
+        Re-rotated copies go first: a copy is a cheap function of its birth slot (the
+        next request that reads it re-rotates it again, a restore without any forward),
+        so unlocked record nodes give up their copies before any leaf's KV is evicted.
+        Then unlocked leaves go, whole.
+        """
+        freed = self._evict_copies(n_slots)
         heap = [(node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
-        freed = 0
         while freed < n_slots and heap:
             _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[node.edge]
             self._leaves.discard(node)
+            self._copy_nodes.discard(node)
             self.allocator.free(node.owned_slots())
             self.holes -= node.holes
             freed += node.size
@@ -357,6 +394,30 @@ class RadixCache:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    def _evict_copies(self, n_slots: int) -> int:
+        """Turn the copies of unlocked record nodes into holes, least recently used first."""
+        candidates = []
+        for node in list(self._copy_nodes):
+            if node.parent is None or node.size == 0:
+                self._copy_nodes.discard(node)
+            elif node.lock_ref == 0:
+                candidates.append((node.last_access, node))
+        candidates.sort()
+        freed = 0
+        for _, node in candidates:
+            if freed >= n_slots:
+                break
+            owned = node.owned_slots()
+            self.allocator.free(owned)
+            node.slots = [HOLE] * len(node.slots)
+            node.holes = len(node.slots)
+            self._copy_nodes.discard(node)
+            self.holes += len(owned)
+            self.cached_slots -= len(owned)
+            self.evicted_slots += len(owned)
+            freed += len(owned)
         return freed
 
     def _nodes(self) -> Iterable[Node]:
@@ -400,6 +461,8 @@ class RadixCache:
                    f"lock_ref {node.lock_ref} but {expected_refs.get(id(node), 0)} live requests use the node")
             _check((node in self._leaves) == (not node.children), "the leaf set is out of date")
             _check(node.holes == node.slots.count(HOLE), "a node's hole count is out of date")
+            _check(node.record is None or node.size == 0 or node in self._copy_nodes,
+                   "a record node owning copies is not an eviction candidate")
             holes += node.holes
             _claim(seen, node.owned_slots())
             cached += node.size

@@ -24,13 +24,13 @@ class CacheSimulator:
 
     def request(self, rendered: RenderedPrompt, drop_message: Mapping[Any, Any] | None = None,
                 reposition: Sequence[Any] | None = None, completion_tokens: int = 0,
-                max_tokens: int = 0) -> Usage:
+                max_tokens: int = 0, thinking_drop: bool = False) -> Usage:
         """Serve one request's prompt; `max_tokens` reserves decode slots as the engine does.
 
         Raises OperationError for invalid operations and KVCapacityError for a prompt the
         pool can never hold.
         """
-        operations = validate_operations(len(rendered.spans), drop_message, reposition)
+        operations = validate_operations(len(rendered.spans), drop_message, reposition, thinking_drop)
         plan = self.cache.plan(build_key(rendered, operations))
         if not self.cache.can_admit(plan, max_tokens):
             self.cache.check_fits(plan, max_tokens)

@@ -87,7 +87,8 @@ class EngineLoop:
             return self.engine.submit(
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
-                temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop)
+                temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                thinking_drop=args.thinking_drop)
         except OperationError as error:
             raise APIError(str(error), param=error.field) from None
         except ValueError as error:  # the engine and the renderer prefix messages with the field
@@ -140,7 +141,8 @@ def prompt_end_position(engine: Any, args: GenerationArgs) -> int:
     engine's own plan.
     """
     rendered = engine.tokenizer.render(args.messages, args.tools)
-    operations = validate_operations(len(args.messages), args.drop_message, args.reposition)
+    operations = validate_operations(len(args.messages), args.drop_message, args.reposition,
+                                     args.thinking_drop)
     key = build_key(rendered, operations)
     return plan_request(RadixCache(SlotAllocator(1)), key).end_position
 

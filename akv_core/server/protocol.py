@@ -104,7 +104,8 @@ class MessageDropRule(BaseModel):
 
 
 class ThinkingDropRule(BaseModel):
-    """Drop the reasoning part of earlier assistant messages."""
+    """Drop the reasoning part of earlier assistant messages: each message's rendered
+    reasoning leaves attention right after that message (positions unchanged)."""
 
     model_config = ConfigDict(extra="forbid")
 

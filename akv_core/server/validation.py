@@ -23,6 +23,7 @@ class GenerationArgs:
     tools: list[dict[str, Any]] | None
     drop_message: dict[str, list[int]] | None
     reposition: list[int] | None
+    thinking_drop: bool
     max_tokens: int | None
     temperature: float
     top_p: float
@@ -34,7 +35,7 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
     if not request.messages:
         raise APIError("messages: the history must contain at least one message", param="messages")
     _reject_unsupported(request)
-    drop_message, reposition = cache_operations(request)
+    drop_message, reposition, thinking_drop = cache_operations(request)
     tools = None
     if request.tools and request.tool_choice != "none":
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
@@ -43,6 +44,7 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
         tools=tools,
         drop_message=drop_message,
         reposition=reposition,
+        thinking_drop=thinking_drop,
         max_tokens=_max_tokens(request),
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -53,28 +55,23 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
 
 def cache_operations(
     request: ChatCompletionRequest,
-) -> tuple[dict[str, list[int]] | None, list[int] | None]:
-    """`drop_message` / `drop_rule` and `reposition`, checked against the history."""
+) -> tuple[dict[str, list[int]] | None, list[int] | None, bool]:
+    """(drop_message, reposition, thinking_drop) from `drop_message` / `drop_rule` and
+    `reposition`, checked against the history."""
     if request.drop_message is not None and request.drop_rule is not None:
         raise APIError(
             "drop_rule: send either drop_message or drop_rule, not both", param="drop_rule"
         )
     field, drops = "drop_message", request.drop_message
-    if isinstance(request.drop_rule, ThinkingDropRule):
-        raise APIError(
-            "drop_rule.type: thinking_drop is not supported by this engine yet "
-            "(it drops whole messages only); use message_drop or drop_message",
-            param="drop_rule.type",
-            code="unsupported_drop_rule",
-        )
     if isinstance(request.drop_rule, MessageDropRule):
         field, drops = "drop_rule.drop_messages", request.drop_rule.drop_messages
+    thinking_drop = isinstance(request.drop_rule, ThinkingDropRule)
     try:
-        validate_operations(len(request.messages), drops, request.reposition)
+        validate_operations(len(request.messages), drops, request.reposition, thinking_drop)
     except OperationError as error:
         param = _rename(error.field, field)
         raise APIError(f"{param}: {error.message}", param=param) from None
-    return drops, request.reposition
+    return drops, request.reposition, thinking_drop
 
 
 def _rename(engine_field: str, request_field: str) -> str:

@@ -47,6 +47,31 @@ class BackendRequest:
             fields["reposition"] = list(self.reposition)
         return fields
 
+    def cache_operations(self) -> CacheOperations:
+        """The operations as the engine and the replay simulator take them.
+
+        Raises BackendError for a `drop_rule` that is not message_drop or thinking_drop,
+        as the server would answer with HTTP 400.
+        """
+        reposition = tuple(self.reposition)
+        if not self.drop_rule:
+            return CacheOperations(dict(self.drop_message) or None, reposition, False)
+        kind = self.drop_rule.get("type")
+        if kind == "thinking_drop":
+            return CacheOperations(None, reposition, True)
+        if kind == "message_drop":
+            return CacheOperations(dict(self.drop_rule.get("drop_messages") or {}), reposition, False)
+        raise BackendError(f"drop_rule.type: expected message_drop or thinking_drop, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class CacheOperations:
+    """A request's cache fields, `drop_rule` resolved: drop_message or thinking_drop, and reposition."""
+
+    drop_message: Mapping[str, Sequence[int]] | None
+    reposition: tuple[int, ...]
+    thinking_drop: bool
+
 
 @dataclass(frozen=True)
 class BackendReply:

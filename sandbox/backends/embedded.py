@@ -26,19 +26,17 @@ class EmbeddedBackend:
         """Nothing to reset: the engine's cache is shared across tasks."""
 
     def complete(self, request: BackendRequest) -> BackendReply:
-        if request.drop_rule and any(m.get("reasoning_content") for m in request.messages):
-            raise BackendError("the embedded engine takes drop_message, not drop_rule; "
-                               "use an endpoint URL for thinking_drop")
-        fields = request.api_fields()
+        fields = request.cache_operations()
         try:
             generation = self._engine.generate(
                 list(request.messages),
-                drop_message=fields.get("drop_message"),
-                reposition=fields.get("reposition"),
+                drop_message=fields.drop_message,
+                reposition=list(fields.reposition) or None,
                 tools=list(request.tools) or None,
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
                 seed=request.seed,
+                thinking_drop=fields.thinking_drop,
             )
         except (ValueError, RuntimeError) as err:  # a request the engine refused or could not finish
             raise BackendError(f"the embedded engine could not serve the request: {err}") from err

@@ -16,14 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from typing import Any, Sequence
 
 from akv_core.cache.kv_cache import KVCapacityError
 from akv_core.cache.ops import OperationError
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.chat import ChatTokenizer, Rendered
 
-from sandbox.backends import BackendError, BackendReply, BackendRequest
+from sandbox.backends import BackendError, BackendReply, BackendRequest, CacheOperations
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import Usage
 
@@ -55,7 +54,7 @@ class TaskPrefixMemo:
 
 SHARED_MEMO = TaskPrefixMemo()
 
-_Operations = tuple[Any, Sequence[int], int]  # drop_message or None, reposition, max_tokens
+_Operations = tuple[CacheOperations, int]  # the request's cache fields, max_tokens
 
 
 class ReplayBackend:
@@ -82,11 +81,8 @@ class ReplayBackend:
             self._pending = []
 
     def complete(self, request: BackendRequest) -> BackendReply:
-        if request.drop_rule and any(m.get("reasoning_content") for m in request.messages):
-            raise BackendError("replay cannot account a drop_rule over reasoning content; "
-                               "use drop_message or a model backend")
         rendered = self._tokenizer.render(request.messages, list(request.tools) or None)
-        operations = (None if request.drop_rule else request.drop_message, request.reposition, request.max_tokens)
+        operations = (request.cache_operations(), request.max_tokens)
         if self._memo is None:
             usage = self._account(rendered, operations)
         else:
@@ -108,9 +104,10 @@ class ReplayBackend:
         self._pending = []
 
     def _account(self, rendered: Rendered, operations: _Operations) -> Usage:
-        drop_message, reposition, max_tokens = operations
+        fields, max_tokens = operations
         try:
-            usage = self._simulator.request(rendered, drop_message, reposition, max_tokens=max_tokens)
+            usage = self._simulator.request(rendered, fields.drop_message, fields.reposition, max_tokens=max_tokens,
+                                            thinking_drop=fields.thinking_drop)
         except (OperationError, KVCapacityError) as err:  # what the server would answer with HTTP 400
             raise BackendError(f"the request was rejected: {err}") from err
         return Usage.from_fields(usage)
@@ -120,10 +117,12 @@ class ReplayBackend:
 
 
 def _chained(previous: bytes, rendered: Rendered, operations: _Operations) -> bytes:
-    """A digest of the task's requests so far: tokens, message spans and cache operations."""
+    """A digest of the task's requests so far: tokens, message and reasoning spans, cache operations."""
     digest = hashlib.blake2b(previous, digest_size=16)
     digest.update(rendered.token_array)
     digest.update(array("i", [i for span in rendered.spans for i in span]))
-    drop_message, reposition, max_tokens = operations
-    digest.update(json.dumps([drop_message or {}, list(reposition), max_tokens], sort_keys=True).encode())
+    digest.update(json.dumps(rendered.reasoning_spans).encode())
+    fields, max_tokens = operations
+    digest.update(json.dumps([fields.drop_message or {}, list(fields.reposition), fields.thinking_drop, max_tokens],
+                             sort_keys=True).encode())
     return digest.digest()

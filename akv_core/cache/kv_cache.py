@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from akv_core.cache.allocator import SlotAllocator
 from akv_core.cache.key import CacheKey
-from akv_core.cache.planner import Plan, plan_request
+from akv_core.cache.planner import Plan, map_copies, plan_request
 from akv_core.cache.radix import HOLE, RadixCache
 
 
@@ -115,9 +115,8 @@ class KVCache:
         if keep_prompt:
             record_slots = lease.record_slots
             if plan.copy_ids is not None:   # recycled copies: the tree takes the live ones, the rest is freed
-                record_slots = _live_record_slots(plan, record_slots)
-                kept = {slot for slots in record_slots for slot in slots}
-                self.allocator.free([slot for slot in lease.copy_slots if slot not in kept])
+                record_slots, unused = _live_record_slots(plan, lease)
+                self.allocator.free(unused)
             end = self.tree.insert(plan.match, plan.key, lease.token_slots, record_slots)
             if plan.restore:
                 self.allocator.free(self.tree.fill(plan.match.node, plan.restore.token_holes, lease.hole_slots,
@@ -149,9 +148,15 @@ class KVCache:
 
 
 def _record_slots(plan: Plan, copy_slots: list[int]) -> list[list[int]]:
-    """Per new record, the slot of each copy: consecutive, or by recycled id."""
+    """Per new record, the slot of each copy: consecutive, or by recycled id ranges."""
     if plan.copy_ids is not None:
-        return [[copy_slots[i] for i in ids] for ids in plan.copy_ids]
+        out = []
+        for pieces in plan.copy_ids:
+            slots: list[int] = []
+            for a, b, first in pieces:
+                slots += copy_slots[first:first + b - a]
+            out.append(slots)
+        return out
     out, cursor = [], 0
     for count in plan.copies:
         out.append(copy_slots[cursor:cursor + count])
@@ -159,12 +164,18 @@ def _record_slots(plan: Plan, copy_slots: list[int]) -> list[list[int]]:
     return out
 
 
-def _live_record_slots(plan: Plan, record_slots: list[list[int]]) -> list[list[int]]:
-    """The copies the key's end state reads keep their slots; the dead ones become holes."""
-    out = []
-    for offset, slots in enumerate(record_slots):
+def _live_record_slots(plan: Plan, lease: Lease) -> tuple[list[list[int]], list[int]]:
+    """The copies the key's end state reads keep their slots, the dead ones become holes; and the slots
+    no live copy holds (to free)."""
+    out, live_ids = [], []
+    for offset, (slots, pieces) in enumerate(zip(lease.record_slots, plan.copy_ids)):
         live = [HOLE] * len(slots)
         for lo, hi in plan.walk.live_copies(plan.match.records + offset) if slots else ():
             live[lo:hi] = slots[lo:hi]
+            live_ids.extend(map_copies(pieces, lo, hi))
         out.append(live)
-    return out
+    unused, cursor = [], 0
+    for lo, hi in sorted(live_ids) + [(plan.copy_slots, plan.copy_slots)]:
+        unused.extend(lease.copy_slots[cursor:lo])
+        cursor = max(cursor, hi)
+    return out, unused

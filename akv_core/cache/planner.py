@@ -53,7 +53,7 @@ class Plan:
     visible_tokens: int       # prompt tokens visible at the end
     walk: Walk                # the whole key walked: what the end state reads (for freeing the rest)
     restore: Restore = NO_RESTORE   # freed KV on the reused path that this request reads
-    copy_ids: tuple[tuple[int, ...], ...] | None = None   # per new record, a slot id per copy (see CopyIds)
+    copy_ids: tuple[Pieces, ...] | None = None   # per new record, its copies' slot ids (recycled; see Pieces)
 
     @property
     def suffix_tokens(self) -> int:
@@ -65,12 +65,7 @@ class Plan:
         """Tokens the forward computes: the suffix plus the recomputed holes."""
         return self.suffix_tokens + len(self.restore.token_holes)
 
-    @property
-    def copy_slots(self) -> int:
-        """Slots the new records' copies take: fewer than the copies when dead ones are recycled."""
-        if self.copy_ids is None:
-            return sum(self.copies)
-        return 1 + max((i for ids in self.copy_ids for i in ids), default=-1)
+    copy_slots: int = 0       # slots the new records' copies take: fewer than the copies when recycled
 
     @property
     def slots_needed(self) -> int:
@@ -99,8 +94,11 @@ def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
         repos -= sum(1 for h in visible_holes if _inside(moved, h))
     usage = Usage.of_prompt(prefilled=n - reused + len(holes), cached=visible_reused - repos, repos=repos,
                             drop_skipped=reused - len(holes) - visible_reused)
-    copy_ids = _recycled_copy_ids(key, match.records) if _new_repositions(key, match.records) > 1 else None
-    return Plan(key, match, tuple(walk.copies), usage, walk.position, visible, walk, restore, copy_ids)
+    copies = tuple(walk.copies)
+    copy_ids, copy_slots = None, sum(copies)
+    if copy_slots and _new_repositions(key, match.records) > 1:
+        copy_ids, copy_slots = _recycled_copy_ids(key, match.records)
+    return Plan(key, match, copies, usage, walk.position, visible, walk, restore, copy_ids, copy_slots)
 
 
 def end_position(key: CacheKey) -> int:
@@ -206,8 +204,9 @@ def _holes_in(token_nodes: list[tuple[int, Node]], runs: list[list[int]]) -> lis
             continue
         end = start + len(node.tokens)
         for run in runs:
-            lo, hi = max(start, run[0]), min(end, run[1])
-            found.extend(start + i for i in range(lo - start, hi - start) if node.slots[i] == HOLE)
+            lo, hi = max(start, run[0]) - start, min(end, run[1]) - start
+            if lo < hi and HOLE in node.slots[lo:hi]:
+                found.extend(start + i for i in range(lo, hi) if node.slots[i] == HOLE)
     return found
 
 
@@ -251,8 +250,11 @@ def _new_repositions(key: CacheKey, first_new: int) -> int:
     return sum(1 for _, record in key.records[first_new:] if not isinstance(record, DropRecord))
 
 
-def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[int, ...], ...]:
-    """A slot id per copy of each new record, reusing the ids of copies no longer read.
+Pieces = tuple[tuple[int, int, int], ...]   # (first copy, end copy, first id): copies [a, b) take ids from c
+
+
+def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[Pieces, ...], int]:
+    """Slot ids for the copies of each new record, reusing the ids of copies no longer read; and the ids used.
 
     A copy a new record made is dead once a later record hides its key or moves it
     again: nothing after that point reads it, and re-rotation always starts from the
@@ -260,11 +262,12 @@ def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[int, ...], 
     re-rotations of one batch in key order, so the later write wins), which keeps a
     cold restore of a long drop-and-reposition history near its prompt in slots
     instead of one copy per reposition per key. Live copies keep distinct ids.
+    Everything is kept as ranges: a cold history has tens of thousands of copies.
     """
     runs: list[list[int]] = []
     copy_maps: dict[int, list[tuple[int, int, int]]] = {}
-    ids: dict[int, list[int]] = {}
-    free: list[int] = []
+    pieces: dict[int, Pieces] = {}
+    free: list[tuple[int, int]] = []   # id ranges
     position = offset = fresh = 0
     for index, (record_offset, record) in enumerate(key.records):
         position = _append(runs, offset, record_offset, position)
@@ -273,30 +276,55 @@ def _recycled_copy_ids(key: CacheKey, first_new: int) -> tuple[tuple[int, ...], 
             for run in runs:
                 if run[3] >= first_new:
                     for lo, hi in record.hidden:
-                        free.extend(_ids_of(ids, copy_maps, run[3], max(lo, run[0]), min(hi, run[1])))
+                        free.extend(_ids_of(pieces, copy_maps, run[3], max(lo, run[0]), min(hi, run[1])))
             runs = _hide(runs, record.hidden)
-        else:
-            moving = 0
-            for run in runs:
-                if run[2] != moving and run[3] >= first_new:
-                    free.extend(_ids_of(ids, copy_maps, run[3], run[0], run[1]))
-                moving += run[1] - run[0]
-            count, position = _reposition(runs, index, 0, [], copy_maps)
-            if index >= first_new:
-                taken = [free.pop() for _ in range(min(count, len(free)))]
-                ids[index] = taken + list(range(fresh, fresh + count - len(taken)))
-                fresh += count - len(taken)
-    return tuple(tuple(ids.get(index, ())) for index in range(first_new, len(key.records)))
+            continue
+        moving = 0
+        for run in runs:
+            if run[2] != moving and run[3] >= first_new:
+                free.extend(_ids_of(pieces, copy_maps, run[3], run[0], run[1]))
+            moving += run[1] - run[0]
+        count, position = _reposition(runs, index, 0, [], copy_maps)
+        if index >= first_new:
+            pieces[index], fresh = _take_ids(free, count, fresh)
+    return tuple(pieces.get(index, ()) for index in range(first_new, len(key.records))), fresh
 
 
-def _ids_of(ids: dict[int, list[int]], copy_maps: dict[int, list[tuple[int, int, int]]], record: int,
-            start: int, end: int) -> list[int]:
-    """The ids of record `record`'s copies of the keys at offsets [start, end)."""
-    out: list[int] = []
+def _take_ids(free: list[tuple[int, int]], count: int, fresh: int) -> tuple[Pieces, int]:
+    """Ids for `count` copies: recycled ranges first, then new ones from `fresh`."""
+    out: list[tuple[int, int, int]] = []
+    copy = 0
+    while copy < count and free:
+        lo, hi = free.pop()
+        n = min(hi - lo, count - copy)
+        if n < hi - lo:
+            free.append((lo + n, hi))
+        out.append((copy, copy + n, lo))
+        copy += n
+    if copy < count:
+        out.append((copy, count, fresh))
+        fresh += count - copy
+    return tuple(out), fresh
+
+
+def _ids_of(pieces: dict[int, Pieces], copy_maps: dict[int, list[tuple[int, int, int]]], record: int,
+            start: int, end: int) -> list[tuple[int, int]]:
+    """The id ranges of record `record`'s copies of the keys at offsets [start, end)."""
+    out: list[tuple[int, int]] = []
     for first, lo, hi in copy_maps.get(record, ()):
         a, b = max(lo, start), min(hi, end)
         if a < b:
-            out.extend(ids[record][first + a - lo:first + b - lo])
+            out.extend(map_copies(pieces[record], first + a - lo, first + b - lo))
+    return out
+
+
+def map_copies(pieces: Pieces, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The id ranges of copies [lo, hi) of one record."""
+    out = []
+    for a, b, first_id in pieces:
+        x, y = max(a, lo), min(b, hi)
+        if x < y:
+            out.append((first_id + x - a, first_id + y - a))
     return out
 
 

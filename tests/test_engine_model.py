@@ -116,29 +116,39 @@ def test_same_history_and_operations_hit_fully_and_other_operations_never_reuse_
         assert_same_logits(reused_logits, fresh_logits)
 
 
+def attention_on(engine: Engine, messages, hidden: tuple[int, int], trigger_end: int,
+                 **operations) -> tuple[float, float, int]:
+    """Attention weight on the prompt tokens `hidden` from the rows after `trigger_end` (and the
+    generated tokens), and from the rows between them and `trigger_end`; and the attention calls.
+
+    A fresh engine computes the prompt in one forward whose slots are in prompt order.
+    """
+    seen = []   # (kv slots, attention weights [queries, heads, K]) of every attention call
+    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
+    try:
+        run(engine, messages, max_tokens=3, **operations)
+    finally:
+        engine.model.attention_probe = None
+    prompt_slots = next(slots for slots, probs in seen if probs.shape[0] > 1)
+    watched = prompt_slots[hidden[0]:hidden[1]]
+    after = before = 0.0
+    for slots, probs in seen:
+        on_hidden = torch.isin(slots, watched)
+        if probs.shape[0] > 1:   # the prompt: rows are prompt offsets
+            after += probs[trigger_end:][:, :, on_hidden].abs().sum().item()
+            before += probs[hidden[1]:trigger_end][:, :, on_hidden].sum().item()
+        else:
+            after += probs[:, :, on_hidden].abs().sum().item()
+    return after, before, len(seen)
+
+
 def test_dropped_slots_get_exactly_zero_attention(shared):
     engine = new_engine(shared)
     rendered = engine.tokenizer.render(SECRET)
     secret_start, secret_end = rendered.spans[1]
-    trigger_end = rendered.spans[3][1]
-    seen = []   # (kv slots, attention weights [queries, heads, K]) of every attention call
-    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
-    try:
-        out, _ = run(engine, SECRET, {"3": [1]}, max_tokens=3)
-    finally:
-        engine.model.attention_probe = None
-    # A fresh engine computes the prompt in one forward whose slots are in prompt order.
-    prompt_slots = next(slots for slots, probs in seen if probs.shape[0] > 1)
-    secret = prompt_slots[secret_start:secret_end]
-    after = before = 0.0
-    for slots, probs in seen:
-        on_secret = torch.isin(slots, secret)
-        if probs.shape[0] > 1:   # the prompt, computed in one forward: rows are prompt offsets
-            after += probs[trigger_end:][:, :, on_secret].abs().sum().item()
-            before += probs[secret_end:trigger_end][:, :, on_secret].sum().item()
-        else:
-            after += probs[:, :, on_secret].abs().sum().item()
-    assert len(seen) == 30 * 3 and after == 0.0
+    after, before, calls = attention_on(engine, SECRET, (secret_start, secret_end), rendered.spans[3][1],
+                                        drops={"3": [1]})
+    assert calls == 30 * 3 and after == 0.0
     assert before > 0.0   # the same slots were attended to before the drop
     assert engine.cache.tree.holes == secret_end - secret_start   # and freed once the request ended
 
@@ -156,24 +166,9 @@ def test_thinking_drop_gives_the_reasoning_exactly_zero_attention_after_its_mess
     start, end = rendered.reasoning_spans[2]
     trigger_end = rendered.spans[2][1]
     assert rendered.spans[2][0] < start < end < trigger_end
-    seen = []
-    engine.model.attention_probe = lambda layer, seq, slots, probs: seen.append((slots.clone(), probs.clone()))
-    try:
-        run(engine, THOUGHT, max_tokens=3, thinking=True)
-    finally:
-        engine.model.attention_probe = None
-    prompt_slots = next(slots for slots, probs in seen if probs.shape[0] > 1)
-    reasoning = prompt_slots[start:end]
-    after = before = 0.0
-    for slots, probs in seen:
-        on_reasoning = torch.isin(slots, reasoning)
-        if probs.shape[0] > 1:
-            after += probs[trigger_end:][:, :, on_reasoning].abs().sum().item()
-            before += probs[end:trigger_end][:, :, on_reasoning].sum().item()   # the message's own content
-        else:
-            after += probs[:, :, on_reasoning].abs().sum().item()
-    assert len(seen) == 30 * 3 and after == 0.0
-    assert before > 0.0
+    after, before, calls = attention_on(engine, THOUGHT, (start, end), trigger_end, thinking=True)
+    assert calls == 30 * 3 and after == 0.0
+    assert before > 0.0   # the message's own content saw its reasoning
     assert engine.cache.tree.holes == end - start   # freed once the request ended
 
 

@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 import argparse
 import json
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -227,6 +228,10 @@ def akv_server(kv_tokens: int, max_running: int, log_dir: Path) -> Iterator[str]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                    cwd=Path(__file__).resolve().parents[1])
+    # A benchmark stopped with SIGTERM must not leave its server running: turn the signal into
+    # SystemExit so that the `finally` below runs (Ctrl-C already does, as KeyboardInterrupt).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
     try:
         yield _wait_ready(process, log)
     finally:
@@ -236,6 +241,12 @@ def akv_server(kv_tokens: int, max_running: int, log_dir: Path) -> Iterator[str]
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _wait_ready(process: subprocess.Popen, log: Path) -> str:

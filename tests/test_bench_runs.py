@@ -5,11 +5,19 @@ Only the structure and the accounting identities are checked; timings depend on 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from akv_cli.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench(*args: str) -> dict:
@@ -58,3 +66,27 @@ def test_serving_bench_replays_every_policy_against_a_live_server() -> None:
         assert abs(cell["evicted_recompute_tokens"]) <= 16
     assert [r["baseline"] for r in figures["ratios"]] == ["standard-8k", "text-engineering-8k"]
     assert figures["settings"]["kv_tokens"] > 0
+
+
+@pytest.mark.model
+@pytest.mark.server
+def test_a_serving_bench_stopped_with_sigterm_stops_its_server(tmp_path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from benchmarks.serving import akv_server\n"
+        "with akv_server(256, 1, Path(sys.argv[1])) as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(600)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = bench.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(OSError):   # nothing listens on the server's port any more
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        bench.kill()

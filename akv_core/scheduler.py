@@ -34,8 +34,8 @@ class Scheduler:
         refused: list[tuple[Request, str]] = []
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
-            plan = self.cache.plan(request.key)
             reserve = request.params.max_tokens
+            plan = self.cache.plan(request.key, reserve)
             if not self.cache.can_admit(plan, reserve):
                 if self.running:
                     break   # room comes back when a running request ends

@@ -4,7 +4,7 @@ from __future__ import annotations
 from akv_core.cache.key import REPOS, DropRecord, build_key
 from akv_core.cache.kv_cache import KVCache
 from akv_core.cache.layout import expand
-from akv_core.cache.planner import end_position
+from akv_core.cache.planner import end_position, plan_request
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from test_cache_support import SymbolicKV, account, reference_state, render
@@ -167,7 +167,7 @@ def test_cancelled_request_leaves_nothing_behind():
 def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2,
                  thinking: bool = False):
     key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
-    plan = cache.plan(key)
+    plan = cache.plan(key, max_tokens)
     if not cache.can_admit(plan, max_tokens):
         return None
     lease = cache.admit(plan, max_tokens)
@@ -281,6 +281,26 @@ def test_a_cold_rolling_history_recycles_dead_copies_and_restores_exactly():
     assert cache.tree.cached_slots <= len(key) + plan.copy_slots
     again, _ = run_symbolic(cache, kv, rendered, drops, triggers, max_tokens=2)
     assert again == state
+
+
+def test_a_reuse_that_could_never_fit_beside_its_path_is_planned_cold():
+    """Reusing a path keeps its record's copies while two new records add theirs; cold, the
+    dead copies are recycled. When only the cold plan fits the pool, the cold plan is used."""
+    messages = [tuple(range(1000 + 20 * i, 1020 + 20 * i)) for i in range(8)]
+    short_ops = ({"5": [1]}, [5])
+    long_ops = ({"5": [1], "6": [2], "7": [3]}, [5, 6, 7])
+    cache, kv = KVCache(250), SymbolicKV()
+    run_symbolic(cache, kv, render(messages[:6]), *short_ops)
+    rendered = render(messages)
+    key = build_key(rendered, validate_operations(8, *long_ops))
+    warm = plan_request(cache.tree, key)
+    assert warm.match.tokens > 0
+    assert warm.slots_needed + 2 + cache.tree.slots_on_path(warm.match.node) > 250   # never fits warm
+    plan = cache.plan(key, 2)
+    assert plan.match.tokens == 0 and plan.usage.prefilled_tokens == len(key)
+    state, usage = run_symbolic(cache, kv, rendered, *long_ops)
+    assert usage.prefilled_tokens == len(key)
+    assert state == reference_state(key)
 
 
 def test_a_running_request_keeps_what_a_finishing_one_would_free():

@@ -61,13 +61,27 @@ class KVCache:
         self.tree = RadixCache(self.allocator)
         self._leases: set[Lease] = set()
 
-    def plan(self, key: CacheKey) -> Plan:
-        """Plan against the tree as it is now; admit (or drop) the plan before anything else changes it."""
-        return plan_request(self.tree, key)
+    def plan(self, key: CacheKey, decode_reserve: int = 0) -> Plan:
+        """Plan against the tree as it is now; admit (or drop) the plan before anything else changes it.
+
+        Reusing a path is not always smaller: the reused path keeps the copies of its own
+        reposition records while the new records add theirs, where a cold plan recycles the
+        dead ones. A plan that could never fit beside its reused path is made cold instead.
+        """
+        plan = plan_request(self.tree, key)
+        if plan.match.tokens and self._footprint(plan, decode_reserve) > self.allocator.total:
+            cold = plan_request(self.tree, key, reuse=False)
+            if cold.slots_needed < self._footprint(plan, 0):
+                return cold
+        return plan
+
+    def _footprint(self, plan: Plan, decode_reserve: int) -> int:
+        """Slots the request holds once admitted: its new slots plus the path it reuses."""
+        return plan.slots_needed + decode_reserve + self.tree.slots_on_path(plan.match.node)
 
     def check_fits(self, plan: Plan, decode_reserve: int) -> None:
         """Raise KVCapacityError if the request needs more slots than the whole pool holds."""
-        needed = plan.slots_needed + decode_reserve + self.tree.slots_on_path(plan.match.node)
+        needed = self._footprint(plan, decode_reserve)
         if needed > self.allocator.total:
             raise KVCapacityError(
                 f"messages: the prompt ({len(plan.key)} tokens, {sum(plan.copies)} re-rotated keys) plus "

@@ -73,13 +73,16 @@ class Plan:
         return self.compute_tokens + self.copy_slots + len(self.restore.copy_holes)
 
 
-def plan_request(tree: RadixCache, key: CacheKey) -> Plan:
-    """Match `key` and account for it. The last prompt token is always computed: its logits start decoding."""
+def plan_request(tree: RadixCache, key: CacheKey, reuse: bool = True) -> Plan:
+    """Match `key` and account for it. The last prompt token is always computed: its logits start decoding.
+
+    `reuse=False` plans the request cold, as if nothing of it were cached.
+    """
     n = len(key)
     if n == 0:
         raise ValueError("an empty prompt cannot be planned")
-    match = tree.match(key, n - 1)
-    restore = _restore(tree, key, match) if tree.holes else NO_RESTORE
+    match = tree.match(key, n - 1) if reuse else Match(tree.root, 0, 0)
+    restore = _restore(tree, key, match) if tree.holes and match.tokens else NO_RESTORE
     reused = match.tokens
     walk = _walk(key, n, len(key.records), reused, match.records)
     runs = walk.runs

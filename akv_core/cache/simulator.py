@@ -31,7 +31,7 @@ class CacheSimulator:
         pool can never hold.
         """
         operations = validate_operations(len(rendered.spans), drop_message, reposition, thinking_drop)
-        plan = self.cache.plan(build_key(rendered, operations))
+        plan = self.cache.plan(build_key(rendered, operations), max_tokens)
         if not self.cache.can_admit(plan, max_tokens):
             self.cache.check_fits(plan, max_tokens)
             raise KVCapacityError("messages: the prompt does not fit the KV pool")  # unreachable when alone

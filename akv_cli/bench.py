@@ -35,6 +35,8 @@ def serving(
     kv_tokens: int | None = typer.Option(None, min=1, help="KV pool of the server (default: sized so that "
                                                           "Standard's streams do not fit together)."),
     suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
+    preview: bool = typer.Option(False, "--preview", help="Only the replay accounting's prefill in the pool, "
+                                                         "requests served in turn (seconds, no server)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Replay recorded agent trajectories against `akv serve`: throughput, latency, prefill, attention."""
@@ -42,6 +44,10 @@ def serving(
     levels = _numbers(concurrency, "--concurrency")
     settings = module.Settings(streams, steps, levels, max_tokens, kv_tokens, module.Settings.pool_fraction,
                                _names(suites))
+    if preview:
+        figures = _guarded(lambda: module.preview(settings, progress=lambda text: typer.echo(text, err=True)))
+        typer.echo(json.dumps(figures) if as_json else module.render_preview(figures))
+        return
     _report(module, settings, as_json)
 
 

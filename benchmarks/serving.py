@@ -388,6 +388,53 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
     }
 
 
+def preview(settings: Settings = Settings(), progress: Any = None) -> dict[str, Any]:
+    """The serving run's prefill from the replay accounting alone, in seconds and without a model.
+
+    Per policy and concurrency c, the first c streams' requests are served in turn (one request of
+    each stream, then the next of each) by the replay simulator with the run's KV pool, and again
+    with a pool that never evicts. Serving one request at a time, it shows what the pool costs in
+    recomputation, not the timings; the server runs requests concurrently.
+    """
+    from sandbox.backends.replay import ReplayBackend
+
+    say = progress or (lambda text: None)
+    with tempfile.TemporaryDirectory(prefix="akv-serving-") as tmp:
+        say("recording trajectories on the replay backend ...")
+        streams, suites, notes = record_streams(settings, Path(tmp))
+    kv_tokens = pool_size(streams, settings)
+    rows = []
+    for concurrency in settings.concurrency:
+        for policy in POLICIES:
+            group = streams[policy][:concurrency]
+            requests = [replace(r, max_tokens=settings.max_tokens) for r in _in_turn(group)]
+            prefill = []
+            for pool in (kv_tokens, UNBOUNDED_POOL):
+                backend = ReplayBackend(kv_tokens=pool, fresh_cache_per_task=False)
+                prefill.append(sum(backend.complete(r).usage.prefilled_tokens for r in requests))
+            rows.append({"policy": policy, "concurrency": concurrency, "requests": len(requests),
+                         "prefilled_tokens": prefill[0], "unbounded_prefilled_tokens": prefill[1]})
+    return {"settings": {"streams": settings.streams, "steps": settings.steps, "kv_tokens": kv_tokens,
+                         "concurrency": list(settings.concurrency), "max_tokens": settings.max_tokens,
+                         "suites": suites, "notes": notes}, "preview": rows}
+
+
+def _in_turn(streams: Sequence[Stream]) -> list[Any]:
+    """One request of each stream, then the next of each, ..."""
+    longest = max((len(s.requests) for s in streams), default=0)
+    return [s.requests[i] for i in range(longest) for s in streams if i < len(s.requests)]
+
+
+def render_preview(figures: Mapping[str, Any]) -> str:
+    settings = figures["settings"]
+    header = (f"serving preview (replay accounting, requests served in turn): {settings['streams']} streams, "
+              f"at most {settings['steps']} agent steps each; KV pool {settings['kv_tokens']:,} tokens")
+    rows = [[r["policy"], r["concurrency"], r["requests"], r["prefilled_tokens"], r["unbounded_prefilled_tokens"],
+             r["prefilled_tokens"] - r["unbounded_prefilled_tokens"]] for r in figures["preview"]]
+    table = format_table(["policy", "c", "req", "prefilled in pool", "never evicting", "evict recompute"], rows)
+    return "\n".join([header, "", table, *settings["notes"]])
+
+
 def ratios(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """AKV over each baseline per concurrency; 'better' ratios are > 1 when AKV is better."""
     by = {(c["policy"], c["concurrency"]): c for c in cells}
@@ -451,7 +498,7 @@ def render(figures: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool, bool]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=Settings.streams, help="tasks per policy")
     parser.add_argument("--steps", type=int, default=Settings.steps, help="agent steps per task")
@@ -462,15 +509,22 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
                         "from Standard's streams)")
     parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--preview", action="store_true",
+                        help="only the replay accounting's prefill in the pool (seconds, no server)")
     args = parser.parse_args(argv)
     settings = Settings(args.streams, args.steps, tuple(int(c) for c in args.concurrency.split(",")),
                         args.max_tokens, args.kv_tokens, Settings.pool_fraction, tuple(args.suites.split(",")))
-    return settings, args.json
+    return settings, args.json, args.preview
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings, as_json = parse_args(argv)
-    figures = measure(settings, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    settings, as_json, only_preview = parse_args(argv)
+    progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    if only_preview:
+        figures = preview(settings, progress)
+        print(json.dumps(figures) if as_json else render_preview(figures))
+        return
+    figures = measure(settings, progress=progress)
     print(json.dumps(figures) if as_json else render(figures))
 
 

@@ -90,3 +90,19 @@ def test_a_serving_bench_stopped_with_sigterm_stops_its_server(tmp_path) -> None
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         bench.kill()
+
+
+@pytest.mark.slow
+def test_serving_preview_accounts_each_policy_in_the_pool_and_never_evicting() -> None:
+    figures = _bench("serving", "--preview", "--suites", "localcomp", "--streams", "2", "--steps", "2",
+                     "--concurrency", "1,2")
+    rows = figures["preview"]
+    assert [(r["policy"], r["concurrency"]) for r in rows] == [
+        (policy, c) for c in (1, 2) for policy in ("expert-8k", "standard-8k", "text-engineering-8k")]
+    for row in rows:
+        assert row["requests"] >= 2 * row["concurrency"]
+        assert row["unbounded_prefilled_tokens"] > 0 and row["prefilled_tokens"] > 0
+    roomy = _bench("serving", "--preview", "--suites", "localcomp", "--streams", "2", "--steps", "2",
+                   "--concurrency", "2", "--kv-tokens", "1000000")
+    for row in roomy["preview"]:   # a pool that never fills recomputes nothing
+        assert row["prefilled_tokens"] == row["unbounded_prefilled_tokens"]

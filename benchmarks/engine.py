@@ -14,10 +14,6 @@ rounds of the per-round ratio. Both sides run under the same per-phase thread po
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bar
-
 import argparse
 import statistics
 import time
@@ -27,20 +23,8 @@ import torch
 
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.loader import load_model
-from akv_core.model.locate import embedded_gguf
+from akv_core.model.reference import transformers_reference
 from akv_core.threads import phase_threads
-
-
-def load_reference():
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    path = embedded_gguf()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
 class Clock:
@@ -149,7 +133,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=6144)
     args = parser.parse_args()
 
-    hf = load_reference()
+    hf = transformers_reference()
     ours = {name: load_model("smollm2", precision=name) for name in ("float32", "fp16", "mixed")}
     generator = torch.Generator().manual_seed(0)
     decode_prompt = torch.randint(100, 40000, (args.decode_prompt,), generator=generator)

@@ -6,14 +6,14 @@ server; every proposal is stored with its prompt, answer and cost, a rejection w
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 
 import pytest
+
+from test_server_support import interrupt, ready_url
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 TINY = """\
@@ -46,17 +46,9 @@ def server():
     process = subprocess.Popen([*AKV, "serve", "--port", "0", "--kv-tokens", "8192", "--device", "cpu"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     try:
-        line = process.stdout.readline()  # the server prints its URL once it is ready
-        match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
-        assert match, (line, process.stderr.read() if process.poll() is not None else "")
-        yield match.group(1) + "/v1"
+        yield ready_url(process) + "/v1"
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
 
 
 @pytest.mark.server

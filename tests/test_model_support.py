@@ -3,8 +3,6 @@ reference per test session, since loading costs seconds on a shared two-core mac
 from __future__ import annotations
 
 import functools
-import os
-import warnings
 
 import torch
 
@@ -20,18 +18,9 @@ def smollm2(precision: str = "float32"):
 @functools.lru_cache(maxsize=None)
 def transformers_smollm2():
     """transformers' own model from the same GGUF file, fp32."""
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging
+    from akv_core.model.reference import transformers_reference
 
-    from akv_core.model.locate import embedded_gguf
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    path = embedded_gguf()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return transformers_reference()
 
 
 def random_ids(n: int, seed: int = 0) -> list[int]:

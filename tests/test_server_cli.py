@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
+
+from test_server_support import interrupt, ready_url
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 
@@ -53,10 +53,7 @@ def test_serve_prints_its_url_and_answers() -> None:
                                 "--device", "cpu", "--precision", "fp16"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        line = process.stdout.readline()  # blocks until the server is ready (or died)
-        match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
-        assert match, (line, process.stderr.read() if process.poll() is not None else "")
-        url = match.group(1)
+        url = ready_url(process)
         assert httpx.get(url + "/health").json()["status"] == "ok"
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "smollm2"
         reply = httpx.post(url + "/v1/chat/completions", timeout=120, json={
@@ -64,12 +61,7 @@ def test_serve_prints_its_url_and_answers() -> None:
             "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
     # Ctrl-C ends the server quietly: 130 is the shell's code for "stopped by SIGINT".
     assert process.returncode in (0, 130)
     assert "Traceback" not in process.stderr.read()

@@ -5,6 +5,9 @@ budget; the server stops when the session ends. This module holds no tests.
 """
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +18,24 @@ import pytest
 MODEL = "smollm2"
 KV_TOKENS = 8_192
 MAX_RUNNING = 8
+
+
+def ready_url(process: subprocess.Popen) -> str:
+    """The URL an `akv serve` subprocess prints once it is ready (its stdout a text pipe)."""
+    line = process.stdout.readline()   # blocks until the server is ready (or died)
+    match = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line)
+    assert match, (line, process.stderr.read() if process.poll() is not None else "")
+    return match.group(1)
+
+
+def interrupt(process: subprocess.Popen) -> None:
+    """Stop a server subprocess as Ctrl-C does; kill it if it has not ended within 30 s."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass

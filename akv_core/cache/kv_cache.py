@@ -69,7 +69,10 @@ class KVCache:
         dead ones. A plan that could never fit beside its reused path is made cold instead.
         """
         plan = plan_request(self.tree, key)
-        if plan.match.tokens and self._footprint(plan, decode_reserve) > self.allocator.total:
+        total = self.allocator.total
+        if plan.slots_needed + decode_reserve + self.tree.cached_slots <= total:
+            return plan   # the path holds at most what the tree holds: it fits, no walk up the path
+        if plan.match.tokens and self._footprint(plan, decode_reserve) > total:
             cold = plan_request(self.tree, key, reuse=False)
             if cold.slots_needed < self._footprint(plan, 0):
                 return cold

@@ -7,7 +7,7 @@ from akv_core.cache.layout import expand
 from akv_core.cache.planner import end_position, plan_request
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
-from test_cache_support import SymbolicKV, account, reference_state, render
+from test_cache_support import HEADER, SymbolicKV, account, reference_state, render
 
 SYSTEM, TASK = (1, 2, 3, 4), (5, 6, 7)
 CALL, RESULT = (8, 9), (10, 11, 12, 13, 14)
@@ -210,21 +210,69 @@ def test_reused_state_equals_a_fresh_computation_across_operations():
 def test_restore_after_eviction_equals_the_never_evicted_run():
     messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
     rendered = render(messages)
-    for filler, recomputed in ((30, False), (50, True)):
+    for filler, everything in ((44, False), (56, True)):
         cache, kv = KVCache(120), SymbolicKV()
         before, _ = run_symbolic(cache, kv, rendered, drops, repos)
-        # Another history takes the room: a small one only the re-rotated copies (they go
-        # first: re-rotating them again needs no forward), a large one the tail too.
+        # Another history takes the room: a smaller one evicts the tail, including the last
+        # reposition's copies, which are the only KV of the keys they moved (their birth
+        # slots were freed), so those keys are recomputed with what they attended to; a
+        # larger one evicts the whole history.
         run_symbolic(cache, kv, render([(70,) * filler, (71,) * filler]), None, None)
         assert cache.stats().slots_evicted > 0
         after, usage = run_symbolic(cache, kv, rendered, drops, repos)
-        assert (usage.prefilled_tokens > 1) == recomputed
+        assert 1 < usage.prefilled_tokens
+        assert (usage.prefilled_tokens == len(rendered.token_ids)) == everything
         assert after == before == fresh_state(rendered, drops, repos)
+
+
+def test_copies_whose_birth_slots_are_kept_are_evicted_before_any_leaf():
+    """A request still running when the history finished kept the birth slots (a running
+    request's path is never punched), so the copies are cheap: eviction takes them first
+    and the next request re-rotates them again without any forward."""
+    messages, drops, repos = agent_history(4), {"5": [2, 3]}, [5]
+    rendered = render(messages)
+    cache, kv = KVCache(200), SymbolicKV()
+    plain = build_key(rendered, validate_operations(len(rendered.spans), None, None))
+    run_symbolic(cache, kv, rendered, None, None)
+    held = cache.admit(cache.plan(plain, 2), 2)
+    before, _ = run_symbolic(cache, kv, rendered, drops, repos)
+    cache.release(held, keep_prompt=True)
+    copies = sum(node.size for node in cache.tree._nodes() if node.record is not None)
+    assert copies > 0 and all(not node.holes for node in cache.tree._nodes() if node.record is None)
+    filler = render([(70,) * (cache.allocator.free_count + 1)])   # header and decode: 5 slots short
+    lease = cache.admit(cache.plan(build_key(filler, validate_operations(1, None, None)), 2), 2)
+    assert cache.stats().slots_evicted == copies > 5        # the copies alone, whole
+    cache.release(lease, keep_prompt=False)
+    after, usage = run_symbolic(cache, kv, rendered, drops, repos)
+    assert usage.prefilled_tokens == 1                      # re-rotated again, nothing recomputed
+    assert after == before
+
+
+def test_records_holding_the_only_copy_of_their_keys_are_evicted_after_other_leaves():
+    """A's last reposition record holds the only KV of the keys it moved: evicting it would
+    mean recomputing A's whole history. Short of room, a newer plain history's tail goes first."""
+    messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
+    rendered = render(messages)
+    cache, kv = KVCache(150), SymbolicKV()
+    run_symbolic(cache, kv, rendered, drops, repos)
+    sole = [node for node in cache.tree._nodes() if node.record is not None and node.sole]
+    assert sole and all(node.size for node in sole)
+    run_symbolic(cache, kv, render([(60,) * 30, (61,) * 30]), None, None)   # B, used later than A
+    filler = render([(70,) * (cache.allocator.free_count + 4)])   # room for A's header leaf and more
+    lease = cache.admit(cache.plan(build_key(filler, validate_operations(1, None, None)), 2), 2)
+    assert cache.stats().slots_evicted > 2
+    assert all(node.parent is not None and not node.holes for node in sole)
+    cache.release(lease, keep_prompt=False)
+    _, usage = run_symbolic(cache, kv, rendered, drops, repos)
+    assert usage.prefilled_tokens <= len(HEADER) + 1        # A lost only its header leaf
 
 
 def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
     """A dropped message 3 after reposition 5 moved it: a branch that keeps it gets its birth slot
-    recomputed (with message 2, which message 3 attended to) and reposition 5's copies re-rotated."""
+    recomputed (with message 2, which message 3 attended to) and reposition 5's copies re-rotated.
+    The first history read messages 4 to 7 through reposition 7's copies, which freed their birth
+    slots, and the branch reads them as they were before that record: they are recomputed too.
+    Messages 0 and 1 are reused as they are."""
     cache, kv = KVCache(1000), SymbolicKV()
     rendered = render(agent_history(4))
     dropping = ({"5": [2], "7": [3]}, [5, 7])
@@ -233,12 +281,12 @@ def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
     assert cache.tree.holes > 0
     key = build_key(rendered, validate_operations(10, *branch))
     plan = cache.plan(key)
-    msg2, msg3 = rendered.spans[2], rendered.spans[3]
-    assert plan.restore.token_holes == tuple(range(*msg2)) + tuple(range(*msg3))
+    msg2, msg7 = rendered.spans[2], rendered.spans[7]
+    assert plan.restore.token_holes == tuple(range(msg2[0], msg7[1]))
     assert plan.restore.copy_holes and all(record == 1 for record, _ in plan.restore.copy_holes)
     trigger_end = rendered.spans[7][1]
     assert plan.match.tokens == trigger_end                 # messages 4 to 7 are reused as they are
-    assert plan.usage.prefilled_tokens == (msg3[1] - msg2[0]) + len(key) - trigger_end
+    assert plan.usage.prefilled_tokens == (msg7[1] - msg2[0]) + len(key) - trigger_end
     state, _ = run_symbolic(cache, kv, rendered, *branch)
     assert state == fresh_state(rendered, *branch)
     again = cache.plan(key)                                 # everything it restored stayed
@@ -258,8 +306,9 @@ def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_wind
         usage = serve(sim, messages[:n], drops or None, list(triggers) or None)
         if n > window + 3:
             assert usage.prefilled_tokens == 20 + 2   # the new message and the header: nothing restored
-    # ~14 visible messages, their birth slots and one copy each, plus the last header.
-    assert sim.stats().slots_cached < 3 * (window + 2) * 20
+    # One slot per visible key (the moved ones keep only their copy: their birth slots are
+    # freed), plus the 2-token assistant header each earlier request left as a leaf.
+    assert sim.stats().slots_cached <= (window + 2) * 20 + 2 * len(messages)
 
 
 def test_a_cold_rolling_history_recycles_dead_copies_and_restores_exactly():
@@ -290,7 +339,11 @@ def test_a_reuse_that_could_never_fit_beside_its_path_is_planned_cold():
     short_ops = ({"5": [1]}, [5])
     long_ops = ({"5": [1], "6": [2], "7": [3]}, [5, 6, 7])
     cache, kv = KVCache(250), SymbolicKV()
+    # A request on the plain history runs meanwhile, so the birth slots stay (see above).
+    run_symbolic(cache, kv, render(messages[:6]), None, None)
+    held = cache.admit(cache.plan(build_key(render(messages[:6]), validate_operations(6, None, None)), 2), 2)
     run_symbolic(cache, kv, render(messages[:6]), *short_ops)
+    cache.release(held, keep_prompt=True)
     rendered = render(messages)
     key = build_key(rendered, validate_operations(8, *long_ops))
     warm = plan_request(cache.tree, key)

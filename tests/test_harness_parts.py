@@ -196,11 +196,13 @@ def test_replay_accounts_thinking_drop_as_the_simulator_does_memo_or_not() -> No
                 Usage.from_fields(simulator.request(rendered, None, [3], max_tokens=64, thinking_drop=True)),
                 Usage.from_fields(simulator.request(rendered, {"3": [2]}, None, max_tokens=64))]
     assert expected[1].drop_skipped_tokens == end - start > 0
-    # The thinking requests freed the reasoning's KV; keeping it visible until message 3 recomputes
-    # the reasoning alone: the rest of message 2 is reused (and hidden at the end).
-    message_start, message_end = rendered.spans[2]
-    assert expected[2].drop_skipped_tokens == (message_end - message_start) - (end - start)
-    assert expected[2].prefilled_tokens == (end - start) + len(rendered.token_ids) - message_end
+    # The thinking requests freed the reasoning's KV, and the repositioned one read the rest of
+    # message 2 and message 3 through copies, which freed their birth slots too. Keeping the
+    # reasoning visible until message 3 recomputes it and what follows it; the head of message 2
+    # before the reasoning is reused (and hidden at the end).
+    message_start, _ = rendered.spans[2]
+    assert expected[2].drop_skipped_tokens == start - message_start > 0
+    assert expected[2].prefilled_tokens == len(rendered.token_ids) - start
     replay = ReplayBackend(memo=TaskPrefixMemo())
     for task in range(2):   # the second task is served from the memo
         replay.start_task()

@@ -149,6 +149,7 @@ class KVCache:
             self.tree.punch(end, plan.key)
             if plan.key.records:
                 self.tree.punch_copies(end, plan.walk.live_copies)
+                self.tree.punch_births(end, plan.walk.runs)
 
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count

@@ -11,11 +11,12 @@ continue from r. A reused key token is `cached` if visible at the end and not
 moved by a reposition record this request adds, `repos` if visible and moved,
 `drop_skipped` if hidden at the end; every computed token is `prefilled`.
 
-Freed KV on the reused path (`HOLE`s left by dropped keys and superseded
-copies) costs nothing unless this request reads it. What it reads is restored
-alone, not everything after it: a freed birth slot is recomputed (with the
-holes its own computation reads, transitively), a freed re-rotated copy is
-re-rotated again from its birth slot. That set is the plan's `Restore`.
+Freed KV on the reused path (`HOLE`s left by dropped keys, superseded copies,
+and birth slots of keys read through a copy) costs nothing unless this request
+reads it. What it reads is restored alone, not everything after it: a freed
+birth slot is recomputed (with the holes its own computation reads,
+transitively), a freed re-rotated copy is re-rotated again from its birth slot
+(recomputed first if it was freed too). That set is the plan's `Restore`.
 """
 from __future__ import annotations
 
@@ -164,10 +165,11 @@ def _walk(key: CacheKey, tokens: int, records: int, reused: int, first_new: int)
 def _restore(tree: RadixCache, key: CacheKey, match: Match) -> Restore:
     """The holes on the matched path that the request reads, closed under what recomputing them reads.
 
-    Read at the match point: the birth slot of every visible key (re-rotations start
-    there) and the copy of each moved key in the record that moved it. A recomputed
-    hole reads what was visible where it sits, so the holes there join in turn; a
-    restored copy is re-rotated from its birth slot, which joins too.
+    Read at the match point: the birth slot of every visible key that no record moved,
+    and the copy of each moved key in the record that moved it (a new reposition
+    re-rotates a key from its birth slot, or from that copy once the birth slot was
+    freed). A recomputed hole reads what was visible where it sits, so the holes there
+    join in turn; a restored copy is re-rotated from its birth slot, which joins too.
     """
     path = tree.path(match.node)
     token_nodes = tree.token_offsets(match.node)
@@ -180,7 +182,7 @@ def _restore(tree: RadixCache, key: CacheKey, match: Match) -> Restore:
     while frontier:
         offset, records = frontier.pop()
         walk = _walk(key, offset, records, 0, records)
-        births = _holes_in(token_nodes, walk.runs)
+        births = _holes_in(token_nodes, [run for run in walk.runs if run[3] < 0])
         for index in sorted({run[3] for run in walk.runs if run[3] >= 0}):
             copy_map, slots = walk.copy_maps[index], record_nodes[index].slots
             if not record_nodes[index].holes:

@@ -8,8 +8,12 @@ the record keeps its own slots); a drop record node owns nothing.
 Contract (as in mini-sglang / SGLang): `match` -> `lock` -> `insert` ->
 `unlock` -> `evict` gives freed slots back to the allocator. A locked node
 (on the path of a live request) is never evicted, and a node is evicted only
-once it is a leaf, so a node's ancestors (the birth slots of the keys it
-re-rotated, the tokens it attended to) always outlive it.
+once it is a leaf, so a node's ancestors (the tokens it attended to, and the
+birth slots of the keys it re-rotated unless those were freed) always outlive it.
+
+A key that the end state of a finished path reads through a copy has its birth
+slot freed (`punch_births`): later repositions re-rotate it from the copy, so a
+rolling drop-and-reposition history holds about one slot per visible key.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request
 class Node:
     """A token run (`record is None`) or an operation record."""
 
-    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes")
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes", "sole")
 
     def __init__(self, parent: Node | None, tokens: array | tuple[()], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
@@ -40,6 +44,7 @@ class Node:
         self.lock_ref = 0
         self.last_access = last_access
         self.holes = 0   # entries of `slots` that are HOLE
+        self.sole = False   # a record node whose copies are the only KV of some keys (births freed)
 
     @property
     def size(self) -> int:
@@ -287,6 +292,41 @@ class RadixCache:
         self.cached_slots -= freed
         return freed
 
+    def punch_births(self, node: Node, runs: list[list[int]]) -> int:
+        """Free the birth slots of keys the end state of the path to `node` reads through a copy.
+
+        `runs`: [start, end, position, source] visible at the end, where source >= 0 is the
+        path's record whose copy the run reads. A later reposition re-rotates such a key from
+        that copy, so the birth slot is read only by a request that branches off before the
+        record (it recomputes the key). A record whose keys lost their birth slots is marked
+        `sole`: its copies are no longer a cheap function of them. Locked nodes are left alone.
+        """
+        if not any(run[3] >= 0 for run in runs):
+            return 0
+        records = [path_node for path_node in self.path(node) if path_node.record is not None]
+        freed = 0
+        nodes = self.token_offsets(node)
+        first = 0
+        for start, end, _, source in runs:
+            if source < 0:
+                continue
+            while first < len(nodes) and nodes[first][0] + len(nodes[first][1].tokens) <= start:
+                first += 1
+            for node_start, path_node in nodes[first:]:
+                if node_start >= end:
+                    break
+                if path_node.lock_ref:
+                    continue
+                owned = path_node.make_holes(max(start, node_start) - node_start,
+                                             min(end, node_start + len(path_node.tokens)) - node_start)
+                if owned:
+                    self.allocator.free(owned)
+                    freed += len(owned)
+                    records[source].sole = True
+        self.holes += freed
+        self.cached_slots -= freed
+        return freed
+
     def punch_copies(self, node: Node, live: Callable[[int], list[tuple[int, int]]]) -> int:
         """Free the re-rotated copies on the path to `node` that its end state no longer reads.
 
@@ -370,16 +410,18 @@ class RadixCache:
     def evict(self, n_slots: int) -> int:
         """Free at least `n_slots` slots, least recently used first; returns the count.
 
-        Re-rotated copies go first: a copy is a cheap function of its birth slot (the
-        next request that reads it re-rotates it again, a restore without any forward),
-        so unlocked record nodes give up their copies before any leaf's KV is evicted.
-        Then unlocked leaves go, whole.
+        Re-rotated copies go first: while its birth slot is kept, a copy is a cheap
+        function of it (the next request that reads it re-rotates it again, a restore
+        without any forward), so unlocked record nodes give up such copies before any
+        leaf's KV is evicted. Then unlocked leaves go, whole, and `sole` record leaves
+        (copies that are their keys' only KV: losing them means recomputing the keys and
+        what they attended to) only after every other leaf.
         """
         freed = self._evict_copies(n_slots)
-        heap = [(node.last_access, node) for node in self._leaves if node.lock_ref == 0]
+        heap = [(node.sole, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
         while freed < n_slots and heap:
-            _, node = heapq.heappop(heap)
+            _, _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[node.edge]
             self._leaves.discard(node)
@@ -393,16 +435,16 @@ class RadixCache:
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
-                    heapq.heappush(heap, (parent.last_access, parent))
+                    heapq.heappush(heap, (parent.sole, parent.last_access, parent))
         return freed
 
     def _evict_copies(self, n_slots: int) -> int:
-        """Turn the copies of unlocked record nodes into holes, least recently used first."""
+        """Turn the copies of unlocked, not `sole` record nodes into holes, least recently used first."""
         candidates = []
         for node in list(self._copy_nodes):
             if node.parent is None or node.size == 0:
                 self._copy_nodes.discard(node)
-            elif node.lock_ref == 0:
+            elif node.lock_ref == 0 and not node.sole:
                 candidates.append((node.last_access, node))
         candidates.sort()
         freed = 0

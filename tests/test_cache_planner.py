@@ -267,6 +267,28 @@ def test_records_holding_the_only_copy_of_their_keys_are_evicted_after_other_lea
     assert usage.prefilled_tokens <= len(HEADER) + 1        # A lost only its header leaf
 
 
+def test_while_others_run_a_request_waits_rather_than_evict_the_only_copy_of_a_window():
+    """Evicting A's `sole` record would make A's next request recompute A's whole history; while
+    B runs (and will free room when it ends), C waits instead. With nothing running, C may take it."""
+    messages, drops, repos = agent_history(4), {"5": [2, 3], "9": [4]}, [5, 9]
+    cache, kv = KVCache(200), SymbolicKV()
+    run_symbolic(cache, kv, render(messages), drops, repos)                       # A
+    running = cache.admit(cache.plan(build_key(render([(60,) * 30]), validate_operations(1, None, None)), 2), 2)
+    sole = sum(node.size for node in cache.tree._nodes() if node.record is not None and node.sole)
+    cheap = cache.tree.cheap_evictable_slots(cache.tree.root)
+    assert sole > 0 and cheap <= cache.tree.evictable_slots - sole
+    c_key = build_key(render([(70,) * (cache.allocator.free_count + cheap + 1)]), validate_operations(1, None, None))
+    plan = cache.plan(c_key, 2)
+    assert not cache.can_admit(plan, 2)                                             # B runs: C waits
+    cache.release(running, keep_prompt=True)
+    plan = cache.plan(c_key, 2)
+    assert cache.can_admit(plan, 2)                                                 # nothing runs
+    lease = cache.admit(plan, 2)
+    assert cache.stats().slots_evicted >= sole
+    cache.release(lease, keep_prompt=True)
+    cache.check_integrity()
+
+
 def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
     """A dropped message 3 after reposition 5 moved it: a branch that keeps it gets its birth slot
     recomputed (with message 2, which message 3 attended to) and reposition 5's copies re-rotated.

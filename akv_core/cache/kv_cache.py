@@ -91,10 +91,21 @@ class KVCache:
                 f"max_tokens ({decode_reserve}) needs {needed} KV slots, the pool has {self.allocator.total}")
 
     def can_admit(self, plan: Plan, decode_reserve: int) -> bool:
-        """Whether `admit` would succeed now (free slots plus what eviction can free)."""
+        """Whether `admit` would succeed now (free slots plus what eviction can free).
+
+        While other requests run, eviction spares `sole` records (the only KV of an AKV
+        window: restoring one recomputes its whole history); a request that would need
+        one waits instead, since running requests free their superseded copies when they
+        end. With nothing running, everything unlocked can go.
+        """
+        needed = plan.slots_needed + decode_reserve
+        if needed <= self.allocator.free_count:
+            return True
+        if self._leases:
+            return needed <= self.allocator.free_count + self.tree.cheap_evictable_slots(plan.match.node)
         available = (self.allocator.free_count + self.tree.evictable_slots
                      - self.tree.unlocked_slots_on_path(plan.match.node))
-        return plan.slots_needed + decode_reserve <= available
+        return needed <= available
 
     def admit(self, plan: Plan, decode_reserve: int) -> Lease:
         """Lock the reused path, evict if short, and hand the request its slots. Check `can_admit` first."""
@@ -105,7 +116,9 @@ class KVCache:
             raise RuntimeError("admit() without room; call can_admit() first")
         shortfall = needed - self.allocator.free_count
         if shortfall > 0:
-            self.tree.evict(shortfall)
+            self.tree.evict(shortfall, spare_sole=bool(self._leases))
+            if needed > self.allocator.free_count:   # `can_admit` was not asked: take what it takes
+                self.tree.evict(needed - self.allocator.free_count)
         slots = self.allocator.allocate(needed)
         cursor = plan.suffix_tokens
         token_slots = slots[:cursor]

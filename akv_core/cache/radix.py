@@ -407,7 +407,27 @@ class RadixCache:
 
     # -- evict ---------------------------------------------------------------------------------
 
-    def evict(self, n_slots: int) -> int:
+    def cheap_evictable_slots(self, keep: Node) -> int:
+        """Slots eviction can free without taking a `sole` record node, keeping the path to `keep` too.
+
+        That is every unlocked node off that path whose subtree holds no `sole` record and
+        no locked node (leaf-first eviction can take all of it), plus the copies of the
+        other unlocked record nodes that are not `sole` (they go first). One walk of the tree.
+        """
+        kept = set(map(id, self.path(keep)))
+        total = 0
+        removable: dict[int, bool] = {}
+        for node in reversed(list(self._nodes())):   # children before parents
+            if node is self.root:
+                continue
+            pinned = node.lock_ref > 0 or id(node) in kept
+            ok = not pinned and not node.sole and all(removable[id(child)] for child in node.children.values())
+            removable[id(node)] = ok
+            if ok or (not pinned and node.record is not None and not node.sole):
+                total += node.size
+        return total
+
+    def evict(self, n_slots: int, spare_sole: bool = False) -> int:
         """Free at least `n_slots` slots, least recently used first; returns the count.
 
         Re-rotated copies go first: while its birth slot is kept, a copy is a cheap
@@ -415,13 +435,15 @@ class RadixCache:
         without any forward), so unlocked record nodes give up such copies before any
         leaf's KV is evicted. Then unlocked leaves go, whole, and `sole` record leaves
         (copies that are their keys' only KV: losing them means recomputing the keys and
-        what they attended to) only after every other leaf.
+        what they attended to) only after every other leaf, and never with `spare_sole`.
         """
         freed = self._evict_copies(n_slots)
         heap = [(node.sole, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
         while freed < n_slots and heap:
-            _, _, node = heapq.heappop(heap)
+            sole, _, node = heapq.heappop(heap)
+            if sole and spare_sole:
+                break
             parent = node.parent
             del parent.children[node.edge]
             self._leaves.discard(node)

@@ -32,6 +32,7 @@ class Lease:
     hole_slots: list[int] = field(default_factory=list)        # per plan.restore.token_holes
     copy_hole_slots: list[int] = field(default_factory=list)   # per plan.restore.copy_holes
     copy_slots: list[int] = field(default_factory=list)        # the new records' copy slots, each once
+    frees_on_release: int = 0   # reused keys its new records move: the tree frees their old KV at release
     decode_used: int = 0
     released: bool = field(default=False)
 
@@ -93,19 +94,21 @@ class KVCache:
     def can_admit(self, plan: Plan, decode_reserve: int) -> bool:
         """Whether `admit` would succeed now (free slots plus what eviction can free).
 
-        While other requests run, eviction spares `sole` records (the only KV of an AKV
-        window: restoring one recomputes its whole history); a request that would need
-        one waits instead, since running requests free their superseded copies when they
-        end. With nothing running, everything unlocked can go.
+        A request that fits only by evicting a `sole` record (the only KV of an AKV window:
+        restoring it recomputes its whole history) waits instead, when the running requests
+        free enough when they end (the keys they move supersede what the tree held for them).
+        When they do not, waiting would not help, and the record may go.
         """
         needed = plan.slots_needed + decode_reserve
-        if needed <= self.allocator.free_count:
+        free = self.allocator.free_count
+        if needed <= free:
             return True
-        if self._leases:
-            return needed <= self.allocator.free_count + self.tree.cheap_evictable_slots(plan.match.node)
-        available = (self.allocator.free_count + self.tree.evictable_slots
-                     - self.tree.unlocked_slots_on_path(plan.match.node))
-        return needed <= available
+        if needed > free + self.tree.evictable_slots - self.tree.unlocked_slots_on_path(plan.match.node):
+            return False
+        if not self._leases:
+            return True
+        cheap = free + self.tree.cheap_evictable_slots(plan.match.node)
+        return needed <= cheap or needed > cheap + sum(lease.frees_on_release for lease in self._leases)
 
     def admit(self, plan: Plan, decode_reserve: int) -> Lease:
         """Lock the reused path, evict if short, and hand the request its slots. Check `can_admit` first."""
@@ -116,8 +119,8 @@ class KVCache:
             raise RuntimeError("admit() without room; call can_admit() first")
         shortfall = needed - self.allocator.free_count
         if shortfall > 0:
-            self.tree.evict(shortfall, spare_sole=bool(self._leases))
-            if needed > self.allocator.free_count:   # `can_admit` was not asked: take what it takes
+            self.tree.evict(shortfall, spare_sole=True)
+            if needed > self.allocator.free_count:   # sole records too (see `can_admit`)
                 self.tree.evict(needed - self.allocator.free_count)
         slots = self.allocator.allocate(needed)
         cursor = plan.suffix_tokens
@@ -130,7 +133,7 @@ class KVCache:
         copy_hole_slots = slots[cursor:cursor + len(plan.restore.copy_holes)]
         cursor += len(copy_hole_slots)
         lease = Lease(plan, token_slots, _record_slots(plan, copy_slots), slots[cursor:], hole_slots,
-                      copy_hole_slots, copy_slots)
+                      copy_hole_slots, copy_slots, sum(hi - lo for lo, hi in plan.walk.moved))
         self._leases.add(lease)
         return lease
 

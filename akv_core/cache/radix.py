@@ -44,7 +44,7 @@ class Node:
         self.lock_ref = 0
         self.last_access = last_access
         self.holes = 0   # entries of `slots` that are HOLE
-        self.sole = False   # a record node whose copies are the only KV of some keys (births freed)
+        self.sole = False   # a record node whose copies are the only KV of some keys (their births were freed)
 
     @property
     def size(self) -> int:
@@ -421,9 +421,10 @@ class RadixCache:
             if node is self.root:
                 continue
             pinned = node.lock_ref > 0 or id(node) in kept
-            ok = not pinned and not node.sole and all(removable[id(child)] for child in node.children.values())
+            sole = node.sole and node.size > 0
+            ok = not pinned and not sole and all(removable[id(child)] for child in node.children.values())
             removable[id(node)] = ok
-            if ok or (not pinned and node.record is not None and not node.sole):
+            if ok or (not pinned and node.record is not None and not sole):
                 total += node.size
         return total
 
@@ -438,7 +439,7 @@ class RadixCache:
         what they attended to) only after every other leaf, and never with `spare_sole`.
         """
         freed = self._evict_copies(n_slots)
-        heap = [(node.sole, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
+        heap = [(node.sole and node.size > 0, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
         while freed < n_slots and heap:
             sole, _, node = heapq.heappop(heap)
@@ -457,7 +458,7 @@ class RadixCache:
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
-                    heapq.heappush(heap, (parent.sole, parent.last_access, parent))
+                    heapq.heappush(heap, (parent.sole and parent.size > 0, parent.last_access, parent))
         return freed
 
     def _evict_copies(self, n_slots: int) -> int:

@@ -32,7 +32,8 @@ HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request
 class Node:
     """A token run (`record is None`) or an operation record."""
 
-    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes", "sole")
+    __slots__ = ("parent", "children", "tokens", "slots", "record", "lock_ref", "last_access", "holes",
+                 "births_freed")
 
     def __init__(self, parent: Node | None, tokens: array | tuple[()], slots: list[int],
                  record: Record | None = None, last_access: int = 0) -> None:
@@ -44,7 +45,12 @@ class Node:
         self.lock_ref = 0
         self.last_access = last_access
         self.holes = 0   # entries of `slots` that are HOLE
-        self.sole = False   # a record node whose copies are the only KV of some keys (their births were freed)
+        self.births_freed = False   # a record node some of whose keys lost their birth slots (`punch_births`)
+
+    @property
+    def sole(self) -> bool:
+        """A record node whose copies are, for some keys, their only KV (while it owns any)."""
+        return self.births_freed and self.size > 0
 
     @property
     def size(self) -> int:
@@ -272,24 +278,31 @@ class RadixCache:
         copies in reposition nodes are left alone (eviction frees them).
         """
         hidden = sorted(r for _, record in key.records if isinstance(record, DropRecord) for r in record.hidden)
-        if not hidden:
-            return 0
-        freed = first = 0
+        return sum(self._punch_ranges(node, hidden)) if hidden else 0
+
+    def _punch_ranges(self, node: Node, ranges: list[tuple[int, int]]) -> list[int]:
+        """Free the KV of key ranges [start, end) (sorted by start) on the unlocked token nodes of the
+        path to `node`; returns the slots freed per range."""
+        freed = [0] * len(ranges)
+        first = 0
         for start, path_node in self.token_offsets(node):
             end = start + len(path_node.tokens)
-            while first < len(hidden) and hidden[first][1] <= start:
+            while first < len(ranges) and ranges[first][1] <= start:
                 first += 1   # nodes come in offset order: ranges ending before this one are done
             if path_node.lock_ref:
                 continue
-            for hide_start, hide_end in hidden[first:]:
-                if hide_start >= end:
+            for i in range(first, len(ranges)):
+                lo, hi = max(start, ranges[i][0]), min(end, ranges[i][1])
+                if ranges[i][0] >= end:
                     break
-                owned = path_node.make_holes(max(start, hide_start) - start, min(end, hide_end) - start)
-                if owned:
-                    self.allocator.free(owned)
-                    freed += len(owned)
-        self.holes += freed
-        self.cached_slots -= freed
+                if lo < hi:
+                    owned = path_node.make_holes(lo - start, hi - start)
+                    if owned:
+                        self.allocator.free(owned)
+                        freed[i] += len(owned)
+        total = sum(freed)
+        self.holes += total
+        self.cached_slots -= total
         return freed
 
     def punch_births(self, node: Node, runs: list[list[int]]) -> int:
@@ -299,33 +312,18 @@ class RadixCache:
         path's record whose copy the run reads. A later reposition re-rotates such a key from
         that copy, so the birth slot is read only by a request that branches off before the
         record (it recomputes the key). A record whose keys lost their birth slots is marked
-        `sole`: its copies are no longer a cheap function of them. Locked nodes are left alone.
+        (`births_freed`; `Node.sole`): its copies are no longer a cheap function of them. Locked
+        nodes are left alone.
         """
-        if not any(run[3] >= 0 for run in runs):
+        moved = [run for run in runs if run[3] >= 0]
+        if not moved:
             return 0
         records = [path_node for path_node in self.path(node) if path_node.record is not None]
-        freed = 0
-        nodes = self.token_offsets(node)
-        first = 0
-        for start, end, _, source in runs:
-            if source < 0:
-                continue
-            while first < len(nodes) and nodes[first][0] + len(nodes[first][1].tokens) <= start:
-                first += 1
-            for node_start, path_node in nodes[first:]:
-                if node_start >= end:
-                    break
-                if path_node.lock_ref:
-                    continue
-                owned = path_node.make_holes(max(start, node_start) - node_start,
-                                             min(end, node_start + len(path_node.tokens)) - node_start)
-                if owned:
-                    self.allocator.free(owned)
-                    freed += len(owned)
-                    records[source].sole = True
-        self.holes += freed
-        self.cached_slots -= freed
-        return freed
+        freed = self._punch_ranges(node, [(run[0], run[1]) for run in moved])
+        for run, count in zip(moved, freed):
+            if count:
+                records[run[3]].births_freed = True
+        return sum(freed)
 
     def punch_copies(self, node: Node, live: Callable[[int], list[tuple[int, int]]]) -> int:
         """Free the re-rotated copies on the path to `node` that its end state no longer reads.
@@ -421,10 +419,9 @@ class RadixCache:
             if node is self.root:
                 continue
             pinned = node.lock_ref > 0 or id(node) in kept
-            sole = node.sole and node.size > 0
-            ok = not pinned and not sole and all(removable[id(child)] for child in node.children.values())
+            ok = not pinned and not node.sole and all(removable[id(child)] for child in node.children.values())
             removable[id(node)] = ok
-            if ok or (not pinned and node.record is not None and not sole):
+            if ok or (not pinned and node.record is not None and not node.sole):
                 total += node.size
         return total
 
@@ -439,7 +436,7 @@ class RadixCache:
         what they attended to) only after every other leaf, and never with `spare_sole`.
         """
         freed = self._evict_copies(n_slots)
-        heap = [(node.sole and node.size > 0, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
+        heap = [(node.sole, node.last_access, node) for node in self._leaves if node.lock_ref == 0]
         heapq.heapify(heap)
         while freed < n_slots and heap:
             sole, _, node = heapq.heappop(heap)
@@ -458,7 +455,7 @@ class RadixCache:
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
-                    heapq.heappush(heap, (parent.sole and parent.size > 0, parent.last_access, parent))
+                    heapq.heappush(heap, (parent.sole, parent.last_access, parent))
         return freed
 
     def _evict_copies(self, n_slots: int) -> int:

@@ -25,7 +25,7 @@ from sandbox.suites import get_suite
 from sandbox.summarize import TextEditor
 from sandbox.trajectory import Exchange, Trajectory
 
-STATUSES = ("ok", "max_steps", "error")
+STATUSES = ("ok", "gave_up", "max_steps", "error")
 RESULT_FIELDS = ("task_id", "split", "policy", "status", "score", "answer", "n_requests", "tokens", "cost_usd",
                  "wall_s")
 
@@ -127,7 +127,7 @@ class _TaskRun:
             self._record(step, "agent", request, reply.message, usage)
             self.history.append(message)
             if action.final_answer is not None:
-                return "ok", action.final_answer
+                return ("gave_up" if action.gave_up else "ok"), action.final_answer
             self._run_tools(env, message)
         return "max_steps", None
 

@@ -74,10 +74,19 @@ class AgentView:
 
 @dataclass(frozen=True)
 class AgentAction:
-    """The agent's next assistant message: tool calls to run, or a final answer."""
+    """The agent's next assistant message: tool calls to run, or a final answer.
+
+    `gave_up` marks a final answer given because the agent could not finish (its step budget
+    spent, nothing found): the task's status is then `gave_up`, not `ok`. `used` lists the
+    indices (into `AgentView.messages`) of the messages this step read to decide its action;
+    None when the agent does not record it (the llm agent). A scripted agent that records it
+    takes the same action when every message outside `used` is hidden.
+    """
 
     message: Message
     final_answer: str | None = None
+    gave_up: bool = False
+    used: tuple[int, ...] | None = None
 
 
 class Agent(Protocol):

@@ -72,6 +72,17 @@ def test_policies_compare_on_the_suite_with_its_scripted_agent(localcomp) -> Non
     assert summaries["expert-8k"]["tokens"]["drop_skipped"] > 0
 
 
+def test_an_agent_that_gives_up_reports_gave_up_not_ok(localcomp) -> None:
+    from policy_dsl import compile_policy, parse
+
+    forget_everything = compile_policy(parse("mode kv\non each tool_response: drop all"), name="forget")
+    task = localcomp.tasks("train")[0]
+    result, _ = run_task(task, localcomp, forget_everything, localcomp.scripted_agent(task), ReplayBackend())
+    assert result.status == "gave_up" and result.answer == "" and result.score == 0.0
+    report = run_tasks(localcomp, "train", forget_everything, limit=1)
+    assert report.summary["statuses"]["gave_up"] == 1 and report.summary["statuses"]["ok"] == 0
+
+
 class _Watching:
     """Delegates to the suite's scripted agent and keeps every view it was given."""
 

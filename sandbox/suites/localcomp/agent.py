@@ -276,12 +276,12 @@ class ScriptedAgent:
 
     def act(self, view: AgentView) -> AgentAction:
         if view.step >= self.max_steps:
-            return _final("", f"I stop here: the step budget of {self.max_steps} is spent.")
+            return _give_up(f"I stop here: the step budget of {self.max_steps} is spent.")
         planner = Planner(self.task.meta["plan"], read_context(list(view.messages), list(view.visible)))
         try:
             outcome = planner.answer()
         except _GiveUp as stop:
-            return _final("", f"I could not finish the research: {stop}.")
+            return _give_up(f"I could not finish the research: {stop}.")
         notes = list(dict.fromkeys(planner.notes))
         if isinstance(outcome, list):
             return _tool_calls(view.step, outcome, notes)
@@ -307,3 +307,8 @@ def _tool_calls(step: int, needs: list[_Need], notes: list[str]) -> AgentAction:
 
 def _final(answer: str, content: str) -> AgentAction:
     return AgentAction(message={"role": "assistant", "content": content}, final_answer=answer)
+
+
+def _give_up(content: str) -> AgentAction:
+    """A final message without an answer: the task could not be finished (status gave_up)."""
+    return AgentAction(message={"role": "assistant", "content": content}, final_answer="", gave_up=True)

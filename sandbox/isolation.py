@@ -6,17 +6,21 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
 - a process-count limit. RLIMIT_NPROC counts processes per *user* and is not enforced for
   root, so when we run as root each command gets its own unused unprivileged uid: the
   command runs as that uid, the limit then holds, the uid owns nothing else on the host
-  (it can write only the sandbox folder, through the sandbox's group, and world-writable
-  places), and every process it leaves behind can be found and killed by uid, even ones
-  that left the process group.
-  The interpreter may live in a folder only root can enter, so the uid keeps one
-  capability, CAP_DAC_READ_SEARCH (read and search anywhere, write nothing), and
-  no_new_privs stops setuid programs from giving root back;
-- no network: a fresh network namespace (only a downed loopback) when the kernel lets
-  us create one; otherwise a `sitecustomize` that refuses Python-level socket connections
-  (weaker: it does not stop a subprocess written in C);
+  (it can write only the sandbox folder, through the sandbox's group), and every process it
+  leaves behind can be found and killed by uid, even ones that left the process group;
+- its own view of the host (`sandbox.hostview`, under bubblewrap): its own mount, pid, ipc
+  and network namespaces, the host read-only, secrets hidden (home folders, `/etc/shadow`,
+  the data folder, the other task copies), a private `/tmp` discarded when it ends, no
+  capabilities at all (as root, bubblewrap sets the mounts up and `setpriv` then drops to
+  the command's uid with empty capability sets, including the bounding set);
+- without bubblewrap, the weaker mechanism we had before, and `containment()` says so:
+  the uid keeps CAP_DAC_READ_SEARCH (read and search anywhere, write nothing) because the
+  interpreter may live in a folder only root can enter, `/tmp` is shared, and the network is
+  cut by a fresh network namespace when the kernel lets us create one, otherwise by a
+  `sitecustomize` that refuses Python-level socket connections (it does not stop a C program);
+- no_new_privs, so setuid programs cannot give root back;
 - a wall timeout after which every process of the command is killed (not root: its
-  process group);
+  process group, and under bubblewrap its whole pid namespace);
 - bounded output: the first `output_bytes` of stdout+stderr are kept, the rest counted;
 - no address-space randomization (personality ADDR_NO_RANDOMIZE): Python 3.11 hashes
   None by its address, so with ASLR a test suite parametrized from a set of tuples gets
@@ -31,20 +35,25 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import logging
 import os
 import resource
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from sandbox.hostview import bwrap_argv, host_view
+
 _CLONE_NEWNET = 0x40000000
 _ADDR_NO_RANDOMIZE = 0x0040000
+_LOG = logging.getLogger(__name__)
 _UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per command, one gid per sandbox
 _NO_NET_SITE = '''\
 """Installed by the sandbox when no network namespace is available: no outbound sockets."""
@@ -71,17 +80,30 @@ class Limits:
     file_bytes: int = 64 << 20
     processes: int = 64
     output_bytes: int = 256 << 10
+    tmp_bytes: int = 256 << 20  # the private /tmp (memory), under bubblewrap
 
 
 @dataclass(frozen=True)
 class Containment:
-    """What this machine enforces; `processes` and `network` name the mechanism."""
+    """What this machine enforces; `processes`, `network` and `host` name the mechanism."""
 
     processes: str  # "own-uid" (root) or "user-rlimit" (non-root: counts all our processes)
     network: str  # "netns" or "python-only"
+    host: str  # "bwrap" (own mount namespace, no capabilities) or "shared" (the host as it is)
+    note: str = ""  # why bubblewrap is not used, when it is not
 
     def describe(self) -> str:
-        return f"processes: {self.processes}, network: {self.network}"
+        text = f"processes: {self.processes}, network: {self.network}, host: {self.host}"
+        return f"{text} ({self.note})" if self.note else text
+
+    @property
+    def weakness(self) -> str | None:
+        """One line on what task commands can do to the host here, or None when it is contained."""
+        if self.host == "bwrap":
+            return None
+        reach = ("keep CAP_DAC_READ_SEARCH and can read every file of the host" if self.processes == "own-uid"
+                 else "run with your own permissions and can read your files")
+        return f"task commands are not isolated from the host: {self.note}; they {reach}, and /tmp is shared"
 
 
 @dataclass(frozen=True)
@@ -106,12 +128,41 @@ class CommandResult:
         return f"exit status {self.returncode}"
 
 
-@functools.lru_cache(maxsize=1)
 def containment() -> Containment:
-    """Probe once what the machine allows (a throw-away network namespace, root)."""
+    """The strongest mechanism this machine allows (probed once; a warning when it is weak)."""
+    return containments()[0]
+
+
+@functools.lru_cache(maxsize=1)
+def containments() -> tuple[Containment, ...]:
+    """Every mechanism that works here, strongest first (tests and benchmarks try each)."""
     processes = "own-uid" if _works(lambda: _become(_free_uid(), _free_uid())) else "user-rlimit"
     network = "netns" if _works(_enter_netns) else "python-only"
-    return Containment(processes=processes, network=network)
+    isolated = Containment(processes=processes, network="netns", host="bwrap")
+    failure = _bwrap_failure(isolated)
+    shared = Containment(processes=processes, network=network, host="shared",
+                         note=failure or "bubblewrap works here but is not used")
+    if failure:
+        _LOG.warning("sandbox: %s", shared.weakness)
+        return (shared,)
+    return isolated, shared
+
+
+def _bwrap_failure(mode: Containment) -> str | None:
+    """Why bubblewrap cannot run our interpreter here, or None when it can (a real sandboxed run)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian package bubblewrap; `make setup` installs it as root)"
+    if mode.processes == "own-uid" and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    expected = f"{sys.version} {sys.prefix}"
+    folder = Path(tempfile.mkdtemp(prefix="akv-probe-"))
+    folder.chmod(0o755)
+    with Sandbox(folder, Limits(cpu_s=10, wall_s=30.0), mode=mode) as probe:  # closing removes the folder
+        result = probe.run([sys.executable, "-c", "import sys; print(sys.version, sys.prefix)"])
+    if result.returncode == 0 and result.output.strip() == expected:
+        return None
+    first = (result.output.strip().splitlines() or [result.summary()])[0]
+    return f"bubblewrap does not run our interpreter here: {first[:200]}"
 
 
 def _works(confine) -> bool:
@@ -145,7 +196,10 @@ class _CapData(ctypes.Structure):
 
 
 def _become(uid: int, gid: int) -> None:
-    """Switch to `uid`, keeping only CAP_DAC_READ_SEARCH (ambient, so it survives exec)."""
+    """Switch to `uid`, keeping only CAP_DAC_READ_SEARCH (ambient, so it survives exec).
+
+    The mechanism without bubblewrap: the interpreter may live under a folder only root can enter.
+    """
     libc = _libc()
     _check(libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
     os.setgroups([])
@@ -177,23 +231,24 @@ class Sandbox:
     owns the folder with group write access.
     """
 
-    def __init__(self, root: Path, limits: Limits = Limits()):
+    def __init__(self, root: Path, limits: Limits = Limits(), mode: Containment | None = None):
         self.root = root.resolve()
         self.limits = limits
-        self.mode = containment()
+        self.mode = mode or containment()
         self.gid = _free_uid() if self.mode.processes == "own-uid" else None
         self._uids: list[int] = []
         self._site = self._install_site() if self.mode.network != "netns" else None
         self._hand_over(self.root)
 
     @classmethod
-    def copy_of(cls, source: Path, limits: Limits = Limits(), prefix: str = "akv-task-") -> "Sandbox":
+    def copy_of(cls, source: Path, limits: Limits = Limits(), prefix: str = "akv-task-",
+                mode: Containment | None = None) -> "Sandbox":
         """A sandbox whose folder is a fresh copy of `source` (symlinks copied as links)."""
         parent = Path(tempfile.mkdtemp(prefix=prefix))
         parent.chmod(0o755)  # the command uids must reach the folder
         root = parent / "repo"
         shutil.copytree(source, root, symlinks=True)
-        return cls(root, limits)
+        return cls(root, limits, mode)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -252,6 +307,9 @@ class Sandbox:
             full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         uid = self._command_uid()
         nproc = self.limits.processes + (0 if uid is not None else len(_processes_of(os.getuid())))
+        if self.mode.host == "bwrap":
+            argv = self._under_bwrap(argv, uid)
+            nproc += 2 if uid is None else 0  # bubblewrap's own two processes run as us
         proc = subprocess.Popen(list(argv), cwd=self.root, env=full_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(self._confine_child, uid, nproc))
@@ -268,7 +326,8 @@ class Sandbox:
         # Without a uid of its own a process that left the group may still hold the pipe:
         # stop waiting for its output rather than for it.
         reader.join(timeout=None if uid is not None else 5.0)
-        return CommandResult(returncode=None if timed_out else proc.returncode,
+        returncode = proc.returncode if self.mode.host != "bwrap" else _signal_from_status(proc.returncode)
+        return CommandResult(returncode=None if timed_out else returncode,
                              output=reader.text(), timed_out=timed_out, output_dropped=reader.dropped)
 
     def _command_uid(self) -> int | None:
@@ -278,10 +337,21 @@ class Sandbox:
         self._uids.append(uid)
         return uid
 
+    def _under_bwrap(self, argv: Sequence[str], uid: int | None) -> list[str]:
+        """`argv` run by bubblewrap in the host view; as root, setpriv then becomes `uid`."""
+        wrapped = bwrap_argv(shutil.which("bwrap"), host_view(), self.root, self.limits.tmp_bytes,
+                             user_namespace=uid is None)
+        if uid is not None:
+            wrapped += [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={self.gid}", "--clear-groups",
+                        "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return wrapped + list(argv)
+
     def _confine_child(self, uid: int | None, nproc: int) -> None:
         # Runs in the child between fork and exec: keep to plain system calls.
         lim = self.limits
-        if self.mode.network == "netns":
+        # bubblewrap makes the namespaces itself and, as root, needs root to mount: no uid switch here.
+        bwrap = self.mode.host == "bwrap"
+        if self.mode.network == "netns" and not bwrap:
             _enter_netns()
         resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s))
         resource.setrlimit(resource.RLIMIT_AS, (lim.memory_bytes, lim.memory_bytes))
@@ -290,7 +360,9 @@ class Sandbox:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         os.umask(0o002)  # files a command creates stay writable for the next command's uid
         _libc().personality(_ADDR_NO_RANDOMIZE)
-        if uid is not None:
+        if bwrap and uid is None:
+            _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+        elif uid is not None and not bwrap:
             _become(uid, self.gid)
 
     def _hand_over(self, path: Path) -> None:
@@ -335,6 +407,13 @@ class _OutputReader:
     def text(self) -> str:
         text = self._kept.decode("utf-8", errors="replace")
         return text + (f"\n[... {self.dropped} more bytes of output dropped]" if self.dropped else "")
+
+
+def _signal_from_status(status: int) -> int:
+    """bubblewrap exits 128+N when its command died of signal N: give it back as -N, like Popen."""
+    if status > 128 and status - 128 in signal.valid_signals():
+        return -(status - 128)
+    return status
 
 
 def _processes_of(uid: int) -> list[int]:

@@ -5,6 +5,10 @@ only a fresh checkout pays the build (about a minute on two cores).
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 
@@ -14,3 +18,14 @@ def localcomp_built() -> None:
     from sandbox.suites import get_suite
 
     get_suite("localcomp").build(akv_home(), 0)
+
+
+@pytest.fixture
+def host_folder():
+    """A host folder outside /tmp (which the sandbox hides): one a task command sees but must not change."""
+    if not Path("/var/tmp").is_dir():
+        pytest.skip("needs /var/tmp for a host folder that task commands can see")
+    folder = Path(tempfile.mkdtemp(prefix="akv-host-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)

@@ -6,13 +6,14 @@ folder and reused from there (verified by sha256 either way).
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from akv_core.home import akv_home
-from sandbox.isolation import Limits
+from sandbox.isolation import Limits, containment, containments
 from sandbox.suite import ToolError
 from sandbox.suites import get_suite
 from sandbox.suites.localswe import LocalSWE
@@ -120,6 +121,12 @@ def test_grading_follows_swe_bench(env, task) -> None:
     env.call_tool("edit", {"path": bug["path"], "old": bug["after"], "new": bug["before"]})
     grade = env.grade(None)
     assert grade.score == 1.0 and grade.detail.startswith("resolved: FAIL_TO_PASS")
+    assert ("(sandbox: " in grade.detail) == (containment().weakness is not None)
+
+
+def test_a_grade_obtained_with_the_host_exposed_says_so(env) -> None:
+    env.sandbox.mode = containments()[-1]  # the mechanism without bubblewrap
+    assert "(sandbox: task commands are not isolated from the host: " in env.grade(None).detail
 
 
 def test_each_run_starts_from_a_fresh_copy(suite: LocalSWE, task) -> None:
@@ -177,3 +184,13 @@ def test_a_fork_bomb_in_the_library_fails_the_task_and_the_host_survives(hostile
     grade = hostile_env.grade(None)
     assert grade.score == 0.0 and "did not complete" in grade.detail
     assert "setup.cfg" in hostile_env.call_tool("list_files", {})
+
+
+@pytest.mark.skipif(containment().host != "bwrap", reason=f"the host view needs bubblewrap: {containment().note}")
+def test_task_code_cannot_read_host_secrets_and_its_tmp_files_are_gone(env) -> None:
+    left = f"/tmp/akv-task-left-{os.getpid()}"
+    body = (f"def test_shadow():\n    open('/etc/shadow').read()\n\n"
+            f"def test_tmp():\n    with open({left!r}, 'w') as out:\n        out.write('x')\n")
+    output = run_hostile_test(env, body)
+    assert "1 failed, 1 passed" in output and "PermissionError" in output
+    assert not Path(left).exists()

@@ -80,6 +80,11 @@ class RepairEnv:
             raise ToolError(f"{name}: {escape}") from None
 
     def grade(self, answer: str | None) -> Grade:
+        grade = self._grade()
+        weakness = self.sandbox.mode.weakness  # a result obtained with the host exposed says so
+        return Grade(grade.score, f"{grade.detail} (sandbox: {weakness})") if weakness else grade
+
+    def _grade(self) -> Grade:
         for folder in self.host.tests:  # SWE-bench runs the original tests, whatever the agent did
             self.sandbox.replace_folder(folder, self.tree / folder)
         run = run_pytest(self.sandbox, self.host, list(self.bug.test_files))

@@ -1,4 +1,4 @@
-"""What the benchmarks share: recorded scripted-agent runs, statistics, ratios and a text table."""
+"""What the benchmarks share: recorded scripted-agent runs, ratios and a text table (statistics: sandbox.stats)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,18 +47,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 def ratio(numerator: float, denominator: float) -> float | None:
     """numerator / denominator, or None when the denominator is zero (no ratio to report)."""
     return round(numerator / denominator, 3) if denominator else None
-
-
-def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
-    """[resamples, n] bootstrap index draws; paired statistics use the same draws for every column."""
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
-def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """The central `level` percentile interval of bootstrap samples."""
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
-    return float(low), float(high)
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

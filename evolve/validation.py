@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 from evolve.cascade import Cascade, summarize
 from evolve.config import ValidationConfig
 from evolve.pareto import Point, pareto_front, rank_by_fronts
-from evolve.stats import PairedComparison, bootstrap_ci, compare_paired
+from sandbox.stats import PairedComparison, bootstrap_ci, compare_paired
 from store import PolicyInfo, Store, ValidationRecord
 
 HELDOUT = "heldout"

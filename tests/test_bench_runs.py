@@ -42,7 +42,9 @@ def test_cost_bench_pairs_policies_on_the_same_tasks() -> None:
         assert row["tasks"] == 2
         assert row["cost_ci"][0] <= row["cost_usd"] <= row["cost_ci"][1]
         assert 0.0 <= row["score"] <= 1.0
-    assert [c["baseline"] for c in group["comparisons"]] == ["standard-8k", "text-engineering-8k"]
+    assert [c["baseline"] for c in group["comparisons"]] == ["standard-8k", "text-engineering-8k", "full"]
+    assert [v["policy"] for v in group["champion_rule"]] == ["standard-8k", "text-engineering-8k", "full"]
+    assert all(v["family"] == 3 and not v["champion"] for v in group["champion_rule"])  # nothing beats the expert
     assert 0.0 < group["comparisons"][0]["score_p_value"] <= 1.0
     assert isinstance(figures["target"]["met"], bool)
 

@@ -1,0 +1,244 @@
+"""Paired statistics over tasks, and the champion rule.
+
+Every policy runs the same tasks with the same agent, backend and seed, so per-task differences
+are paired: a task's own difficulty, which dwarfs policy effects, cancels out of each delta.
+Here: percentile bootstrap intervals (of a mean, of a mean delta, of a relative change of
+means), the paired sign-flip permutation test (two-sided or one-sided), Holm-Bonferroni
+adjustment, and `champion_rule`, the decision evolution and the benchmarks share.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+EXACT_LIMIT = 14  # up to 2**14 sign patterns are enumerated; above that, Monte Carlo
+DEFAULT_MARGIN = 0.02  # score points (0..1 scale) a candidate may lose and still be non-inferior
+
+Alternative = Literal["two-sided", "less"]
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    n: int
+    mean_delta: float  # mean(candidate - baseline)
+    ci_low: float
+    ci_high: float
+    p_value: float  # two-sided, paired sign-flip permutation test
+    baseline_mean: float
+
+    @property
+    def percent(self) -> float:
+        """The mean delta as a percentage of the baseline's mean (0 when the baseline is 0)."""
+        return 100.0 * self.mean_delta / self.baseline_mean if self.baseline_mean else 0.0
+
+    def significant(self, alpha: float) -> bool:
+        return self.p_value < alpha and not (self.ci_low <= 0.0 <= self.ci_high)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"n": self.n, "mean_delta": self.mean_delta, "ci_low": self.ci_low, "ci_high": self.ci_high,
+                "p_value": self.p_value, "baseline_mean": self.baseline_mean, "percent": self.percent}
+
+
+def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """[resamples, n] bootstrap draws of task indices; paired statistics reuse one draw for every column."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def percentile_interval(samples: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The central `confidence` percentile interval of bootstrap samples."""
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(samples, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def bootstrap_ci(values: Sequence[float], resamples: int = 2000, confidence: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values`."""
+    d = np.asarray(values, dtype=float)
+    if d.size == 0:
+        return 0.0, 0.0
+    return percentile_interval(d[resample_indices(d.size, resamples, seed)].mean(axis=1), confidence)
+
+
+def relative_change_ci(candidate: Sequence[float], baseline: Sequence[float], resamples: int = 2000,
+                       confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Paired bootstrap interval of mean(candidate) / mean(baseline) - 1 (same task draws for both)."""
+    c, b = _paired(candidate, baseline)
+    if c.size == 0:
+        return 0.0, 0.0
+    draws = resample_indices(c.size, resamples, seed)
+    base = b[draws].mean(axis=1)
+    change = np.divide(c[draws].mean(axis=1), base, out=np.ones_like(base), where=base != 0) - 1.0
+    return percentile_interval(change, confidence)
+
+
+def sign_flip_p_value(deltas: Sequence[float], permutations: int = 10000, seed: int = 0,
+                      alternative: Alternative = "two-sided") -> float:
+    """p-value of H0 "the deltas are symmetric around 0".
+
+    Under H0 each paired delta is as likely to have either sign, so the null distribution of
+    the mean comes from flipping signs. "two-sided" asks whether the mean differs from 0;
+    "less" whether it is below 0 (one-sided). Small samples are enumerated exactly; zero
+    deltas carry no sign information and are left out.
+    """
+    d = np.asarray(deltas, dtype=float)
+    d = d[d != 0.0]
+    if d.size == 0:
+        return 1.0
+    exact = d.size <= EXACT_LIMIT
+    if exact:
+        signs = np.array(list(product((1.0, -1.0), repeat=d.size)))
+    else:
+        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(permutations, d.size))
+    null = (signs * d).mean(axis=1)
+    if alternative == "less":
+        extreme = int(np.sum(null <= d.mean() + 1e-12))
+    else:
+        extreme = int(np.sum(np.abs(null) >= abs(d.mean()) - 1e-12))
+    if exact:
+        return extreme / len(signs)
+    return (extreme + 1) / (permutations + 1)  # the observed pattern counts as one draw
+
+
+def compare_paired(candidate: Sequence[float], baseline: Sequence[float], resamples: int = 2000,
+                   permutations: int = 10000, seed: int = 0) -> PairedComparison:
+    """Compare two equally long, task-aligned sequences (candidate minus baseline), two-sided."""
+    c, b = _paired(candidate, baseline)
+    deltas = c - b
+    low, high = bootstrap_ci(deltas, resamples, seed=seed)
+    p = sign_flip_p_value(deltas, permutations, seed=seed)
+    mean = float(deltas.mean()) if deltas.size else 0.0
+    return PairedComparison(int(deltas.size), mean, low, high, p, float(b.mean()) if b.size else 0.0)
+
+
+def holm_bonferroni(p_values: Mapping[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values: reject H_i at level alpha iff adjusted p_i < alpha.
+
+    The smallest p is multiplied by m, the next by m - 1, ...; the adjusted values are made
+    monotone (never smaller than an earlier one) and capped at 1. This controls the chance of
+    any false rejection across the whole family at alpha, whatever the dependence.
+    """
+    order = sorted(p_values, key=lambda k: (p_values[k], k))
+    m, running, adjusted = len(order), 0.0, {}
+    for rank, key in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[key]))
+        adjusted[key] = running
+    return adjusted
+
+
+def non_inferiority_bound(deltas: Sequence[float], alpha: float = 0.05, resamples: int = 2000,
+                          seed: int = 0) -> float:
+    """The one-sided (1 - alpha) lower bound of the mean delta: the alpha-quantile of bootstrap means."""
+    d = np.asarray(deltas, dtype=float)
+    if d.size == 0:
+        return 0.0
+    means = d[resample_indices(d.size, resamples, seed)].mean(axis=1)
+    return float(np.quantile(means, alpha))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The champion rule's finding for one candidate against the expert."""
+
+    name: str
+    n: int
+    cost_delta: float  # mean(candidate - expert) cost per task
+    cost_percent: float  # ... as a percentage of the expert's mean cost
+    cost_p: float  # one-sided sign-flip p of "cheaper than the expert"
+    cost_p_holm: float  # Holm-adjusted across every candidate judged together
+    score_delta: float  # mean(candidate - expert) score
+    score_low: float  # one-sided (1 - alpha) bootstrap lower bound of score_delta
+    cheaper: bool
+    non_inferior: bool
+    champion: bool
+    family: int  # candidates judged together (the Holm family)
+    margin: float
+    alpha: float
+
+    @property
+    def eligible(self) -> bool:
+        return self.cheaper and self.non_inferior
+
+    @property
+    def reason(self) -> str:
+        """One sentence a user can check against the numbers."""
+        cost = (f"cost {self.cost_percent:+.1f}% vs the expert (one-sided p={self.cost_p:.3g}, Holm-adjusted "
+                f"over {self.family} finalist{'s' if self.family != 1 else ''}: {self.cost_p_holm:.3g})")
+        score = (f"score {100 * self.score_delta:+.1f} points, lower bound {100 * self.score_low:+.1f} "
+                 f"vs margin -{100 * self.margin:.1f}")
+        if not self.cheaper:
+            return f"not significantly cheaper than the expert: {cost}; {score}"
+        if not self.non_inferior:
+            return f"score may be worse than the expert's by more than the margin: {score}; {cost}"
+        return f"cheaper than the expert, score non-inferior: {cost}; {score}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "cost_delta": self.cost_delta, "cost_percent": self.cost_percent,
+                "cost_p": self.cost_p, "cost_p_holm": self.cost_p_holm, "score_delta": self.score_delta,
+                "score_low": self.score_low, "cheaper": self.cheaper, "non_inferior": self.non_inferior,
+                "champion": self.champion, "family": self.family, "margin": self.margin, "alpha": self.alpha}
+
+
+ScoreCost = tuple[float, float]
+
+
+def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequence[ScoreCost],
+                  margin: float = DEFAULT_MARGIN, alpha: float = 0.05, resamples: int = 2000,
+                  permutations: int = 10000, seed: int = 0) -> dict[str, Verdict]:
+    """Judge every candidate against the expert on the same tasks, in the same order.
+
+    Cost: a one-sided paired sign-flip test that the candidate is cheaper, Holm-Bonferroni
+    adjusted over all candidates judged together. Score: non-inferiority, the one-sided
+    (1 - alpha) bootstrap lower bound of the mean score difference must lie above -margin.
+    A candidate passing both is eligible; the eligible one with the lowest mean cost (then the
+    highest mean score, then the name) is the champion. At most one verdict has champion=True.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    ref_score, ref_cost = _columns(expert)
+    found: dict[str, dict[str, Any]] = {}
+    for name, rows in candidates.items():
+        score, cost = _columns(rows)
+        if score.shape != ref_score.shape:
+            raise ValueError(f"{name}: {score.size} tasks against the expert's {ref_score.size}; "
+                             "the rule compares the same tasks")
+        cost_d, score_d = cost - ref_cost, score - ref_score
+        found[name] = {"n": int(cost_d.size), "cost_delta": _mean(cost_d),
+                       "cost_percent": 100.0 * _mean(cost_d) / _mean(ref_cost) if _mean(ref_cost) else 0.0,
+                       "cost_p": sign_flip_p_value(cost_d, permutations, seed, alternative="less"),
+                       "score_delta": _mean(score_d),
+                       "score_low": non_inferiority_bound(score_d, alpha, resamples, seed),
+                       "mean_cost": _mean(cost), "mean_score": _mean(score)}
+    holm = holm_bonferroni({name: f["cost_p"] for name, f in found.items()})
+    eligible = []
+    for name, f in found.items():
+        f["cheaper"] = f["cost_delta"] < 0 and holm[name] < alpha
+        f["non_inferior"] = f["score_low"] > -margin
+        if f["cheaper"] and f["non_inferior"]:
+            eligible.append((f["mean_cost"], -f["mean_score"], name))
+    champion = min(eligible)[2] if eligible else None
+    return {name: Verdict(name, f["n"], f["cost_delta"], f["cost_percent"], f["cost_p"], holm[name],
+                          f["score_delta"], f["score_low"], f["cheaper"], f["non_inferior"], name == champion,
+                          len(found), margin, alpha)
+            for name, f in found.items()}
+
+
+def _paired(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    c, b = np.asarray(candidate, dtype=float), np.asarray(baseline, dtype=float)
+    if c.shape != b.shape:
+        raise ValueError(f"paired samples differ in length: {c.size} vs {b.size}")
+    return c, b
+
+
+def _columns(rows: Sequence[ScoreCost]) -> tuple[np.ndarray, np.ndarray]:
+    data = np.asarray(rows, dtype=float).reshape(-1, 2)
+    return data[:, 0], data[:, 1]
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else 0.0

@@ -23,7 +23,10 @@ def register(app: typer.Typer) -> None:
         max_candidates: Optional[int] = typer.Option(None, "--max-candidates", help="Candidates to propose."),
         db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
         run_name: Optional[str] = typer.Option(None, "--run-name", help="Name of the run (default: next evolve-NNN)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue RUN-NAME (default: the latest unfinished run)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue RUN-NAME (default: the latest unfinished run); "
+                                    "a finished run is left as it is."),
+        revalidate: bool = typer.Option(False, "--revalidate", help="With --resume: validate a finished run again "
+                                        "(a new validation round; earlier rounds are kept)."),
         proposer_endpoint: Optional[str] = typer.Option(None, "--proposer-endpoint",
                                                         help="OpenAI-compatible base URL for --proposer llm."),
         proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer."),
@@ -36,7 +39,7 @@ def register(app: typer.Typer) -> None:
                      "backend": backend, "max_candidates": max_candidates, "db": db, "run_name": run_name,
                      "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed}
         try:
-            run_command(config, overrides, resume)
+            run_command(config, overrides, resume, revalidate=revalidate)
         except EvolveError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(code=err.exit_code) from None

@@ -1,10 +1,10 @@
-"""From proposed text to a canonical, validated candidate (or a rejection with its reason)."""
+"""From proposed text to a canonical, validated candidate (or a rejection with its reason), and how it fared."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from policy_dsl import PolicyError, canonical_hash, compile_policy, format_policy, parse
+from policy_dsl import PolicyError, canonical_hash, compile_policy, format_policy, parse, without_ranges
 
 
 @dataclass(frozen=True)
@@ -12,13 +12,19 @@ class Checked:
     ast: Any
     text: str  # canonical
     hash: str
+    structure: str  # hash of the canonical text without tunable ranges (see evolve/dedup.py)
+
+
+def structure_hash(ast: Any) -> str:
+    """The canonical hash once every tunable range is removed: range variants of a policy share it."""
+    return canonical_hash(without_ranges(ast))
 
 
 def check_policy(text: str, filename: str = "candidate.akvp") -> Checked:
     """Parse, validate (by compiling) and canonicalize; raises PolicyError with a location."""
     ast = parse(text, filename=filename)
     compile_policy(ast, name="candidate")
-    return Checked(ast, format_policy(ast), canonical_hash(ast))
+    return Checked(ast, format_policy(ast), canonical_hash(ast), structure_hash(ast))
 
 
 def check_ast(ast: Any) -> Checked:
@@ -28,3 +34,13 @@ def check_ast(ast: Any) -> Checked:
 
 def rejection(err: PolicyError) -> str:
     return f"invalid policy: {err}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a candidate fared: rejected, duplicate, pruned (subset stage) or evaluated (full train)."""
+
+    status: str
+    score: float | None = None
+    cost: float | None = None
+    reason: str | None = None

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from evolve.candidate import Outcome
 from evolve.config import CascadeConfig
 from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
-from evolve.proposers.base import Outcome
 from evolve.scoring import Evaluator
 from store import Store, TaskResult
 
@@ -31,6 +31,20 @@ def summarize(results: Sequence[TaskResult]) -> Summary:
         return Summary(0.0, 0.0, 0)
     return Summary(sum(r.score for r in results) / len(results), sum(r.cost_usd for r in results) / len(results),
                    len(results))
+
+
+def train_points(store: Store, run_id: int, train_ids: Sequence[str], exclude: int | None = None) -> list[Point]:
+    """(score, cost) of every policy of the run evaluated on all of `train_ids`."""
+    by_policy: dict[int, dict[str, TaskResult]] = {}
+    for e in store.evaluations(run_id, TRAIN):
+        by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
+    points = []
+    for pid, results in by_policy.items():
+        if pid == exclude or not train_ids or any(t not in results for t in train_ids):
+            continue
+        s = summarize([results[t] for t in train_ids])
+        points.append(Point(pid, s.score, s.cost))
+    return points
 
 
 def _dominates(other: Summary, own: Summary, margin: float) -> bool:
@@ -87,16 +101,7 @@ class Cascade:
 
     def train_points(self, exclude: int | None = None) -> list[Point]:
         """(score, cost) of every policy evaluated on the whole train split."""
-        by_policy: dict[int, dict[str, TaskResult]] = {}
-        for e in self.store.evaluations(self.run_id, TRAIN):
-            by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
-        points = []
-        for pid, results in by_policy.items():
-            if pid == exclude or any(t not in results for t in self.train_ids):
-                continue
-            s = summarize([results[t] for t in self.train_ids])
-            points.append(Point(pid, s.score, s.cost))
-        return points
+        return train_points(self.store, self.run_id, self.train_ids, exclude)
 
     def front(self, exclude: int | None = None) -> list[Point]:
         """The train Pareto front."""

@@ -40,10 +40,11 @@ def next_run_name(taken: set[str]) -> str:
 RESUME_OVERRIDES = ("max_candidates", "llm.endpoint", "llm.model")
 
 
-def find_resumable(store: Store, name: str | None) -> RunInfo:
+def find_resumable(store: Store, name: str | None, include_finished: bool = False) -> RunInfo:
+    """The named run, else the latest unfinished one (the latest run at all with include_finished)."""
     if name:
         return store.run(name)
-    open_runs = [r for r in store.runs() if r.status in RESUMABLE]
+    open_runs = [r for r in store.runs() if r.status in RESUMABLE or include_finished]
     if not open_runs:
         raise EvolveError("--resume: no unfinished run to resume (see `akv runs list`)")
     return open_runs[-1]
@@ -101,7 +102,9 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str
 
 
 def run_command(config_path: Path | None, overrides: Mapping[str, Any], resume: bool,
-                console: Console | None = None) -> EvolutionResult:
+                console: Console | None = None, revalidate: bool = False) -> EvolutionResult:
+    """`akv evolve`: a new run, or (resume) the named or latest unfinished one; `revalidate` lets a
+    finished run validate again (a new validation round), which a plain resume refuses to do."""
     console = console or Console()
     try:
         config = load_config(config_path, dict(overrides))
@@ -109,18 +112,43 @@ def run_command(config_path: Path | None, overrides: Mapping[str, Any], resume: 
     except (ConfigError, StoreError) as err:
         raise EvolveError(str(err)) from None
     try:
-        return _run(store, config, dict(overrides), resume, console)
+        return _run(store, config, dict(overrides), resume or revalidate, revalidate, console)
     except (StoreError, UnknownPolicy) as err:
         raise EvolveError(str(err)) from None
     finally:
         store.close()
 
 
-def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: bool,
+def check_proposers(config: EvolveConfig) -> None:
+    """Refuse, before a run exists, what would stop it at its first proposal."""
+    if "llm" in config.proposers:
+        from evolve.proposers.llm import endpoint_of
+
+        if not endpoint_of(config.llm):
+            raise EvolveError("llm.endpoint: the llm proposer needs an OpenAI-compatible endpoint: pass "
+                              "--proposer-endpoint URL, set llm.endpoint, or set AKV_PROPOSER_ENDPOINT")
+
+
+def finished_already(store: Store, run: RunInfo, console: Console) -> EvolutionResult:
+    """A plain resume of a finished run: say so, show what is stored, change nothing."""
+    rounds = store.validation_rounds(run.id)
+    validations = store.validations(run.id)
+    console.print(f"run [bold]{run.name}[/] is finished ({len(rounds)} validation round"
+                  f"{'s' if len(rounds) != 1 else ''}); nothing to do. To validate it again (a new round; "
+                  f"earlier ones are kept): akv evolve --resume --revalidate --run-name {run.name}")
+    if validations:
+        print_comparison(console, validations)
+        console.print(summary_line(validations))
+    return EvolutionResult(validations, run.status_detail)
+
+
+def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: bool, revalidate: bool,
          console: Console) -> EvolutionResult:
     run = None
     if resume:
-        run = find_resumable(store, config.run_name)
+        run = find_resumable(store, config.run_name, include_finished=revalidate)
+        if run.status == "finished" and not revalidate:
+            return finished_already(store, run, console)
         config = resumed_config(run, overrides, console)
     elif config.run_name and config.run_name in store.run_names():
         # Checked before the (slow) suite and backend start; create_run still guards races.
@@ -133,10 +161,12 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             load_checked(name)
         except UnknownPolicy as err:
             raise EvolveError(f"{field}: {err}") from None
+    check_proposers(config)
     try:
-        evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
+        evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
+                                     recorded_version=run.suite_version if run is not None else None)
     except ValueError as err:
-        raise EvolveError(f"--suite/--backend: {err}") from None
+        raise EvolveError(str(err) if run is not None else f"--suite/--backend: {err}") from None
     try:
         if run is None:
             run, config = new_run(store, config, evaluator.suite_version)
@@ -144,7 +174,7 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             store.set_run_status(run.id, "running")
         console.print(f"run [bold]{run.name}[/] in {store.display_url} "
                       f"({'resumed' if resume else 'new'}; proposers {', '.join(config.proposers)}; "
-                      f"{config.max_candidates} candidates)")
+                      f"{config.max_candidates} candidate{'s' if config.max_candidates != 1 else ''})")
         try:
             proposers = make_proposers(config, store, run)
             result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run)).run_all()
@@ -190,10 +220,11 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
 
 def print_comparison(console: Console, validations) -> None:
     rows = text_table(comparison_rows(validations))
-    table = Table(title="held-out comparison vs Standard (± half-width of the 95% bootstrap CI; paired p)",
+    table = Table(title="held-out comparison (± half-width of the 95% bootstrap CI; per baseline: cost %, "
+                  "score points; vs expert: the champion rule's Holm p and score lower bound)",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for header in rows[0]:
-        table.add_column(header, no_wrap=True)  # a number broken across lines misreads
+    for i, header in enumerate(rows[0]):
+        table.add_column(header, no_wrap=i > 0, overflow="fold")  # a number broken across lines misreads
     for cells in rows[1:]:
         table.add_row(*cells)
     console.print(table)

@@ -61,17 +61,21 @@ class ValidationConfig(Strict):
     top_k: int = Field(2, ge=1, description="Front policies validated on the held-out split.")
     heldout_limit: Optional[int] = Field(60, ge=2, description="Use only the first N held-out tasks (60 keeps "
                                          "`make evolve` within minutes; the paper used 100); null for all.")
-    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the paired tests.")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the champion rule: of the "
+                         "one-sided cost test (after Holm-Bonferroni) and of the score's non-inferiority bound.")
+    margin: float = Field(0.02, ge=0.0, le=1.0, description="Non-inferiority margin of the score (0..1 scale; "
+                          "0.02 = 2 points): the lower bound of the score difference vs the expert must exceed "
+                          "-margin.")
     resamples: int = Field(2000, ge=100, description="Bootstrap resamples per confidence interval.")
     permutations: int = Field(10000, ge=100, description="Sign flips drawn when the sample is too large "
                               "to enumerate.")
 
 
 class BaselineConfig(Strict):
-    standard: str = Field("standard-8k", description="Built-in policy playing Standard (the reference of "
-                          "every comparison).")
+    standard: str = Field("standard-8k", description="Built-in policy playing Standard.")
     text_engineering: str = Field("text-engineering-8k", description="Built-in policy playing Text Engineering.")
-    expert: str = Field("expert-8k", description="Built-in expert policy.")
+    expert: str = Field("expert-8k", description="Built-in expert policy: the reference a champion must beat.")
+    full: str = Field("full", description="Built-in policy that does nothing (full attention, no drop).")
 
 
 class EvolveConfig(Strict):

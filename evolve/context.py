@@ -39,6 +39,7 @@ class ProposerContext:
     known_hashes: frozenset[str]
     rng: random.Random = field(compare=False)
     index: int = 0  # the number of proposals made before this one
+    known_structures: frozenset[str] = frozenset()  # texts without tunable ranges (range variants are duplicates)
 
     def pick_parent(self) -> Candidate:
         return self.rng.choice(self.front)
@@ -82,4 +83,5 @@ def build_context(
     front_ids = [p.policy_id for p in pareto_front(points)]
     by_id: Mapping[int, Candidate] = {c.policy_id: c for c in population}
     hashes = frozenset(p.hash for p in policies if p.hash)
-    return ProposerContext(tuple(by_id[i] for i in front_ids), tuple(population), hashes, rng, index)
+    structures = frozenset(p.structure_hash for p in policies if p.structure_hash)
+    return ProposerContext(tuple(by_id[i] for i in front_ids), tuple(population), hashes, rng, index, structures)

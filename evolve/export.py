@@ -78,14 +78,21 @@ def provenance(store: Store, run, policy_id: int, record: ValidationRecord | Non
     policy = store.policy(policy_id)
     train = [e.result for e in store.evaluations(run.id, TRAIN, [policy_id])]
     s = summarize(train)
+    rounds = store.validation_rounds(run.id)
+    latest = rounds[-1] if rounds else None
     return {
         "format": "akv-policy-provenance/1",
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "run": {"id": run.id, "name": run.name, "seed": run.seed, "status": run.status, "config": run.config,
                 "code_version": run.code_version, "suite_version": run.suite_version,
                 "created_at": run.created_at},
-        "policy": {"id": policy.id, "hash": policy.hash, "generation": policy.generation,
+        "policy": {"id": policy.id, "hash": policy.hash, "structure_hash": policy.structure_hash,
+                   "behaviour_hash": policy.behaviour_hash, "generation": policy.generation,
                    "proposer": policy.proposer, "parents": list(policy.parent_ids), "text": policy.text},
+        # The validation round whose verdict this is (the latest; earlier rounds stay in the store).
+        "validation": None if latest is None else {
+            "round": latest.round, "rounds": len(rounds), "code_version": latest.code_version,
+            "suite_version": latest.suite_version, "created_at": latest.created_at, "settings": latest.settings},
         "lineage": lineage_of(store, run.id, policy_id),
         "champion": bool(record and record.champion),
         "verdict": record.verdict if record else None,

@@ -2,7 +2,10 @@
 
 Every step is committed before the next begins. On resume the loop first finishes the
 candidates that were proposed but not fully evaluated, then proposes until the run's
-candidate budget (counted in the store, rejected proposals included) is reached.
+candidate budget (counted in the store, rejected and duplicate proposals included) is reached.
+De-duplication is semantic (evolve/dedup.py): a proposal that shares its canonical text, its
+text without tunable ranges, or its decisions on the recorded train histories with a stored
+policy is stored as a duplicate of it and never evaluated.
 """
 from __future__ import annotations
 
@@ -10,13 +13,15 @@ import random
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from evolve.candidate import Outcome
 from evolve.cascade import Cascade
 from evolve.config import EvolveConfig
 from evolve.context import TRAIN, ProposerContext, build_context
+from evolve.dedup import FINGERPRINT_TASKS, Fingerprints, Identity
 from evolve.library import load_checked
 from evolve.pareto import Point
-from evolve.proposers.base import BudgetExhausted, Outcome, Proposer
-from evolve.scoring import Evaluator
+from evolve.proposers.base import BudgetExhausted, Proposer
+from evolve.scoring import Evaluator, code_version
 from evolve.validation import HELDOUT, pick_finalists, validate
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
@@ -46,6 +51,17 @@ class Evolution:
         limit = config.validation.heldout_limit
         self.heldout_ids = heldout[:limit] if limit else heldout
         self.cascade = Cascade(store, run.id, evaluator, self.train_ids, config.cascade)
+        self._fingerprints: Fingerprints | None = None
+
+    def fingerprints(self) -> Fingerprints:
+        """The run's recorded histories: `full` and the expert on the first train tasks (made once per process)."""
+        if self._fingerprints is None:
+            tasks = self.train_ids[:FINGERPRINT_TASKS]
+            names = (self.config.baselines.full, self.config.baselines.expert)
+            self._fingerprints = Fingerprints([h for name in dict.fromkeys(names) for h in
+                                               self.evaluator.request_histories(load_checked(name).text, TRAIN,
+                                                                                tasks)])
+        return self._fingerprints
 
     def n_proposed(self) -> int:
         return sum(1 for p in self.store.policies(self.run.id) if p.proposer in PROPOSED_BY)
@@ -64,7 +80,7 @@ class Evolution:
         self.progress("validating the front and the baselines on the held-out split", self.cascade.front())
         finalists = pick_finalists(self.cascade.train_points(), set(baselines.values()), self.config.validation.top_k)
         records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
-                           self.config.validation, self.config.seed)
+                           self.config.validation, self.config.seed, code_version(), self.evaluator.suite_version)
         self.store.set_run_status(self.run.id, "finished", stop_reason)
         return EvolutionResult(records, stop_reason)
 
@@ -76,8 +92,13 @@ class Evolution:
         baselines: dict[str, int] = {}
         for name, kind, role in entries:
             checked = load_checked(name)
+            identity = self.fingerprints().identity(checked.text)
             pid, _ = self.store.add_policy(self.run.id, Proposal(kind, checked.text, text=checked.text,
-                                                                 hash=checked.hash, name=name))
+                                                                 hash=checked.hash, name=name,
+                                                                 structure_hash=identity.structure,
+                                                                 behaviour_hash=identity.behaviour))
+            if self.store.policy(pid).structure_hash is None:  # stored before identities existed
+                self.store.set_identity(pid, identity.structure, identity.behaviour)
             if role is not None:
                 self.store.set_baseline(self.run.id, role, pid)
                 baselines[role] = pid
@@ -98,15 +119,20 @@ class Evolution:
     def proposer_context(self, index: int) -> ProposerContext:
         """What the `index`-th proposal may see: train results only (build_context enforces it)."""
         rng = random.Random(self.config.seed * 1_000_003 + index)  # resume-stable per proposal
-        evaluated = [p for p in self.store.policies(self.run.id) if p.status == "evaluated"]
-        return build_context(evaluated, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index)
+        # Every stored policy with a text: pruned and duplicate ones count as known; only policies evaluated on
+        # the whole train split enter the population (build_context checks their results).
+        known = [p for p in self.store.policies(self.run.id) if p.text is not None]
+        return build_context(known, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index)
 
     def step(self, proposer: Proposer, index: int) -> None:
         proposal = proposer.ask(self.proposer_context(index))
-        if proposal.hash is not None:
-            known = self.store.policy_by_hash(self.run.id, proposal.hash)
+        if proposal.text is not None and proposal.rejection_reason is None:
+            identity = self.fingerprints().identity(proposal.text)
+            proposal = replace(proposal, hash=identity.hash, structure_hash=identity.structure,
+                               behaviour_hash=identity.behaviour)
+            known = self.store.known_policy(self.run.id, identity.hash, identity.structure, identity.behaviour)
             if known is not None:
-                self._duplicate(proposer, proposal, known)
+                self._duplicate(proposer, proposal, known, self._sameness(identity, known))
                 return
         pid, _ = self.store.add_policy(self.run.id, proposal)
         if proposal.rejection_reason is not None:
@@ -123,18 +149,31 @@ class Evolution:
     def _count(self, index: int) -> str:
         return f"[{index + 1}/{self.config.max_candidates}]"
 
-    def _duplicate(self, proposer: Proposer, proposal: Proposal, known: PolicyInfo) -> None:
-        # Stored (without a hash) so the lineage shows the attempt and the budget counts it.
-        reason = f"duplicate of #{known.id}"
-        pid, _ = self.store.add_policy(self.run.id, replace(proposal, hash=None, rejection_reason=reason))
-        full = self.cascade.stored(known.id)
-        outcome = Outcome("rejected", reason=reason)
-        if known.status == "evaluated" and all(t in full for t in self.train_ids):
-            rows = [full[t] for t in self.train_ids]
-            outcome = Outcome("duplicate", sum(r.score for r in rows) / len(rows),
-                              sum(r.cost_usd for r in rows) / len(rows), reason)
-        proposer.tell(proposal, pid, outcome)
-        self.progress(f"#{pid} {proposer.name}: {reason}", self.cascade.front())
+    def _sameness(self, identity: Identity, known: PolicyInfo) -> str:
+        if identity.hash == known.hash:
+            return "the same canonical text"
+        if identity.structure == known.structure_hash:
+            return "the same policy up to tunable ranges"
+        return f"the same decisions on the {self.fingerprints().requests} recorded train requests"
+
+    def _duplicate(self, proposer: Proposer, proposal: Proposal, known: PolicyInfo, sameness: str) -> None:
+        # Stored (without a hash, which is unique per run) so the lineage shows the attempt and the
+        # budget counts it; never evaluated, so never validated.
+        reason = f"duplicate of {known.label}: {sameness}"
+        pid, _ = self.store.add_policy(self.run.id, replace(proposal, hash=None, rejection_reason=reason,
+                                                            duplicate_of=known.id))
+        proposer.tell(proposal, pid, self._fate_of(known, reason))
+        self.progress(f"{self._count(self.n_proposed() - 1)} #{pid} {proposer.name}: {reason}", self.cascade.front())
+
+    def _fate_of(self, known: PolicyInfo, reason: str) -> Outcome:
+        """A duplicate fares as its original did: its train means, or pruned on the subset like it."""
+        stored = self.cascade.stored(known.id)
+        ids = self.train_ids if known.status == "evaluated" else self.cascade.subset_ids
+        if known.status not in ("evaluated", "pruned") or any(t not in stored for t in ids):
+            return Outcome("rejected", reason=reason)
+        rows = [stored[t] for t in ids]
+        return Outcome("duplicate" if known.status == "evaluated" else "pruned",
+                       sum(r.score for r in rows) / len(rows), sum(r.cost_usd for r in rows) / len(rows), reason)
 
 
 def _as_proposal(info: PolicyInfo) -> Proposal:

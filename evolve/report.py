@@ -7,13 +7,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from html import escape
-from typing import Sequence
+from typing import Any, Sequence
 
-from evolve.cascade import summarize
+from evolve.cascade import train_points
 from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
 from evolve.validation import HELDOUT
 from store import PolicyInfo, RunInfo, Store, ValidationRecord
+
+
+COLUMNS = (("expert", "vs expert"), ("standard", "vs Std"), ("text_engineering", "vs TE"), ("full", "vs full"))
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One policy against one baseline on the same held-out tasks."""
+
+    cost_change_pct: float
+    cost_p: float  # two-sided paired
+    score_change: float  # points (score is 0..1, shown x100)
+    score_p: float
 
 
 @dataclass(frozen=True)
@@ -24,10 +37,8 @@ class Row:
     score_ci: tuple[float, float]
     cost: float
     cost_ci: tuple[float, float]
-    cost_change_pct: float  # vs Standard
-    cost_p: float
-    score_change: float  # points (score is 0..1, shown x100)
-    score_p: float
+    versus: dict[str, Versus]  # by baseline role; the policy's own role is absent
+    rule: dict[str, Any] | None  # the champion rule's numbers vs the expert (candidates only)
     verdict: str
     champion: bool
 
@@ -35,11 +46,14 @@ class Row:
 def comparison_rows(validations: Sequence[ValidationRecord]) -> list[Row]:
     rows = []
     for v in validations:
-        cost, score = v.stats.get("cost", {}), v.stats.get("score", {})
+        # Records of older versions compared with Standard only, under "cost" and "score".
+        shown = v.stats.get("vs") or ({"standard": v.stats} if "cost" in v.stats else {})
+        versus = {role: Versus(c["cost"].get("percent", 0.0), c["cost"].get("p_value", 1.0),
+                               100.0 * c["score"].get("mean_delta", 0.0), c["score"].get("p_value", 1.0))
+                  for role, c in shown.items()}
         rows.append(Row(v.label, v.role, v.score_mean, tuple(v.stats.get("score_ci", (v.score_mean,) * 2)),
-                        v.cost_mean, tuple(v.stats.get("cost_ci", (v.cost_mean,) * 2)),
-                        cost.get("percent", 0.0), cost.get("p_value", 1.0), 100.0 * score.get("mean_delta", 0.0),
-                        score.get("p_value", 1.0), v.verdict, v.champion))
+                        v.cost_mean, tuple(v.stats.get("cost_ci", (v.cost_mean,) * 2)), versus,
+                        v.stats.get("rule"), v.verdict, v.champion))
     return rows
 
 
@@ -51,39 +65,62 @@ def _p(p: float) -> str:
     return "p<.001" if p < 0.001 else f"p={p:.3f}".replace("0.", ".", 1)
 
 
+def _versus_cell(row: Row, role: str) -> str:
+    """Cost change and score change vs one baseline; vs the expert a candidate shows the rule's numbers:
+    the Holm-adjusted one-sided p of the cost and the score difference's lower bound."""
+    if role == "expert" and row.rule:
+        r = row.rule
+        return f"{r['cost_percent']:+.1f}% {_p(r['cost_p_holm'])}\n{100 * r['score_delta']:+.1f}pt ≥{100 * r['score_low']:+.1f}"
+    v = row.versus.get(role)
+    if v is None:
+        return "-"
+    return f"{v.cost_change_pct:+.1f}%\n{v.score_change:+.1f}pt"
+
+
 def text_table(rows: Sequence[Row]) -> list[list[str]]:
-    """Header plus one line per policy, the same cells the CLI and the HTML show."""
-    table = [["policy", "score %", "¢/task", "cost\nvs Std", "score\nvs Std", "verdict"]]
+    """Header plus one line per policy, the same cells the CLI and the HTML show.
+
+    Every cell holds two lines (name over verdict, score over cost, cost change over score change),
+    which keeps the four comparisons inside 80 columns.
+    """
+    table = [["policy\nverdict", "score %\n¢/task", *(title for _, title in COLUMNS)]]
     for r in rows:
         table.append([
-            ("★ " if r.champion else "") + r.label,
-            f"{100 * r.score:.1f}{_pm(*r.score_ci, scale=100, digits=1)}",
-            f"{100 * r.cost:.3f}{_pm(*r.cost_ci, scale=100, digits=3)}",
-            f"{r.cost_change_pct:+.1f}%\n{_p(r.cost_p)}",  # two lines keep the table inside 80 columns
-            f"{r.score_change:+.1f}pt\n{_p(r.score_p)}",
-            short_verdict(r.verdict),
+            ("★ " if r.champion else "") + r.label + "\n" + short_verdict(r.verdict),
+            f"{100 * r.score:.1f}{_pm(*r.score_ci, scale=100, digits=1)}%\n"
+            f"{100 * r.cost:.3f}{_pm(*r.cost_ci, scale=100, digits=3)}¢",
+            *(_versus_cell(r, role) for role, _ in COLUMNS),
         ])
     return table
 
 
 def short_verdict(verdict: str) -> str:
     """The verdict's leading clause, for narrow tables."""
-    if verdict.startswith("champion"):
-        return "champion"
-    if verdict.startswith("saves"):
-        return "eligible"  # passed the rule; a larger saving was crowned
-    if verdict.startswith("dominated"):
-        return "dominated"
-    if verdict.startswith("significant score loss"):
-        return "score loss"
+    for prefix, short in (("champion", "champion"), ("cheaper than the expert", "eligible"),
+                          ("not significantly cheaper", "not cheaper"), ("score may be worse", "score loss"),
+                          ("baseline", "baseline"), ("dominated", "dominated"), ("saves", "eligible"),
+                          ("significant score loss", "score loss")):
+        if verdict.startswith(prefix):
+            return short
     return verdict.split(" (")[0].replace("cost saving vs Standard not significant", "saving n.s.")
 
 
 def summary_line(validations: Sequence[ValidationRecord]) -> str:
+    """The verdict in one paragraph: the champion and why, or why nothing was crowned."""
     champion = next((v for v in validations if v.champion), None)
-    if champion is None:
-        return "No champion: nothing beat the baselines on the held-out split under the champion rule."
-    return f"Champion: {champion.label} — {champion.verdict.removeprefix('champion: ')}."
+    if champion is not None:
+        return f"Champion: {champion.label} — {champion.verdict.removeprefix('champion: ')}."
+    finalists = [v for v in validations if v.role == "candidate"]
+    expert = next((v.label for v in validations if v.role == "baseline" and v.verdict == "baseline (expert)"),
+                  "the expert")
+    if not finalists:
+        return "No champion: no candidate reached held-out validation."
+    n = finalists[0].n_tasks
+    why = "; ".join(f"{v.label} {v.verdict}" for v in finalists)
+    if not any("rule" in v.stats for v in finalists):  # stored by an older version, whose rule compared with Standard
+        return f"No champion under the rule of the version that validated this run (against Standard): {why}."
+    return (f"No champion: no finalist beat the expert ({expert}) on the {n} held-out tasks under the champion "
+            f"rule. {why}.")
 
 
 # ---- HTML ------------------------------------------------------------------------------------------
@@ -146,7 +183,7 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
             pos[p.id] = (30 + i * w_step, 30 + gen * h_step)
     width = max((x for x, _ in pos.values()), default=0) + 60
     height = max((y for _, y in pos.values()), default=0) + 50
-    colours = {"evaluated": "#4a7", "pruned": "#db3", "rejected": "#c44", "proposed": "#999"}
+    colours = {"evaluated": "#4a7", "pruned": "#db3", "rejected": "#c44", "duplicate": "#c9c", "proposed": "#999"}
     out = [f'<svg id="lineage" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for p in policies:
         for parent in p.parent_ids:
@@ -176,23 +213,27 @@ def render_html(store: Store, run: RunInfo) -> str:
     train_ids = run_train_ids(store, run.id)
     validations = store.validations(run.id)
     policies = store.policies(run.id)
-    points = _train_points(store, run.id, train_ids)
-    table = text_table(comparison_rows(validations))
+    points = train_points(store, run.id, train_ids)
+    rows = comparison_rows(validations)
+    table = text_table(rows)
     head = "".join(f"<th>{escape(c)}</th>" for c in table[0])
     body = "".join(f'<tr class="{"champ" if r.champion else ""}">' + "".join(f"<td>{escape(c)}</td>" for c in cells)
-                   + "</tr>" for r, cells in zip(comparison_rows(validations), table[1:]))
+                   + "</tr>" for r, cells in zip(rows, table[1:]))
+    verdicts = "".join(f"<li><b>{escape(r.label)}</b>: {escape(r.verdict)}</li>" for r in rows if r.role == "candidate")
     return "".join([
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>AKV run {escape(run.name)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>Evolution run {escape(run.name)}</h1><p>{escape(summary_line(validations))}</p>",
-        f"<p>status {escape(run.status)} · seed {run.seed} · {escape(run.code_version)} · "
-        f"{escape(run.suite_version)} · {len(policies)} policies</p>",
-        f'<h2>Held-out comparison</h2><table id="comparison"><tr>{head}</tr>{body}</table>',
+        f"<p>status {escape(run.status)} · seed {run.seed} · code {escape(run.code_version)} · "
+        f"suite {escape(run.suite_version)} · {len(policies)} policies</p>",
+        _rounds(store, run.id),
+        f'<h2>Held-out comparison</h2><p>{escape(TABLE_NOTE)}</p><table id="comparison"><tr>{head}</tr>{body}</table>',
+        f"<ul id='verdicts'>{verdicts}</ul>" if verdicts else "",
         "<h2>Pareto front</h2><p>Circles: train means of every fully evaluated policy (line: the train front); "
         "squares: held-out means of the validated policies.</p>",
         pareto_svg(points, validations),
-        "<h2>Lineage</h2><p>One row per generation; green evaluated, yellow pruned, red rejected; "
-        "hover for details.</p>",
+        "<h2>Lineage</h2><p>One row per generation; green evaluated, yellow pruned, red rejected, violet "
+        "duplicate; hover for details.</p>",
         lineage_svg(policies, {v.policy_id for v in validations}),
         _per_task_table(store, run.id, validations),
         _rejections(policies),
@@ -200,16 +241,18 @@ def render_html(store: Store, run: RunInfo) -> str:
     ])
 
 
-def _train_points(store: Store, run_id: int, train_ids: Sequence[str]) -> list[Point]:
-    by_policy: dict[int, dict] = {}
-    for e in store.evaluations(run_id, TRAIN):
-        by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
-    points = []
-    for pid, results in by_policy.items():
-        if train_ids and all(t in results for t in train_ids):
-            s = summarize([results[t] for t in train_ids])
-            points.append(Point(pid, s.score, s.cost))
-    return points
+TABLE_NOTE = ("Each 'vs' cell: cost change in % (line 1) and score change in points (line 2) against that baseline "
+              "on the same tasks. Against the expert a finalist shows the champion rule: the Holm-adjusted "
+              "one-sided p of its saving, and (≥) the one-sided lower bound of its score difference.")
+
+
+def _rounds(store: Store, run_id: int) -> str:
+    rounds = store.validation_rounds(run_id)
+    if not rounds:
+        return "<p>Not validated yet.</p>"
+    items = "".join(f"<li>round {r.round}: {r.created_at:%Y-%m-%d %H:%M:%S} · code {escape(r.code_version)} · "
+                    f"suite {escape(r.suite_version)} · {r.n_policies} policies</li>" for r in rounds)
+    return f"<p>Validation rounds (the table shows the latest):</p><ul id='rounds'>{items}</ul>"
 
 
 def _per_task_table(store: Store, run_id: int, validations: Sequence[ValidationRecord]) -> str:
@@ -229,8 +272,8 @@ def _per_task_table(store: Store, run_id: int, validations: Sequence[ValidationR
 def _rejections(policies: Sequence[PolicyInfo]) -> str:
     rows = "".join(f'<tr class="rej"><td>{escape(p.label)}</td><td>{escape(p.proposer)}</td><td>{escape(p.status)}'
                    f"</td><td>{escape(p.rejection_reason or '')}</td></tr>"
-                   for p in policies if p.status in ("rejected", "pruned"))
+                   for p in policies if p.status in ("rejected", "duplicate", "pruned"))
     if not rows:
-        return "<h2>Rejected and pruned candidates</h2><p>None.</p>"
-    return ("<h2>Rejected and pruned candidates</h2><table id='rejections'><tr><th>policy</th><th>proposer</th>"
+        return "<h2>Rejected, duplicate and pruned candidates</h2><p>None.</p>"
+    return ("<h2>Rejected, duplicate and pruned candidates</h2><table id='rejections'><tr><th>policy</th><th>proposer</th>"
             f"<th>status</th><th>reason</th></tr>{rows}</table>")

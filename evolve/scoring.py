@@ -4,11 +4,12 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from store.records import TaskResult
 
 OnResult = Callable[[TaskResult], None]
+History = list[tuple[dict[str, Any], ...]]  # one task: the messages of each agent request, in order
 
 
 class Evaluator(Protocol):
@@ -19,26 +20,45 @@ class Evaluator(Protocol):
                  on_result: OnResult) -> None:
         """Run the tasks; `on_result` gets each result as soon as its task finishes."""
 
+    def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
+        """Per task, the histories the scripted agent sends under the policy on the replay backend."""
+
     def close(self) -> None:
         """Release the backend."""
 
 
 class HarnessEvaluator:
-    """The sandbox harness with one suite and one backend kept open for the whole run."""
+    """The sandbox harness with one suite and one backend kept open for the whole run.
 
-    def __init__(self, suite: str, agent: str, backend: str, seed: int) -> None:
+    A new run builds the suite if needed. A resumed run passes the suite version it recorded
+    (`recorded_version`): the data folder must hold exactly that build, or a ValueError names the
+    command that rebuilds it; nothing is rebuilt behind the run's back.
+    """
+
+    def __init__(self, suite: str, agent: str, backend: str, seed: int, recorded_version: str | None = None) -> None:
         from akv_core.home import akv_home
         from sandbox.backends import open_backend
+        from sandbox.suite_version import check_recorded
         from sandbox.suites import get_suite
 
         self.agent, self.seed = agent, seed
         self.suite = get_suite(suite)  # ValueError names the known suites
-        self.suite.build(akv_home(), seed)
+        home = akv_home()
+        if recorded_version is None or recorded_version.endswith("@unversioned"):
+            self.suite.build(home, seed)
+        else:
+            # Never build here: with today's defaults a build could replace the very data the run scored on.
+            check_recorded(self.suite.name, self._built_version(home), recorded_version, seed)
+        self.suite_version = self.suite.version(home)
         self.backend = open_backend(backend, None)
 
-    @property
-    def suite_version(self) -> str:
-        return f"{self.suite.name}@{getattr(self.suite, 'version', 'unversioned')}"
+    def _built_version(self, home: Path) -> str | None:
+        from sandbox.suite_version import SuiteNotBuilt
+
+        try:
+            return self.suite.version(home)
+        except SuiteNotBuilt:
+            return None
 
     def task_ids(self, split: str) -> list[str]:
         return [t.id for t in self.suite.tasks(split)]
@@ -53,6 +73,23 @@ class HarnessEvaluator:
         policy = compile_policy(parse(policy_text), name=label)
         run_tasks(self.suite, split, policy, agent=self.agent, backend=self.backend, task_ids=list(task_ids),
                   seed=self.seed, build=False, progress=lambda r: on_result(from_harness(r)))
+
+    def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
+        from policy_dsl import compile_policy, parse
+        from sandbox.backends import open_backend
+        from sandbox.harness import run_task, select_tasks
+
+        policy = compile_policy(parse(policy_text), name="recorded")
+        replay = open_backend("replay", None)  # deterministic and model-free, whatever the run's backend
+        try:
+            histories = []
+            for task in select_tasks(self.suite, split, list(task_ids)):
+                _result, trajectory = run_task(task, self.suite, policy, self.suite.scripted_agent(task), replay,
+                                               seed=self.seed)
+                histories.append([tuple(ex.request.messages) for ex in trajectory.exchanges if ex.purpose == "agent"])
+            return histories
+        finally:
+            replay.close()
 
     def close(self) -> None:
         self.backend.close()

@@ -6,13 +6,14 @@ from collections import Counter
 from rich.console import Console
 from rich.tree import Tree
 
+from evolve.cascade import train_points
 from evolve.pareto import pareto_front
-from evolve.report import _train_points, run_train_ids, summary_line
+from evolve.report import run_train_ids, summary_line
 from store import PolicyInfo, Store
 
 
 def _line(p: PolicyInfo) -> str:
-    colour = {"evaluated": "green", "pruned": "yellow", "rejected": "red"}.get(p.status, "white")
+    colour = {"evaluated": "green", "pruned": "yellow", "rejected": "red", "duplicate": "magenta"}.get(p.status, "white")
     why = f" — {p.rejection_reason}" if p.rejection_reason else ""
     edits = p.meta.get("edits") or p.meta.get("params")
     detail = f" {edits}" if edits else ""
@@ -54,7 +55,7 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
     counts = Counter(p.status for p in policies)
     console.print("policies: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     by_id = {p.id: p for p in policies}
-    front = pareto_front(_train_points(store, run.id, run_train_ids(store, run.id)))
+    front = pareto_front(train_points(store, run.id, run_train_ids(store, run.id)))
     console.print("train front:")
     for point in front:
         console.print(f"  {by_id[point.policy_id].label}: score {point.score:.3f}, cost ${point.cost:.5f}")
@@ -62,8 +63,12 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
     if reasons:
         console.print("rejections: " + "; ".join(f"{n}× {r}" for r, n in reasons.most_common(5)))
     validations = store.validations(run.id)
+    rounds = store.validation_rounds(run.id)
     if validations:
-        console.print("held-out validation:")
+        latest = rounds[-1] if rounds else None
+        when = (f" (round {latest.round} of {len(rounds)}, {latest.created_at:%Y-%m-%d %H:%M:%S}, code "
+                f"{latest.code_version}, suite {latest.suite_version})") if latest else ""
+        console.print(f"held-out validation{when}:")
         for v in validations:
             console.print(f"  {v.label}: score {v.score_mean:.3f}, cost ${v.cost_mean:.5f} — {v.verdict}")
         console.print(summary_line(validations))

@@ -17,7 +17,7 @@ from policy_dsl.library import builtin_names, builtin_source, load_policy
 from policy_dsl.parser import parse
 from policy_dsl.policy import CachePolicy, compile_policy
 from policy_dsl.printer import canonical_hash, format_policy
-from policy_dsl.tunables import Tunable, tunables, with_tunables
+from policy_dsl.tunables import Tunable, tunables, with_tunables, without_ranges
 from policy_dsl.validator import validate
 
 __all__ = [
@@ -25,5 +25,5 @@ __all__ = [
     "PolicyError", "PolicyLimitError", "PolicySyntaxError", "PolicyValidationError", "SUMMARY_PREFIX",
     "TextEdit", "TokenCounter", "Tunable", "apply_text_edits", "builtin_names", "builtin_source",
     "canonical_hash", "compile_policy", "format_policy", "load_policy", "parse", "tunables", "validate",
-    "with_tunables",
+    "with_tunables", "without_ranges",
 ]

@@ -61,3 +61,23 @@ def _replace_numbers(node: object, path: str, values: Mapping[str, int]) -> obje
         if new is not getattr(node, f.name):
             changes[f.name] = new
     return replace(node, **changes) if changes else node
+
+
+def without_ranges(ast: n.Policy) -> n.Policy:
+    """A copy of `ast` whose numbers keep their values but lose their ranges.
+
+    A range only tells a search where it may look; `keep last 7 in 1..16` and `keep last 7 in 1..12`
+    make the same decisions, and print the same once their ranges are gone.
+    """
+    return _strip(ast)  # type: ignore[return-value]
+
+
+def _strip(node: object) -> object:
+    if isinstance(node, tuple):
+        return tuple(_strip(x) for x in node)
+    if isinstance(node, n.Num):
+        return replace(node, lo=None, hi=None) if node.tunable else node
+    if not is_dataclass(node):
+        return node
+    changes = {f.name: _strip(getattr(node, f.name)) for f in fields(node) if f.name != "loc"}
+    return replace(node, **{k: v for k, v in changes.items() if v is not getattr(node, k)})

@@ -102,6 +102,10 @@ class Suite(Protocol):
     def build(self, home: Path, seed: int = 0) -> None:
         """Create the suite's data under `home` (idempotent; fast when already built)."""
 
+    def version(self, home: Path) -> str:
+        """A short stable id of the data built under `home` and its build parameters, e.g.
+        `localcomp@e1-3f9a1c2b7d10` (see sandbox.suite_version); SuiteNotBuilt when missing."""
+
     def tasks(self, split: str) -> list[Task]:
         """The tasks of a split; raises ValueError naming the known splits for an unknown one."""
 

@@ -1,17 +1,21 @@
 """A small versioned migration table.
 
 A fresh database gets the current schema from the models and is stamped with the latest
-version. An existing database runs, in order, every step newer than its stamped version.
-A database stamped newer than this code refuses to open rather than guess.
+version. An existing database runs, in order, every step newer than its stamped version, in
+the caller's transaction; steps that change tables use alembic's operations (batch mode on
+SQLite, which rebuilds a table to change its constraints), so one step serves SQLite and
+PostgreSQL alike. A database stamped newer than this code refuses to open rather than guess.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from sqlalchemy import Connection, inspect, select, text
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy import Column, Connection, Integer, String, inspect, select, text
 
 from store.errors import StoreError
-from store.schema import Base, SchemaVersion
+from store.schema import Base, Run, SchemaVersion, Validation, ValidationRound
 
 Step = Callable[[Connection], None]
 
@@ -25,9 +29,31 @@ def _index_evaluations_by_split(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_akv_eval_run_split ON akv_evaluations (run_id, split)"))
 
 
+def _identities_and_validation_rounds(conn: Connection) -> None:
+    # A fresh database is created at the latest schema (migrate stamps this step there too).
+    if "structure_hash" in {c["name"] for c in inspect(conn).get_columns("akv_policies")}:
+        return
+    ops = Operations(MigrationContext.configure(conn))
+    ops.add_column("akv_policies", Column("structure_hash", String(64), nullable=True))
+    ops.add_column("akv_policies", Column("behaviour_hash", String(64), nullable=True))
+    ops.add_column("akv_policies", Column("duplicate_of", Integer, nullable=True))
+    ValidationRound.__table__.create(conn)
+    with ops.batch_alter_table("akv_validations") as batch:
+        batch.add_column(Column("round", Integer, nullable=False, server_default="1"))
+        batch.drop_constraint("uq_validation_run_policy", type_="unique")
+        batch.create_unique_constraint("uq_validation_run_round_policy", ["run_id", "round", "policy_id"])
+    # Every validation stored so far becomes round 1 of its run, judged by the run's own versions.
+    validated = conn.execute(select(Validation.run_id).distinct()).scalars().all()
+    for run in conn.execute(select(Run).where(Run.id.in_(validated))).all():
+        conn.execute(ValidationRound.__table__.insert().values(
+            run_id=run.id, round=1, code_version=run.code_version, suite_version=run.suite_version,
+            settings=(run.config or {}).get("validation", {})))
+
+
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "runs, policies, lineage, evaluations, validations, baselines", _create_tables),
     (2, "index evaluations by run and split", _index_evaluations_by_split),
+    (3, "policy structure, behaviour and duplicate_of; validation rounds", _identities_and_validation_rounds),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -40,6 +40,9 @@ class Proposal:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     meta: Mapping[str, Any] = field(default_factory=dict)
+    structure_hash: str | None = None  # canonical text without tunable ranges (evolve/dedup.py)
+    behaviour_hash: str | None = None  # decisions on the run's recorded train histories
+    duplicate_of: int | None = None  # set: stored as a duplicate of that policy, never evaluated
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class PolicyInfo:
     meta: Mapping[str, Any]
     prompt: str | None = None
     response: str | None = None
+    structure_hash: str | None = None
+    behaviour_hash: str | None = None
+    duplicate_of: int | None = None
 
     @property
     def label(self) -> str:
@@ -100,3 +106,15 @@ class ValidationRecord:
     non_dominated: bool
     champion: bool
     verdict: str
+
+
+@dataclass(frozen=True)
+class ValidationRound:
+    """One held-out validation of a run (round 1, 2, ...): which code judged which suite build."""
+
+    round: int
+    code_version: str
+    suite_version: str
+    settings: Mapping[str, Any]
+    created_at: datetime
+    n_policies: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
@@ -22,8 +22,10 @@ from store.records import (
     RunInfo,
     TaskResult,
     ValidationRecord,
+    ValidationRound,
 )
 from store.schema import Baseline, Evaluation, Policy, PolicyParent, Run, Validation, utcnow
+from store.schema import ValidationRound as RoundRow
 
 
 class Store:
@@ -113,7 +115,9 @@ class Store:
             existing = self.policy_by_hash(run_id, proposal.hash)
             if existing is not None:
                 return existing.id, False
-        if proposal.rejection_reason is not None:
+        if proposal.duplicate_of is not None:
+            status = "duplicate"
+        elif proposal.rejection_reason is not None:
             status = "rejected"
         try:
             with self._tx() as s:
@@ -123,7 +127,8 @@ class Store:
                     status=status, rejection_reason=proposal.rejection_reason, prompt=proposal.prompt,
                     response=proposal.response, prompt_tokens=proposal.prompt_tokens,
                     completion_tokens=proposal.completion_tokens, proposal_cost_usd=proposal.cost_usd,
-                    meta=dict(proposal.meta),
+                    meta=dict(proposal.meta), structure_hash=proposal.structure_hash,
+                    behaviour_hash=proposal.behaviour_hash, duplicate_of=proposal.duplicate_of,
                 )
                 policy.parent_links = [PolicyParent(parent_id=p, rank=i) for i, p in enumerate(proposal.parent_ids)]
                 s.add(policy)
@@ -140,6 +145,26 @@ class Store:
         with self._tx() as s:
             row = s.scalar(self._policy_query().where(Policy.run_id == run_id, Policy.hash == hash_))
             return None if row is None else _policy_info(row)
+
+    def known_policy(self, run_id: int, hash_: str, structure: str | None = None,
+                     behaviour: str | None = None) -> PolicyInfo | None:
+        """The earliest stored policy of the run (duplicates and rejections aside) that shares the
+        canonical hash, the structure or the behaviour fingerprint; None if there is none."""
+        keys = [Policy.hash == hash_]
+        if structure is not None:
+            keys.append(Policy.structure_hash == structure)
+        if behaviour is not None:
+            keys.append(Policy.behaviour_hash == behaviour)
+        with self._tx() as s:
+            row = s.scalar(self._policy_query().where(Policy.run_id == run_id, or_(*keys),
+                                                      Policy.status.not_in(("duplicate", "rejected")))
+                           .order_by(Policy.id).limit(1))
+            return None if row is None else _policy_info(row)
+
+    def set_identity(self, policy_id: int, structure: str, behaviour: str | None) -> None:
+        with self._tx() as s:
+            policy = s.get(Policy, policy_id)
+            policy.structure_hash, policy.behaviour_hash = structure, behaviour
 
     def policy(self, policy_id: int) -> PolicyInfo:
         with self._tx() as s:
@@ -206,23 +231,42 @@ class Store:
             rows = s.scalars(select(Baseline).where(Baseline.run_id == run_id))
             return {b.role: b.policy_id for b in rows}
 
-    def save_validations(self, run_id: int, records: Sequence[ValidationRecord]) -> None:
-        """Replace the run's validation summary in one transaction."""
+    def save_validations(self, run_id: int, records: Sequence[ValidationRecord], code_version: str,
+                         suite_version: str, settings: Mapping[str, Any]) -> int:
+        """Store a new validation round of the run in one transaction; return its number.
+
+        Earlier rounds stay: validating again adds a round, it never replaces one.
+        """
         with self._tx() as s:
-            for old in s.scalars(select(Validation).where(Validation.run_id == run_id)):
-                s.delete(old)
-            s.flush()
+            latest = s.scalar(select(func.max(RoundRow.round)).where(RoundRow.run_id == run_id)) or 0
+            number = latest + 1
+            s.add(RoundRow(run_id=run_id, round=number, code_version=code_version, suite_version=suite_version,
+                           settings=dict(settings)))
             for r in records:
-                s.add(Validation(run_id=run_id, policy_id=r.policy_id, role=r.role, label=r.label,
+                s.add(Validation(run_id=run_id, round=number, policy_id=r.policy_id, role=r.role, label=r.label,
                                  n_tasks=r.n_tasks, score_mean=r.score_mean, cost_mean=r.cost_mean,
                                  stats=dict(r.stats), non_dominated=r.non_dominated, champion=r.champion,
                                  verdict=r.verdict))
+        return number
 
-    def validations(self, run_id: int) -> list[ValidationRecord]:
+    def validations(self, run_id: int, round: int | None = None) -> list[ValidationRecord]:
+        """The records of one validation round: the latest unless `round` is given ([] if none)."""
         with self._tx() as s:
-            rows = s.scalars(select(Validation).where(Validation.run_id == run_id).order_by(Validation.id))
+            if round is None:
+                round = s.scalar(select(func.max(Validation.round)).where(Validation.run_id == run_id))
+            rows = s.scalars(select(Validation).where(Validation.run_id == run_id, Validation.round == round)
+                             .order_by(Validation.id))
             return [ValidationRecord(v.policy_id, v.role, v.label, v.n_tasks, v.score_mean, v.cost_mean,
                                      v.stats or {}, v.non_dominated, v.champion, v.verdict) for v in rows]
+
+    def validation_rounds(self, run_id: int) -> list[ValidationRound]:
+        """Every validation round of the run, first to latest."""
+        with self._tx() as s:
+            counts = dict(s.execute(select(Validation.round, func.count(Validation.id))
+                                    .where(Validation.run_id == run_id).group_by(Validation.round)).all())
+            rows = s.scalars(select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round))
+            return [ValidationRound(r.round, r.code_version, r.suite_version, r.settings or {}, r.created_at,
+                                    counts.get(r.round, 0)) for r in rows]
 
     def close(self) -> None:
         self.engine.dispose()
@@ -235,4 +279,5 @@ def _policy_info(p: Policy, with_texts: bool = False) -> PolicyInfo:
         parent_ids=tuple(p.parent_ids), prompt_tokens=p.prompt_tokens, completion_tokens=p.completion_tokens,
         proposal_cost_usd=p.proposal_cost_usd, meta=p.meta or {},
         prompt=p.prompt if with_texts else None, response=p.response if with_texts else None,
+        structure_hash=p.structure_hash, behaviour_hash=p.behaviour_hash, duplicate_of=p.duplicate_of,
     )

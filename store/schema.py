@@ -61,8 +61,13 @@ class Policy(Base):
     name: Mapped[Optional[str]] = mapped_column(String(100), nullable=True)  # builtins: their name
     generation: Mapped[int] = mapped_column(Integer, default=0)
     proposer: Mapped[str] = mapped_column(String(40))  # seed | baseline | llm | optuna | mutate
-    # proposed -> rejected | pruned (cascade) | evaluated
+    # proposed -> rejected | duplicate | pruned (cascade) | evaluated
     status: Mapped[str] = mapped_column(String(20), default="proposed")
+    # Semantic identity (evolve/dedup.py): canonical text without tunable ranges, and the decisions on
+    # the run's recorded train histories. A duplicate names the stored policy it repeats.
+    structure_hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
+    behaviour_hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
+    duplicate_of: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
     rejection_reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     prompt: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     response: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
@@ -111,20 +116,39 @@ class Evaluation(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Validation(Base):
-    """Held-out summary of one policy (a candidate or a baseline) against the Standard baseline."""
+class ValidationRound(Base):
+    """One held-out validation of a run: which code judged which suite build, with which settings.
 
-    __tablename__ = "akv_validations"
-    __table_args__ = (UniqueConstraint("run_id", "policy_id", name="uq_validation_run_policy"),)
+    A run's first validation is round 1; validating again (`--revalidate`) adds a round and never
+    deletes an earlier one.
+    """
+
+    __tablename__ = "akv_validation_rounds"
+    __table_args__ = (UniqueConstraint("run_id", "round", name="uq_validation_round"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    code_version: Mapped[str] = mapped_column(String(100))
+    suite_version: Mapped[str] = mapped_column(String(100))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the validation config used
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Validation(Base):
+    """Held-out summary of one policy (a candidate or a baseline) in one validation round."""
+
+    __tablename__ = "akv_validations"
+    __table_args__ = (UniqueConstraint("run_id", "round", "policy_id", name="uq_validation_run_round_policy"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"))
     role: Mapped[str] = mapped_column(String(20))  # candidate | baseline
     label: Mapped[str] = mapped_column(String(100))
     n_tasks: Mapped[int] = mapped_column(Integer)
     score_mean: Mapped[float] = mapped_column(Float)
     cost_mean: Mapped[float] = mapped_column(Float)
-    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # deltas, CIs, p-values
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # deltas vs each baseline, the rule
     non_dominated: Mapped[bool] = mapped_column(default=False)
     champion: Mapped[bool] = mapped_column(default=False)
     verdict: Mapped[str] = mapped_column(Text, default="")
@@ -132,7 +156,7 @@ class Validation(Base):
 
 
 class Baseline(Base):
-    """Which stored policy plays which baseline role (standard, text_engineering, expert) in a run."""
+    """Which stored policy plays which baseline role (standard, text_engineering, expert, full) in a run."""
 
     __tablename__ = "akv_baselines"
     run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), primary_key=True)

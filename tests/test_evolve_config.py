@@ -11,6 +11,8 @@ def test_defaults_are_the_offline_embedded_run():
     cfg = load_config()
     assert cfg.proposers == ["mutate", "optuna"] and cfg.agent == "scripted" and cfg.backend == "replay"
     assert cfg.baselines.standard == "standard-8k" and cfg.llm.model == "MiniMax-M2.7"
+    assert cfg.baselines.expert == "expert-8k" and cfg.baselines.full == "full"
+    assert cfg.validation.margin == 0.02 and cfg.validation.alpha == 0.05
 
 
 def test_unknown_field_and_wrong_type_are_located(tmp_path):
@@ -21,6 +23,19 @@ def test_unknown_field_and_wrong_type_are_located(tmp_path):
     lines = str(err.value).splitlines()
     assert f"{path}:2: max_candidates:" in lines[0] and "integer" in lines[0]
     assert lines[1] == f"{path}:4: llm.modle: unknown field"
+
+
+def test_a_negative_margin_and_an_alpha_outside_0_1_are_located(tmp_path):
+    path = tmp_path / "rule.yaml"
+    path.write_text("seed: 1\nvalidation:\n  alpha: 1.5\n  margin: -0.01\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith(f"{path}:3: validation.alpha:") and "less than 1" in lines[0]
+    assert lines[1].startswith(f"{path}:4: validation.margin:") and "greater than or equal to 0" in lines[1]
+    with pytest.raises(ConfigError, match="validation.alpha: .*greater than 0"):
+        load_config(None, {"validation.alpha": 0})
+    assert load_config(None, {"validation.margin": 0}).validation.margin == 0.0  # no tolerance is allowed
 
 
 def test_bad_yaml_and_non_mapping(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -110,6 +111,7 @@ def test_runs_list_show_and_lineage(killed_and_resumed):
     assert listed.exit_code == 0 and name in listed.output and "finished" in listed.output
     shown = runner.invoke(app, ["runs", "show", name, "--db", url], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "train front" in shown.output and "held-out" in shown.output
+    assert re.search(r"suite localcomp@e\d+-[0-9a-f]{12}", shown.output), shown.output  # a real suite version
     tree = runner.invoke(app, ["lineage", name, "--db", url], env={"COLUMNS": "200"})
     assert tree.exit_code == 0 and "expert-8k" in tree.output
     assert tree.output.count("mutate") + tree.output.count("optuna") >= 3
@@ -131,6 +133,8 @@ def test_export_writes_a_loadable_policy_and_its_provenance(killed_and_resumed, 
     assert record["run"]["name"] == name and record["policy"]["id"] == best
     assert record["metrics"]["heldout"]["tasks"] == 5 and record["metrics"]["train"]["tasks"] == 3
     assert record["lineage"][0]["id"] == best and record["run"]["code_version"]
+    assert re.fullmatch(r"localcomp@e\d+-[0-9a-f]{12}", record["run"]["suite_version"])
+    assert record["validation"]["round"] == 1 and record["validation"]["suite_version"] == record["run"]["suite_version"]
 
 
 def test_compare_prints_the_table_and_writes_a_report_chromium_renders(killed_and_resumed, tmp_path):
@@ -139,6 +143,7 @@ def test_compare_prints_the_table_and_writes_a_report_chromium_renders(killed_an
     result = CliRunner().invoke(app, ["compare", name, "--db", url, "--out", str(report)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "standard-8k" in result.output and "vs Std" in result.output
+    assert "vs expert" in result.output and "vs full" in result.output and "vs TE" in result.output
     html = report.read_text()
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
     dom = chromium(report, "--dump-dom")
@@ -186,12 +191,16 @@ def test_user_errors_are_one_line_and_lose_nothing(killed_and_resumed, tmp_path)
     config.write_text("max_candidates: 3\ncascade:\n  subset: 2\n")
     bad_config = runner.invoke(app, ["evolve", "--config", str(config), "--db", url])
     assert bad_config.exit_code == 2 and f"{config}:3: cascade.subset: unknown field" in bad_config.output
+    no_endpoint = runner.invoke(app, ["evolve", "--proposer", "llm", "--db", url, "--run-name", "never-made"],
+                                env={"AKV_PROPOSER_ENDPOINT": None, "OPENAI_BASE_URL": None})
+    assert no_endpoint.exit_code == 2 and "llm.endpoint" in no_endpoint.output
+    assert "--proposer-endpoint" in no_endpoint.output
     seeds = tmp_path / "seeds.yaml"
     seeds.write_text("seed_policies: [no-such-policy]\n")
     unknown = runner.invoke(app, ["evolve", "--config", str(seeds), "--db", url, "--run-name", "never-made"])
     assert unknown.exit_code == 2 and "no-such-policy" in unknown.output
     assert "never-made" not in {n for (n,) in rows(db, "SELECT name FROM akv_runs")}
-    for result in (again, bad_db, bad_config, unknown):
+    for result in (again, bad_db, bad_config, no_endpoint, unknown):
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert "Traceback" not in result.output
     assert "db" not in json.loads(rows(db, "SELECT config FROM akv_runs")[0][0])  # no password at rest
@@ -235,3 +244,22 @@ def test_a_resumed_proposer_sees_train_results_only_although_held_out_ones_are_s
     finally:
         evaluator.close()
         store.close()
+
+
+def test_a_finished_run_resumed_says_so_and_changes_nothing_unless_asked_to_revalidate(killed_and_resumed):
+    url, name, db = killed_and_resumed["url"], killed_and_resumed["name"], killed_and_resumed["db"]
+    tables = ("akv_policies", "akv_evaluations", "akv_validations", "akv_validation_rounds")
+    before = {t: rows(db, f"SELECT * FROM {t}") for t in tables}
+    again = subprocess.run([*AKV, "evolve", "--resume", "--run-name", name, "--db", url], env=akv_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "is finished" in again.stdout and "--revalidate" in again.stdout
+    assert {t: rows(db, f"SELECT * FROM {t}") for t in tables} == before  # nothing validated, nothing deleted
+    revalidated = subprocess.run([*AKV, "evolve", "--resume", "--revalidate", "--run-name", name, "--db", url],
+                                 env=akv_env(), capture_output=True, text=True, timeout=300)
+    assert revalidated.returncode == 0, revalidated.stderr
+    assert set(before["akv_validations"]) <= set(rows(db, "SELECT * FROM akv_validations"))  # round 1 is kept
+    assert [r for (r,) in rows(db, "SELECT round FROM akv_validation_rounds ORDER BY round")] == [1, 2]
+    assert rows(db, "SELECT count(*) FROM akv_evaluations") == [(len(before["akv_evaluations"]),)]  # no task ran again
+    shown = CliRunner().invoke(app, ["runs", "show", name, "--db", url], env={"COLUMNS": "200"})
+    assert "round 2 of 2" in shown.output

@@ -5,7 +5,7 @@ import pytest
 
 from policy_dsl import (
     PolicyError, PolicyLimitError, PolicySyntaxError, PolicyValidationError, builtin_names, builtin_source,
-    canonical_hash, format_policy, load_policy, parse, tunables, with_tunables,
+    canonical_hash, format_policy, load_policy, parse, tunables, with_tunables, without_ranges,
 )
 from policy_dsl import nodes as n
 
@@ -135,6 +135,25 @@ def test_tunables_list_ranged_numbers_and_with_tunables_sets_them() -> None:
     assert "until visible_tokens <= 9000 in 4000..96000" in format_policy(tuned)
     assert parse(format_policy(tuned)) == tuned
     assert tunables(ast)[0].value == 64000  # the original is untouched
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_without_ranges_keeps_every_value_and_drops_every_range(name: str) -> None:
+    ast = load_policy(name).ast
+    plain = without_ranges(ast)
+    assert tunables(plain) == []
+    assert without_ranges(with_tunables(ast, {})) == plain and parse(format_policy(plain)) == plain
+    values = {t.path: t.value for t in tunables(ast)}
+    assert format_policy(with_tunables(ast, values)) == format_policy(ast)  # the original is untouched
+    if values:
+        assert canonical_hash(plain) != canonical_hash(ast)
+
+
+def test_range_variants_print_the_same_without_ranges() -> None:
+    narrow = parse(EXPERT.replace("2..48", "2..16"))
+    assert canonical_hash(narrow) != canonical_hash(parse(EXPERT))
+    assert format_policy(without_ranges(narrow)) == format_policy(without_ranges(parse(EXPERT)))
+    assert "keep last 12\n" in format_policy(without_ranges(narrow))
 
 
 @pytest.mark.parametrize("values,words", [

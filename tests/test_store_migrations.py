@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from store import Proposal, Store, StoreError
+from store import Proposal, Store, StoreError, ValidationRecord
 from store.migrations import LATEST
 
 
@@ -50,3 +51,60 @@ def test_newer_schema_is_refused(tmp_path):
     with pytest.raises(StoreError) as err:
         Store.open(f"sqlite:///{path}")
     assert f"version {LATEST + 1}" in str(err.value)
+
+
+DATA = Path(__file__).parent / "data"
+V2_ROWS = [
+    "INSERT INTO akv_schema_version (version, description, applied_at) VALUES "
+    "(1, 'tables', '2026-11-01 00:00:00'), (2, 'index', '2026-11-01 00:00:00')",
+    "INSERT INTO akv_runs (id, name, config, seed, status, code_version, suite_version, created_at, updated_at) "
+    "VALUES (1, 'old', '{\"validation\": {\"alpha\": 0.05}}', 0, 'finished', '0.1.0+abc', 'localcomp@unversioned', "
+    "'2026-11-01 00:00:00', '2026-11-01 00:00:00')",
+    "INSERT INTO akv_policies (id, run_id, hash, text, generation, proposer, status, prompt_tokens, completion_tokens, "
+    "proposal_cost_usd, meta, created_at) VALUES (1, 1, 'h1', 'mode kv', 0, 'seed', 'evaluated', 0, 0, 0, '{}', "
+    "'2026-11-01 00:00:00')",
+    "INSERT INTO akv_validations (run_id, policy_id, role, label, n_tasks, score_mean, cost_mean, stats, "
+    "non_dominated, champion, verdict, created_at) VALUES (1, 1, 'candidate', '#1', 5, 1.0, 0.004, "
+    "'{\"cost\": {\"percent\": -10.0, \"p_value\": 0.01}, \"score\": {\"mean_delta\": 0.0, \"p_value\": 1.0}}', "
+    "true, true, 'champion: saves 10.0% vs Standard', '2026-11-01 00:00:00')",
+]
+
+
+def _check_version_2_migrated(url: str) -> None:
+    store = Store.open(url)
+    try:
+        assert store.schema_version == LATEST == 3
+        run = store.run("old")
+        [kept] = store.validations(run.id)
+        assert kept.champion and kept.verdict.startswith("champion: saves") and kept.stats["cost"]["p_value"] == 0.01
+        [first] = store.validation_rounds(run.id)  # the old validation became round 1, with the run's versions
+        assert (first.round, first.code_version, first.suite_version, first.settings, first.n_policies) == (
+            1, "0.1.0+abc", "localcomp@unversioned", {"alpha": 0.05}, 1)
+        policy = store.policy(1)
+        assert policy.hash == "h1" and policy.structure_hash is None and policy.duplicate_of is None
+        again = ValidationRecord(1, "candidate", "#1", 5, 1.0, 0.004, {}, True, False, "not significantly cheaper")
+        assert store.save_validations(run.id, [again], "0.2.0", "localcomp@e1-0123456789ab", {}) == 2
+        assert store.validations(run.id) == [again] and store.validations(run.id, round=1) == [kept]
+    finally:
+        store.close()
+
+
+def test_version_2_sqlite_database_gets_identities_and_validation_rounds(tmp_path):
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript((DATA / "store-v2.sqlite.sql").read_text())
+        for statement in V2_ROWS:
+            conn.execute(statement.replace("true", "1"))
+    _check_version_2_migrated(f"sqlite:///{path}")
+    assert versions(path) == [1, 2, 3]
+
+
+def test_version_2_postgresql_database_gets_identities_and_validation_rounds(postgres_url):
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute((DATA / "store-v2.postgresql.sql").read_text())
+        for statement in V2_ROWS:
+            conn.execute(statement)
+        conn.execute("SELECT setval('akv_policies_id_seq', 1); SELECT setval('akv_runs_id_seq', 1)")
+    _check_version_2_migrated(postgres_url)

@@ -2,56 +2,11 @@
 server started here when its binaries and psycopg are installed)."""
 from __future__ import annotations
 
-import glob
-import importlib.util
-import os
-import shutil
-import socket
 import sqlite3
-import subprocess
-import tempfile
-import uuid
-from pathlib import Path
 
 import pytest
 
 from store import DuplicateRunName, Proposal, RunNotFound, Store, StoreError, TaskResult, ValidationRecord
-
-
-@pytest.fixture(scope="module")
-def postgres_server():
-    """A private PostgreSQL cluster on loopback; yields the admin URL."""
-    initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or [shutil.which("initdb")]
-    if not initdb[-1] or importlib.util.find_spec("psycopg") is None:
-        pytest.skip("PostgreSQL tests need the server binaries (apt-get install postgresql) and psycopg "
-                    "(pip install 'akv[postgres]')")
-    bindir = Path(initdb[-1]).parent
-    folder = Path(tempfile.mkdtemp(prefix="akv-pg-"))
-    folder.chmod(0o777)  # the server refuses to run as root; it runs as the postgres user
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(folder / "data"), "-A", "trust", "-U", "akv"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(folder / "data"), "-l", str(folder / "log"), "-w",
-                    "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True)
-    try:
-        yield f"postgresql://akv@127.0.0.1:{port}"
-    finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def fresh_database(server: str) -> str:
-    import psycopg
-
-    name = f"akv_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return f"{server}/{name}"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -59,7 +14,7 @@ def store(request, tmp_path):
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'akv.db'}"
     else:
-        url = fresh_database(request.getfixturevalue("postgres_server"))
+        url = request.getfixturevalue("postgres_url")
     s = Store.open(url)
     yield s
     s.close()
@@ -115,18 +70,39 @@ def test_evaluations_are_stored_once_per_policy_task_split(store):
     assert len(store.evaluations(run.id)) == 2
 
 
-def test_validations_and_baselines_are_replaced_as_a_whole(store):
+def test_baselines_are_idempotent_and_validations_are_versioned_never_replaced(store):
     run = make_run(store)
     std, _ = store.add_policy(run.id, Proposal("baseline", "S", text="S", hash="hs", name="standard-8k"))
     cand, _ = store.add_policy(run.id, Proposal("mutate", "C", text="C", hash="hc"))
     store.set_baseline(run.id, "standard", std)
     store.set_baseline(run.id, "standard", std)  # idempotent on resume
     assert store.baselines(run.id) == {"standard": std}
-    record = ValidationRecord(cand, "candidate", f"#{cand}", 5, 1.0, 0.004, {"cost": {"p_value": 0.03}},
-                              True, True, "champion: saves")
-    store.save_validations(run.id, [record])
-    store.save_validations(run.id, [record])
-    assert store.validations(run.id) == [record]
+    assert store.validations(run.id) == [] and store.validation_rounds(run.id) == []
+    first = ValidationRecord(cand, "candidate", f"#{cand}", 5, 1.0, 0.004, {"rule": {"cost_p_holm": 0.03}},
+                             True, True, "champion: cheaper than the expert")
+    second = ValidationRecord(cand, "candidate", f"#{cand}", 5, 1.0, 0.004, {"rule": {"cost_p_holm": 0.2}},
+                              True, False, "not significantly cheaper than the expert")
+    assert store.save_validations(run.id, [first], "code-1", "localcomp@e1-aaaaaaaaaaaa", {"alpha": 0.05}) == 1
+    assert store.save_validations(run.id, [second], "code-2", "localcomp@e1-aaaaaaaaaaaa", {"alpha": 0.01}) == 2
+    assert store.validations(run.id) == [second]  # the latest round
+    assert store.validations(run.id, round=1) == [first]  # the earlier one is kept
+    rounds = store.validation_rounds(run.id)
+    assert [(r.round, r.code_version, r.settings, r.n_policies) for r in rounds] == [
+        (1, "code-1", {"alpha": 0.05}, 1), (2, "code-2", {"alpha": 0.01}, 1)]
+
+
+def test_known_policy_matches_by_hash_structure_or_behaviour_but_never_a_duplicate(store):
+    run = make_run(store)
+    a, _ = store.add_policy(run.id, Proposal("seed", "A", text="A", hash="ha", structure_hash="sa",
+                                             behaviour_hash="ba"))
+    dup, _ = store.add_policy(run.id, Proposal("mutate", "A2", text="A2", structure_hash="sx", behaviour_hash="bx",
+                                               duplicate_of=a, rejection_reason=f"duplicate of #{a}"))
+    assert store.policy(dup).status == "duplicate" and store.policy(dup).duplicate_of == a
+    assert store.known_policy(run.id, "ha").id == a
+    assert store.known_policy(run.id, "h?", structure="sa").id == a
+    assert store.known_policy(run.id, "h?", structure="s?", behaviour="ba").id == a
+    assert store.known_policy(run.id, "h?", structure="sx", behaviour="bx") is None  # a duplicate is no original
+    assert store.known_policy(run.id, "h?", structure="s?", behaviour=None) is None
 
 
 def test_sqlite_uses_wal(tmp_path):
@@ -167,7 +143,7 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_server):
+def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_url):
     import random
 
     import optuna
@@ -179,7 +155,7 @@ def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_serv
     from evolve.proposers.optuna_search import OptunaProposer
     from store.database import normalize_url
 
-    url = fresh_database(postgres_server)
+    url = postgres_url
     store = Store.open(url)
     run = make_run(store)
     parent = Candidate(1, load_checked("expert-8k").text, 0, 0.5, 0.01, ())

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
+from evolve.candidate import Outcome
 from evolve.context import ProposerContext
 from store.records import Proposal
+
+__all__ = ["BudgetExhausted", "Outcome", "Proposer", "ProposerUnavailable"]
 
 
 class ProposerUnavailable(Exception):
@@ -14,16 +16,6 @@ class ProposerUnavailable(Exception):
 
 class BudgetExhausted(Exception):
     """The proposer's token or USD budget is spent; the run goes on to validation."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a candidate fared: rejected, duplicate, pruned (subset stage) or evaluated (full train)."""
-
-    status: str
-    score: float | None = None
-    cost: float | None = None
-    reason: str | None = None
 
 
 class Proposer(ABC):

@@ -73,6 +73,11 @@ def build_prompt(parent: Candidate, inspirations: Sequence[Candidate]) -> str:
     return "\n\n".join(parts)
 
 
+def endpoint_of(config: LLMProposerConfig) -> str | None:
+    """The endpoint the proposer would use: llm.endpoint, else $AKV_PROPOSER_ENDPOINT, else $OPENAI_BASE_URL."""
+    return config.endpoint or os.environ.get("AKV_PROPOSER_ENDPOINT") or os.environ.get("OPENAI_BASE_URL")
+
+
 @dataclass
 class Spend:
     prompt_tokens: int = 0
@@ -87,7 +92,7 @@ class LLMProposer(Proposer):
     def __init__(self, config: LLMProposerConfig, examples: Sequence[str], spent_tokens: int = 0,
                  spent_usd: float = 0.0, sleep=time.sleep) -> None:
         self.config = config
-        endpoint = config.endpoint or os.environ.get("AKV_PROPOSER_ENDPOINT") or os.environ.get("OPENAI_BASE_URL")
+        endpoint = endpoint_of(config)
         if not endpoint:
             raise ProposerUnavailable("llm.endpoint: no endpoint (set --proposer-endpoint, llm.endpoint "
                                       "or AKV_PROPOSER_ENDPOINT)")

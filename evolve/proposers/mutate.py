@@ -105,7 +105,7 @@ class MutateProposer(Proposer):
             except PolicyError as err:
                 last_error = str(err)
                 continue
-            if checked.hash in context.known_hashes:
+            if checked.hash in context.known_hashes or checked.structure in context.known_structures:
                 last_error = "every child was already known"
                 continue
             return self._proposal(parents, checked, notes)

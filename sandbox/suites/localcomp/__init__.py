@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sandbox.suite import Task
+from sandbox.suite_version import content_version
 from sandbox.suites.localcomp.agent import ScriptedAgent
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import Corpus, render_corpus, write_index
@@ -58,6 +59,11 @@ class LocalComp:
         os.replace(index, root / "corpus.sqlite")
         _write_json(root / "tasks.json", [_task_json(t) for t in tasks])
         _write_json(root / "build.json", manifest)
+
+    def version(self, home: Path) -> str:
+        """`localcomp@eN-<12 hex>` of the data built under home (SuiteNotBuilt when missing)."""
+        root = Path(home) / "localcomp"
+        return content_version(self.name, root / "build.json", [root / "tasks.json", root / "corpus.sqlite"])
 
     @property
     def root(self) -> Path:

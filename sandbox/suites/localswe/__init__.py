@@ -15,6 +15,7 @@ from typing import Sequence
 from akv_core.home import akv_home
 from sandbox.isolation import Limits
 from sandbox.suite import Agent, Task
+from sandbox.suite_version import content_version, manifest_data
 from sandbox.suites.localswe.agent import ScriptedRepairAgent
 from sandbox.suites.localswe.bugs import Bug, validated_bugs
 from sandbox.suites.localswe.environment import TOOL_LIMITS, RepairEnv
@@ -62,6 +63,13 @@ class LocalSWE:
         partial = manifest.with_suffix(".partial")
         partial.write_text(json.dumps({"config": config, "tasks": entries}, indent=1))
         partial.replace(manifest)  # a reader never sees a half-written manifest
+
+    def version(self, home: Path) -> str:
+        """`localswe@eN-<12 hex>`: the manifest (build parameters and bugs) and the unpacked trees' archive digests."""
+        root = Path(home) / "localswe"
+        config = manifest_data(root / "manifest.json").get("config") or {}
+        stamps = [root / "trees" / key / ".unpacked" for key in config.get("hosts", [])]
+        return content_version(self.name, root / "manifest.json", stamps)
 
     def _bugs_of(self, host: Host, root: Path, seed: int) -> list[Bug]:
         tree = unpack(host, fetch(host, root / "archives"), root / "trees")

@@ -1,0 +1,116 @@
+"""Semantic de-duplication on the histories a run records, and in the loop: a duplicate is stored as
+such, never evaluated and never validated."""
+from __future__ import annotations
+
+import pytest
+
+from evolve.candidate import check_policy
+from evolve.config import EvolveConfig
+from evolve.context import TRAIN, ProposerContext
+from evolve.dedup import FINGERPRINT_TASKS, Fingerprints
+from evolve.library import load_checked
+from evolve.loop import Evolution
+from evolve.proposers.base import Proposer
+from evolve.scoring import HarnessEvaluator
+from store import Proposal, Store
+
+WINDOW = "mode kv\non each tool_response: drop role tool keep last {n} in 1..{hi}\nreposition {rule}\n"
+
+
+def window(n: int = 7, hi: int = 16, rule: str = "after each drop") -> str:
+    return WINDOW.format(n=n, hi=hi, rule=rule)
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    evaluator = HarnessEvaluator("localcomp", "scripted", "replay", 0)
+    yield evaluator
+    evaluator.close()
+
+
+@pytest.fixture(scope="module")
+def fingerprints(evaluator) -> Fingerprints:
+    tasks = evaluator.task_ids(TRAIN)[:FINGERPRINT_TASKS]
+    return Fingerprints([h for name in ("full", "expert-8k")
+                         for h in evaluator.request_histories(load_checked(name).text, TRAIN, tasks)])
+
+
+def test_the_recorded_histories_are_the_same_in_every_process(evaluator, fingerprints):
+    tasks = evaluator.task_ids(TRAIN)[:FINGERPRINT_TASKS]
+    again = Fingerprints([h for name in ("full", "expert-8k")
+                          for h in evaluator.request_histories(load_checked(name).text, TRAIN, tasks)])
+    assert again.salt == fingerprints.salt and fingerprints.requests > 4 * FINGERPRINT_TASKS
+    assert again.identity(window()) == fingerprints.identity(window())
+
+
+def test_range_variants_are_one_policy(fingerprints):
+    wide, narrow = fingerprints.identity(window(hi=16)), fingerprints.identity(window(hi=12))
+    assert wide.hash != narrow.hash  # the canonical texts differ ...
+    assert wide.structure == narrow.structure and wide.behaviour == narrow.behaviour  # ... the policy does not
+    assert fingerprints.identity(window(n=6)).structure != wide.structure
+
+
+def test_a_reposition_rule_that_changes_no_decision_is_the_same_candidate(fingerprints):
+    each, every_one = fingerprints.identity(window(rule="after each drop")), \
+        fingerprints.identity(window(rule="every 1 drops"))
+    assert each.structure != every_one.structure and each.behaviour == every_one.behaviour
+    # A window that never fills on these histories drops nothing: with or without a reposition rule it is
+    # `full`, whatever mode it is written in.
+    full = fingerprints.identity(load_checked("full").text).behaviour
+    assert fingerprints.identity(window(n=90, hi=100)).behaviour == full
+    assert fingerprints.identity(window(n=90, hi=100, rule="never")).behaviour == full
+    assert fingerprints.identity("mode text\n").behaviour == full
+    # Decisions that differ are different candidates.
+    assert fingerprints.identity(window(rule="never")).behaviour != each.behaviour
+    assert fingerprints.identity(window(n=3)).behaviour != each.behaviour
+
+
+def test_a_policy_that_reads_drop_context_has_no_fingerprint(fingerprints):
+    assert fingerprints.identity(load_checked("model-based").text).behaviour is None
+
+
+class Listed(Proposer):
+    """Proposes the given texts in order, as a user-written proposer would."""
+
+    name = "mutate"
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = list(texts)
+        self.told: list[str] = []
+
+    def ask(self, context: ProposerContext) -> Proposal:
+        checked = check_policy(self.texts.pop(0))
+        parent = context.pick_parent()
+        return Proposal(self.name, checked.text, (parent.policy_id,), parent.generation + 1, checked.text,
+                        checked.hash)
+
+    def tell(self, proposal, policy_id, outcome) -> None:
+        self.told.append(outcome.status)
+
+
+@pytest.mark.slow
+def test_duplicates_are_stored_as_such_and_never_evaluated_or_validated(tmp_path, evaluator):
+    config = EvolveConfig.model_validate({
+        "max_candidates": 4, "proposers": ["mutate"], "cascade": {"subset_size": 1, "train_limit": 2},
+        "validation": {"heldout_limit": 3, "top_k": 4}})
+    store = Store.open(f"sqlite:///{tmp_path / 'akv.db'}")
+    try:
+        run = store.create_run("dedup", config.model_dump(mode="json"), 0, "test", evaluator.suite_version)
+        proposer = Listed([window(hi=16), window(hi=12), window(rule="every 1 drops"), "mode text\n"])
+        result = Evolution(store, run, config, evaluator, {"mutate": proposer}).run_all()
+        policies = store.policies(run.id)
+        by_status = {p.status for p in policies if p.proposer == "mutate"}
+        original = next(p for p in policies if p.proposer == "mutate" and p.status != "duplicate")
+        full = store.baselines(run.id)["full"]
+        duplicates = [p for p in policies if p.status == "duplicate"]
+        assert by_status >= {"duplicate"} and len(duplicates) == 3
+        assert [p.duplicate_of for p in duplicates] == [original.id, original.id, full]
+        assert "up to tunable ranges" in duplicates[0].rejection_reason
+        assert "same decisions" in duplicates[1].rejection_reason and "same decisions" in duplicates[2].rejection_reason
+        assert len(proposer.told) == 4 and set(proposer.told[1:]) <= {"duplicate", "pruned"}  # as the originals fared
+        ids = {p.id for p in duplicates}
+        assert not [e for e in store.evaluations(run.id) if e.policy_id in ids]  # never evaluated ...
+        assert not ids & {v.policy_id for v in result.validations}  # ... never validated
+        assert {v.label for v in result.validations} >= {"expert-8k", "full", "standard-8k", "text-engineering-8k"}
+    finally:
+        store.close()

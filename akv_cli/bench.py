@@ -60,7 +60,8 @@ def cost(
     suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Score and cost per policy on the held-out splits, with intervals and a paired test against Standard."""
+    """Score and cost per policy on the held-out splits: intervals, paired tests of the expert against
+    Standard, Text Engineering and full, and the champion rule of every other policy against the expert."""
     module = _benchmark("cost")
     settings = module.Settings(tasks or None, swe_tasks or None, resamples, seed, _names(suites))
     _report(module, settings, as_json)

@@ -97,8 +97,6 @@ class Evolution:
                                                                  hash=checked.hash, name=name,
                                                                  structure_hash=identity.structure,
                                                                  behaviour_hash=identity.behaviour))
-            if self.store.policy(pid).structure_hash is None:  # stored before identities existed
-                self.store.set_identity(pid, identity.structure, identity.behaviour)
             if role is not None:
                 self.store.set_baseline(self.run.id, role, pid)
                 baselines[role] = pid
@@ -106,7 +104,15 @@ class Evolution:
             if info.status == "proposed":
                 self.progress(f"evaluating {kind} {name} on the train split", self.cascade.front())
                 self.cascade.evaluate(pid, checked.text, name, gate=False)
+        self.backfill_identities()
         return baselines
+
+    def backfill_identities(self) -> None:
+        """Policies stored before identities existed (an older run, resumed) get theirs, so they count as known."""
+        for info in self.store.policies(self.run.id):
+            if info.structure_hash is None and info.text is not None and info.status not in ("rejected", "duplicate"):
+                identity = self.fingerprints().identity(info.text)
+                self.store.set_identity(info.id, identity.structure, identity.behaviour)
 
     def finish_pending(self) -> None:
         """Candidates a killed run proposed but did not finish: evaluate them and tell their proposer."""

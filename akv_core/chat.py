@@ -14,7 +14,12 @@ declarations appended to the system message inside <tools></tools>, assistant
 calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the
 content, reasoning as <think>...</think> at the start of the content, and tool
 results as role "tool" messages. Templates that handle tools render them
-themselves. This module must not import torch.
+themselves.
+
+Only the template makes control tokens. Text that comes from the client (content,
+reasoning, tool calls and results, names, tool declarations) is tokenized with
+special-token parsing off, so a tool result holding "<|im_end|>" stays text and
+cannot open a turn of its own. This module must not import torch.
 """
 from __future__ import annotations
 
@@ -22,12 +27,13 @@ import json
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
 
 from akv_core.model.locate import EMBEDDED_NAME, locate
 from akv_core.tokenizer import TokenizerFiles, load_tokenizer_files
@@ -98,6 +104,12 @@ class ChatTokenizer:
         if not files.chat_template:
             raise ChatTemplateError("the model has no chat template")
         self._tokenizer = files.tokenizer
+        # The same tokenizer with special-token strings encoded as plain text (client text).
+        self._text_tokenizer = Tokenizer.from_str(files.tokenizer.to_str())
+        self._text_tokenizer.encode_special_tokens = True
+        specials = sorted((t.content for t in files.tokenizer.get_added_tokens_decoder().values() if t.special),
+                          key=len, reverse=True)
+        self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self.eos_token_ids: tuple[int, ...] = files.eos_token_ids
         self.native_tools = "tools" in files.chat_template
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -125,8 +137,12 @@ class ChatTokenizer:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Ids of plain text; special-token strings in it are matched whole (as templates need)."""
+        """Ids of template text: special-token strings in it are matched whole (as templates need)."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of client text: special-token strings in it are plain text, as in a rendered message."""
+        return self._text_tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -138,8 +154,13 @@ class ChatTokenizer:
         ids = array("i")
         spans: list[tuple[int, int]] = []
         reasoning_spans: list[tuple[int, int] | None] = []
+        if tools:
+            _check_text(tools, "tools")
         for index, message in enumerate(messages):
-            piece = self._piece(message, index == 0, tools, tools_key)
+            try:
+                piece = self._piece(message, index == 0, tools, tools_key)
+            except InvalidText as error:
+                raise InvalidText(f"messages[{index}].{error.path}", error.reason) from None
             start = len(ids)
             spans.append((start, start + len(piece.ids)))
             reasoning_spans.append(None if piece.reasoning is None
@@ -197,13 +218,64 @@ class ChatTokenizer:
     # -- rendering one message ---------------------------------------------------------------
 
     def _message_piece(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None) -> _Piece:
+        _check_text(message, "")
         text = self._message_text(message, first, tools)
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)   # the same ids as encode(text)
+        ids, offsets = self._encode_message(message, first, tools, text)
         reasoning = None
         if message.get("reasoning_content"):
             chars = self._reasoning_chars(message, first, tools, text)
-            reasoning = None if chars is None else _covering_tokens(encoding.offsets, chars)
-        return _Piece(array("i", encoding.ids), reasoning)
+            reasoning = None if chars is None else _covering_tokens(offsets, chars)
+        return _Piece(array("i", ids), reasoning)
+
+    def _encode_message(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
+                        text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character offsets of a rendered message whose special tokens are the template's alone.
+
+        Client text without special-token strings tokenizes as the whole text does (the
+        tokenizer splits at special tokens first, then encodes each piece alone). Otherwise the
+        message is rendered again with each such string replaced by a character found nowhere
+        in it; the special tokens left are the template's, and the pieces between them are
+        encoded as client text with the strings put back.
+        """
+        found = self._found_specials((message, tools if first else None))
+        if not found:
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            return encoding.ids, encoding.offsets
+        stand_ins = dict(zip(found, _unused_chars(text, len(found))))
+        escaped = _replace_text(message, self._specials, stand_ins)
+        escaped_tools = _replace_text(tools, self._specials, stand_ins) if tools else tools
+        skeleton = self._message_text(escaped, first, escaped_tools)
+        back = {char: special for special, char in stand_ins.items()}
+        put_back = re.compile("|".join(map(re.escape, back)))
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        restored = ""
+        cursor = 0
+        for control in [*self._specials.finditer(skeleton), None]:
+            piece = put_back.sub(lambda m: back[m.group()], skeleton[cursor:control.start() if control else None])
+            encoding = self._text_tokenizer.encode(piece, add_special_tokens=False)
+            ids += encoding.ids
+            offsets += [(len(restored) + lo, len(restored) + hi) for lo, hi in encoding.offsets]
+            restored += piece
+            if control is None:
+                break
+            ids.append(self._tokenizer.token_to_id(control.group()))
+            offsets.append((len(restored), len(restored) + len(control.group())))
+            restored += control.group()
+            cursor = control.end()
+        if restored != text:
+            raise ChatTemplateError("the chat template changes client text that holds special-token strings")
+        return ids, offsets
+
+    def _found_specials(self, values: Any) -> list[str]:
+        """The distinct special-token strings inside the client's text."""
+        if self._specials is None:
+            return []
+        found: dict[str, None] = {}
+        for text in _strings(values):
+            for match in self._specials.finditer(text):
+                found[match.group()] = None
+        return list(found)
 
     def _reasoning_chars(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
                          text: str) -> tuple[int, int] | None:
@@ -252,6 +324,65 @@ class ChatTokenizer:
         extra: dict[str, Any] = {"tools": tools} if self.native_tools and tools else {}
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self._bos, **extra)
+
+
+class InvalidText(ValueError):
+    """Client text the tokenizer cannot take (a lone surrogate); `path` names where it is."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _check_text(value: Any, path: str) -> None:
+    """Raise InvalidText naming the first string under `value` that is not valid Unicode text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidText(path or "content", f"the text holds a lone surrogate (U+{ord(value[error.start]):04X} "
+                                                 f"at character {error.start}), which is not valid Unicode") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_text(key, path)
+            _check_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_text(item, f"{path}[{index}]")
+
+
+def _replace_text(value: Any, pattern: re.Pattern, table: Mapping[str, str]) -> Any:
+    """`value` with every match of `pattern` in its strings replaced through `table`."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: table[m.group()], value)
+    if isinstance(value, Mapping):
+        return {key: _replace_text(item, pattern, table) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace_text(item, pattern, table) for item in value]
+    return value
+
+
+def _unused_chars(text: str, n: int) -> list[str]:
+    """`n` private-use characters that do not occur in `text`."""
+    present = set(text)
+    chars = [chr(c) for c in range(0xE000, 0xF900) if chr(c) not in present][:n]
+    if len(chars) < n:
+        raise ChatTemplateError("a message uses every private-use character")
+    return chars
 
 
 def _raise_template_error(message: str) -> None:

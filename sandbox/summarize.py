@@ -148,7 +148,7 @@ class TextEditor:
         if count is None:
             if len(_TEXT_TOKENS) >= _TEXT_TOKENS_CAPACITY:
                 _TEXT_TOKENS.clear()
-            count = _TEXT_TOKENS[key] = len(self.counter.encode(text))
+            count = _TEXT_TOKENS[key] = len(self.counter.encode_text(text))
         return count
 
 

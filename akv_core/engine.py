@@ -10,7 +10,6 @@ lives in `akv_core.cache`; this file only does the tensor work its plans ask for
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -27,9 +26,10 @@ from akv_core.cache.ops import validate_operations
 from akv_core.cache.usage import Usage
 from akv_core.chat import ChatTokenizer
 from akv_core.model.batch import ForwardBatch, SeqAttention
-from akv_core.request import (DEFAULT_MAX_TOKENS, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP,
-                              Generation, Request, RequestEvent, RequestHandle, SamplingParams, StreamText)
-from akv_core.sampling import sample
+from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
+                              FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
+                              StreamText)
+from akv_core.sampling import check_sampling, generator_for, sample
 from akv_core.scheduler import Scheduler
 from akv_core.threads import phase_threads
 
@@ -112,10 +112,9 @@ class Engine:
             max_tokens = DEFAULT_MAX_TOKENS
         if not messages:
             raise ValueError("messages: at least one message is required")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens: must be at least 1, got {max_tokens}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer of at least 1, got {max_tokens!r}")
+        check_sampling(temperature, top_p, seed)
         operations = validate_operations(len(messages), drop_message, reposition, thinking_drop)
         rendered = self.tokenizer.render(messages, tools)
         if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
@@ -123,10 +122,9 @@ class Engine:
                                   f"({max_tokens}) exceeds the KV pool ({self.cache.allocator.total} slots)")
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
-        generator = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         handle = RequestHandle()
         request = Request(handle, build_key(rendered, operations), params,
-                          StreamText(self.tokenizer.decode, stops), generator,
+                          StreamText(self.tokenizer.decode, stops), generator_for(seed),
                           frozenset(self.tokenizer.eos_token_ids))
         self._inbox.put(request)
         self._wakeup.set()
@@ -163,21 +161,21 @@ class Engine:
             self._loop_running = False
 
     def step(self) -> bool:
-        """One scheduling step; returns whether any work was done."""
+        """One scheduling step; returns whether any work was done.
+
+        A failure while serving one request (planning, re-rotating, its forward, sampling)
+        ends that request alone with an ERROR_ENGINE event; the others carry on.
+        """
         with self._lock:
             self._take_inbox()
             self._end_cancelled()
-            admitted, refused = self.scheduler.admit()
-            for request, reason in refused:
-                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
+            _, refused = self.scheduler.admit()
+            for request, reason, code in refused:
+                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason, code))
             running = list(self.scheduler.running)
             if not running:
                 return bool(refused)
-            try:
-                self._forward_and_sample(running)
-            except Exception as error:
-                self._fail(running, f"engine error: {error}")
-                raise
+            self._forward_and_sample(running)
             return True
 
     def _take_inbox(self) -> None:
@@ -195,53 +193,80 @@ class Engine:
             self._finish(request, FINISH_CANCELLED)
 
     def _forward_and_sample(self, running: list[Request]) -> None:
-        batch, owners, prefill_tokens = self._build_batch(running)
-        phase = "prefill" if prefill_tokens else "decode"
-        with self._phase_threads(phase, batch.input_ids.numel()):
-            logits = self.model.forward(batch, self.kv).float().cpu()   # sampling generators live on the CPU
+        parts = []
         for request in running:
+            try:
+                parts.append(self._part(request))
+            except Exception as error:
+                self._fail(request, error)
+        for part, logits in self._forward(parts):
+            request = part.request
             if request.prefilling:
                 request.next_stage += 1
-        for row, request in enumerate(owners):
-            if self.logits_probe is not None:
-                self.logits_probe(request.handle, logits[row])
-            self._accept(request, sample(logits[row], request.params.temperature, request.params.top_p,
-                                         request.generator))
+            if logits is None:
+                continue
+            try:
+                if self.logits_probe is not None:
+                    self.logits_probe(request.handle, logits)
+                token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
+                self._accept(request, token)
+            except Exception as error:
+                self._fail(request, error)
 
-    def _build_batch(self, running: list[Request]) -> tuple[ForwardBatch, list[Request], int]:
+    def _part(self, request: Request) -> _Part:
+        """The request's rows of this step: its next prompt stage (re-rotations done first) or one decode token."""
+        if request.prefilling:
+            stage = request.layout.stages[request.next_stage]
+            self._rerotate(stage.rerotations)
+            last = request.next_stage == len(request.layout.stages) - 1
+            return _Part(request, stage.token_ids, stage.positions, stage.out_slots, _slots(stage.kv_slots),
+                         _stage_mask(stage), samples=last)
+        slot = request.lease.take_decode_slot()
+        if request.decode_kv is None:   # the visible prompt, then every reserved decode slot
+            request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots).to(self.kv.device)
+        visible = len(request.layout.view_slots) + request.lease.decode_used
+        return _Part(request, [request.generated[-1]], [request.layout.end_position + len(request.generated) - 1],
+                     [slot], request.decode_kv[:visible], None, samples=True)
+
+    def _forward(self, parts: list[_Part]) -> list[tuple[_Part, torch.Tensor | None]]:
+        """Each part that ran, with the logits of its last row if it samples.
+
+        The parts run in one batch; if that forward fails, each runs alone, so that only
+        the requests whose own forward fails are failed.
+        """
+        if len(parts) > 1:
+            try:
+                return list(zip(parts, self._run(parts)))
+            except Exception as error:
+                _log.warning("a batched forward failed (%s); running its requests one at a time", error)
+        done = []
+        for part in parts:
+            try:
+                done.append((part, self._run([part])[0]))
+            except Exception as error:
+                self._fail(part.request, error)
+        return done
+
+    def _run(self, parts: list[_Part]) -> list[torch.Tensor | None]:
         ids: list[int] = []
         positions: list[int] = []
         out_slots: list[int] = []
         seqs: list[SeqAttention] = []
         logits_rows: list[int] = []
-        owners: list[Request] = []
-        prefill_tokens = 0
-        for request in running:
-            start = len(ids)
-            if request.prefilling:
-                stage = request.layout.stages[request.next_stage]
-                self._rerotate(stage.rerotations)
-                ids += stage.token_ids
-                positions += stage.positions
-                out_slots += stage.out_slots
-                seqs.append(SeqAttention(start, len(stage.token_ids), _slots(stage.kv_slots), _stage_mask(stage)))
-                prefill_tokens += len(stage.token_ids)
-                if request.next_stage < len(request.layout.stages) - 1:
-                    continue
-            else:
-                slot = request.lease.take_decode_slot()
-                ids.append(request.generated[-1])
-                positions.append(request.layout.end_position + len(request.generated) - 1)
-                out_slots.append(slot)
-                if request.decode_kv is None:   # the visible prompt, then every reserved decode slot
-                    request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots).to(self.kv.device)
-                visible = len(request.layout.view_slots) + request.lease.decode_used
-                seqs.append(SeqAttention(start, 1, request.decode_kv[:visible]))
-            logits_rows.append(len(ids) - 1)
-            owners.append(request)
+        for part in parts:
+            seqs.append(SeqAttention(len(ids), len(part.ids), part.kv_slots, part.mask))
+            ids += part.ids
+            positions += part.positions
+            out_slots += part.out_slots
+            if part.samples:
+                logits_rows.append(len(ids) - 1)
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              _slots(out_slots), seqs, torch.tensor(logits_rows, dtype=torch.long))
-        return _to_device(batch, self.kv.device), owners, prefill_tokens
+        prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
+        with self._phase_threads("prefill" if prefill_tokens else "decode", len(ids)):
+            logits = self.model.forward(_to_device(batch, self.kv.device), self.kv).float().cpu()   # generators are on the CPU
+        rows = iter(logits)
+        return [next(rows) if part.samples else None for part in parts]
 
     def _rerotate(self, work: Rerotations) -> None:
         """Write re-rotated copies of keys (values copied as they are) into their new slots."""
@@ -280,11 +305,12 @@ class Engine:
                 self._totals[name] += getattr(usage, name)
         request.handle.put(RequestEvent(None, request.stream.flush(), reason, usage))
 
-    def _fail(self, requests: list[Request], reason: str) -> None:
-        """End requests whose step failed: their slots are freed, their clients get an error event."""
-        for request in requests:
-            if self.scheduler.abort(request):
-                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0), reason))
+    def _fail(self, request: Request, error: Exception) -> None:
+        """End one request whose work failed: its slots are freed, its client gets an ERROR_ENGINE event."""
+        _log.error("engine error while serving a request: %s", error, exc_info=error)
+        if self.scheduler.abort(request):
+            request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0),
+                                            f"engine error: {error}", ERROR_ENGINE))
 
     def _phase_threads(self, phase: str, new_tokens: int) -> AbstractContextManager:
         if self.kv.device.type != "cpu":
@@ -310,6 +336,19 @@ class Engine:
             leases = {id(r.lease) for r in self.scheduler.running}
             if len(leases) != len(self.scheduler.running) or any(r.lease is not None for r in self.scheduler.waiting):
                 raise AssertionError("engine integrity: a lease is shared or held by a waiting request")
+
+
+@dataclass
+class _Part:
+    """One request's rows in a forward: prompt tokens of a stage, or one decode token."""
+
+    request: Request
+    ids: list[int]
+    positions: list[int]
+    out_slots: list[int]
+    kv_slots: torch.Tensor
+    mask: torch.Tensor | None
+    samples: bool           # whether the logits of its last row choose the request's next token
 
 
 def _slots(values: list[int]) -> torch.Tensor:

@@ -19,12 +19,19 @@ from akv_core.cache.layout import PromptLayout
 from akv_core.cache.usage import Usage
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
+# Why a request ended in an error: the pool can never hold it (the client's to fix), or the
+# engine failed while serving it (a bug of ours; other requests are not affected).
+ERROR_KV_CAPACITY, ERROR_ENGINE = "kv_capacity_exceeded", "engine_error"
 # max_tokens when a client sends none (OpenAI: "up to the context"); decode slots are reserved up front.
 DEFAULT_MAX_TOKENS = 512
 
 
 class RequestFailed(RuntimeError):
-    """The engine ended a request with an error (refused as too large for the pool, or a failed step)."""
+    """The engine ended a request with an error; `code` says which kind (ERROR_KV_CAPACITY or ERROR_ENGINE)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,8 @@ class RequestEvent:
     """A generated token (`token_id`, `text` the newly decodable text), or the final event.
 
     The final event has `finish_reason` set ("stop", "length", "cancelled" or
-    "error") and the request's `usage`; `error` explains an "error".
+    "error") and the request's `usage`; `error` explains an "error" and `error_code`
+    names its kind (ERROR_KV_CAPACITY or ERROR_ENGINE).
     """
 
     token_id: int | None
@@ -49,6 +57,7 @@ class RequestEvent:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class RequestHandle:
             pieces.append(event.text)
             if event.finish_reason is not None:
                 if event.finish_reason == FINISH_ERROR:
-                    raise RequestFailed(event.error or "the request failed")
+                    raise RequestFailed(event.error or "the request failed", event.error_code)
                 return Generation("".join(pieces), tokens, event.finish_reason, event.usage)
 
 

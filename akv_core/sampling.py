@@ -1,19 +1,57 @@
-"""Choosing the next token from logits: greedy at temperature 0, else temperature and top-p."""
+"""Choosing the next token from logits: greedy at temperature 0, else temperature and top-p.
+
+Every accepted value is numerically safe: the logits are shifted so that the largest is 0
+before they are divided by the temperature (in float64, where any positive temperature is
+nonzero), so a tiny temperature drives the others to -inf (the greedy limit) and never makes
+inf - inf = NaN; top-p always keeps the most probable token.
+"""
 from __future__ import annotations
+
+import math
+import os
 
 import torch
 from torch import Tensor
+
+# OpenAI's ranges, checked by the engine and the server alike.
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.0, 1.0)
+SEED_RANGE = (-2**63, 2**63 - 1)   # a signed 64-bit integer
+
+
+def check_sampling(temperature: float, top_p: float, seed: int | None = None) -> None:
+    """Raise ValueError naming the field unless each value is inside OpenAI's range."""
+    for field, value, (low, high) in (("temperature", temperature, TEMPERATURE_RANGE),
+                                      ("top_p", top_p, TOP_P_RANGE)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+                or not low <= value <= high:
+            raise ValueError(f"{field}: must be a number from {low:g} to {high:g}, got {value!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise ValueError(f"seed: must be an integer from -2**63 to 2**63 - 1, got {seed!r}")
+
+
+def generator_for(seed: int | None) -> torch.Generator:
+    """The CPU generator a request samples with: seeded, or from the OS's randomness."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    return torch.Generator().manual_seed(seed % 2**64)   # torch takes an unsigned 64-bit seed
 
 
 def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
     """One token id from fp32 logits [vocab]; deterministic for a seeded `generator`."""
     if temperature <= 0.0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.double()   # any positive float temperature is a nonzero float64
+    probs = torch.softmax((logits - logits.max()) / temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise FloatingPointError("the model's logits are not finite numbers")
     if top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
-        choice = torch.multinomial(sorted_probs, 1, generator=generator)
+        keep = before < top_p
+        keep[0] = True
+        choice = torch.multinomial(torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs)), 1,
+                                   generator=generator)
         return int(order[choice])
     return int(torch.multinomial(probs, 1, generator=generator))

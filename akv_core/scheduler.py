@@ -9,11 +9,14 @@ decode reservation means it never has to wait for a slot again.
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.layout import expand
-from akv_core.request import Request
+from akv_core.request import ERROR_ENGINE, ERROR_KV_CAPACITY, Request
+
+_log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -28,32 +31,54 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
-    def admit(self) -> tuple[list[Request], list[tuple[Request, str]]]:
-        """Admit from the head of the queue; returns (admitted, refused with the reason)."""
+    def admit(self) -> tuple[list[Request], list[tuple[Request, str, str]]]:
+        """Admit from the head of the queue; returns (admitted, refused with the reason and error code).
+
+        A request the pool can never hold is refused with ERROR_KV_CAPACITY; one whose
+        planning fails (a bug) with ERROR_ENGINE, without holding up the requests behind it.
+        """
         admitted: list[Request] = []
-        refused: list[tuple[Request, str]] = []
+        refused: list[tuple[Request, str, str]] = []
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
-            reserve = request.params.max_tokens
-            plan = self.cache.plan(request.key, reserve)
-            if not self.cache.can_admit(plan, reserve):
-                if self.running:
-                    break   # room comes back when a running request ends
-                try:
-                    self.cache.check_fits(plan, reserve)
-                except KVCapacityError as error:
-                    self.waiting.popleft()
-                    refused.append((request, str(error)))
-                    continue
+            try:
+                admit = self._try_admit(request)
+            except KVCapacityError as error:
+                self.waiting.popleft()
+                refused.append((request, str(error), ERROR_KV_CAPACITY))
+                continue
+            except Exception as error:   # noqa: BLE001 - one request's bug must not stop the queue
+                _log.error("admission failed for a request: %s", error, exc_info=error)
+                self.waiting.popleft()
+                refused.append((request, f"engine error: {error}", ERROR_ENGINE))
+                continue
+            if not admit:
                 break
-            lease = self.cache.admit(plan, reserve)
-            request.lease = lease
-            request.layout = expand(self.cache.tree.path(plan.match.node), lease)
-            request.usage = plan.usage
             self.waiting.popleft()
             self.running.append(request)
             admitted.append(request)
         return admitted, refused
+
+    def _try_admit(self, request: Request) -> bool:
+        """Give the request its lease and layout if it fits now; False if it must wait.
+
+        Raises KVCapacityError if it can never fit, even with the pool to itself.
+        """
+        reserve = request.params.max_tokens
+        plan = self.cache.plan(request.key, reserve)
+        if not self.cache.can_admit(plan, reserve):
+            if not self.running:
+                self.cache.check_fits(plan, reserve)
+            return False   # room comes back when a running request ends (or eviction can free it)
+        lease = self.cache.admit(plan, reserve)
+        try:
+            request.layout = expand(self.cache.tree.path(plan.match.node), lease)
+        except Exception:
+            self.cache.release(lease, keep_prompt=False)
+            raise
+        request.lease = lease
+        request.usage = plan.usage
+        return True
 
     def remove_waiting(self, request: Request) -> None:
         self.waiting.remove(request)

@@ -81,13 +81,31 @@ BAD_REQUESTS = [
     ({"response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"tool_choice": "required"}, 400, "tool_choice"),
     ({"model": "gpt-9"}, 404, "model"),
+    # Found by a campaign of hostile requests: each was a 500, a silent guess or a 400 naming nothing.
+    ({"drop_message": {"³": [1]}}, 400, "drop_message.³"),       # passes isdigit(), then int() fails
+    ({"drop_message": {"٣": [1]}}, 400, "drop_message.٣"),       # Arabic-Indic 3 was taken as 3
+    ({"drop_message": {" 3": [1]}}, 400, "drop_message. 3"),
+    ({"messages": [README_HISTORY[0], {"role": "user", "content": "x\ud800y"}]}, 400, "messages[1].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, 400, "messages[0].content"),
+    ({"tools": [{"type": "function", "function": {"name": "f\ud800"}}]}, 400, "tools[0].function.name"),
+    ({"seed": 2**64}, 400, "seed"),
+    ({"seed": -2**63 - 1}, 400, "seed"),
+    ({"stream": "yes"}, 400, "stream"),
+    ({"stream": 1}, 400, "stream"),
+    ({"stream_options": {"include_usage": "true"}}, 400, "stream_options.include_usage"),
+    ({"temperature": "1"}, 400, "temperature"),
+    ({"top_p": 1.01}, 400, "top_p"),
+    ({"logprobs": "no"}, 400, "logprobs"),
 ]
 
 
 @pytest.mark.parametrize("change,status,param", BAD_REQUESTS)
 def test_bad_requests_get_an_openai_error_naming_the_field(server: LiveServer, change: dict,
                                                            status: int, param: str) -> None:
-    response = server.chat({"messages": README_HISTORY, "max_tokens": 2, **change})
+    body = {"model": MODEL, "messages": README_HISTORY, "max_tokens": 2, **change}
+    # json.dumps escapes lone surrogates as "\ud800", as a client's JSON encoder may send them.
+    response = server.client.post("/v1/chat/completions", content=json.dumps(body),
+                                  headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param

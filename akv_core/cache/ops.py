@@ -8,8 +8,11 @@ and the replay simulator reject exactly the same inputs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import re
 from dataclasses import dataclass
 from typing import Any
+
+_DECIMAL = re.compile(r"-?[0-9]+")   # fullmatch, so no surrounding whitespace either
 
 
 class OperationError(ValueError):
@@ -106,12 +109,16 @@ def _validate_repositions(n_messages: int, reposition: Sequence[Any] | None) -> 
 
 
 def _index(raw: Any, field: str, n_messages: int, allow_string: bool) -> int:
-    """A message index: an int (or, for object keys, a decimal string) in [0, n_messages)."""
+    """A message index: an int (or, for object keys, a decimal string) in [0, n_messages).
+
+    A key is ASCII digits with an optional minus sign: `str.isdigit` and `int` also take
+    other scripts' digits ("٣" is 3, "³" passes isdigit and then fails int).
+    """
     if isinstance(raw, bool):
         raise OperationError(field, f"expected a message index (an integer), got {raw!r}")
     if isinstance(raw, int):
         index = raw
-    elif allow_string and isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+    elif allow_string and isinstance(raw, str) and _DECIMAL.fullmatch(raw):
         index = int(raw)
     else:
         raise OperationError(field, f"expected a message index (an integer), got {raw!r}")

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
+from akv_core.request import ERROR_KV_CAPACITY
 from akv_core.server.assistant_output import AssistantOutputParser
 from akv_core.server.engine_loop import ClientGone, EngineLoop, Failed, Finished
 from akv_core.server.errors import APIError, install_error_handlers
@@ -123,8 +124,7 @@ async def _complete(state: ServerState, handle: Any, request: Request,
     try:
         async for event in state.loop.events(handle, request.is_disconnected):
             if isinstance(event, Failed):
-                raise APIError(f"messages: {event.message}", param="messages",
-                               code="kv_capacity_exceeded")
+                raise engine_failure(event)
             if isinstance(event, Finished):
                 finished = event
             else:
@@ -164,9 +164,9 @@ async def _stream(state: ServerState, handle: Any, request: Request, stream: Chu
         async for event in state.loop.events(handle, request.is_disconnected):
             if isinstance(event, Failed):
                 finished = True
-                state.metrics.count_request("chat", "rejected")
-                yield stream.error_chunk(f"messages: {event.message}", param="messages",
-                                         code="kv_capacity_exceeded")
+                error = engine_failure(event)
+                state.metrics.count_request("chat", "rejected" if error.status < 500 else "failed")
+                yield stream.error_chunk(error)
             elif isinstance(event, Finished):
                 finished = True
                 _record(state, event, started, first_token_at)
@@ -184,6 +184,15 @@ async def _stream(state: ServerState, handle: Any, request: Request, stream: Chu
         if not finished:
             handle.cancel()
             state.metrics.count_request("chat", "disconnected")
+
+
+def engine_failure(event: Failed) -> APIError:
+    """The error a request the engine ended gets: a 400 if the pool can never hold it, else a 500."""
+    if event.code == ERROR_KV_CAPACITY:
+        message = event.message if event.message.startswith("messages:") else f"messages: {event.message}"
+        return APIError(message, param="messages", code=ERROR_KV_CAPACITY)
+    return APIError(f"the engine failed while serving this request ({event.message}); other requests "
+                    "were not affected", status=500, type="server_error", code=event.code)
 
 
 def _record(state: ServerState, finished: Finished, started: float,

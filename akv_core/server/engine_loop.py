@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from akv_core.cache.key import build_key
 from akv_core.cache.ops import OperationError, validate_operations
 from akv_core.cache.planner import plan_request
 from akv_core.cache.radix import RadixCache
-from akv_core.request import DEFAULT_MAX_TOKENS, FINISH_ERROR
+from akv_core.cache.kv_cache import KVCapacityError
+from akv_core.request import DEFAULT_MAX_TOKENS, ERROR_ENGINE, ERROR_KV_CAPACITY, FINISH_ERROR
 from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
 from akv_core.server.validation import GenerationArgs
@@ -28,6 +30,8 @@ from akv_core.server.validation import GenerationArgs
 # Polls back off from 1 ms to 20 ms while a request is quiet (a prefill, a queue wait): a
 # CPU decode step takes tens of ms, so this adds little latency and few wake-ups.
 POLL_MIN_SECONDS, POLL_MAX_SECONDS = 0.001, 0.02
+# What the engine's ValueErrors start with: a field path such as `messages[2].content`.
+_FIELD_PATH = re.compile(r"[A-Za-z_]\w*(\[\d+\]|\.\w+)*")
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """The engine refused the request after admission planning (it can never fit the pool)."""
+    """The engine ended the request with an error: `code` is ERROR_KV_CAPACITY (it can never fit
+    the pool, found at admission) or ERROR_ENGINE (serving it failed)."""
 
     message: str
+    code: str
 
 
 class ClientGone(Exception):
@@ -91,9 +97,11 @@ class EngineLoop:
                 thinking_drop=args.thinking_drop)
         except OperationError as error:
             raise APIError(str(error), param=error.field) from None
+        except KVCapacityError as error:
+            raise APIError(str(error), param="messages", code=ERROR_KV_CAPACITY) from None
         except ValueError as error:  # the engine and the renderer prefix messages with the field
             field = str(error).split(":", 1)[0]
-            raise APIError(str(error), param=field if field.isidentifier() else None) from None
+            raise APIError(str(error), param=field if _FIELD_PATH.fullmatch(field) else None) from None
 
     async def events(
         self, handle: Any, disconnected: Callable[[], Awaitable[bool]]
@@ -114,7 +122,8 @@ class EngineLoop:
                 if event.text:
                     yield TextDelta(event.text)
                 if event.finish_reason == FINISH_ERROR:
-                    yield Failed(event.error or "the engine could not serve the request")
+                    yield Failed(event.error or "the engine could not serve the request",
+                                 event.error_code or ERROR_ENGINE)
                     return
                 if event.finish_reason is not None:
                     yield Finished(event.finish_reason, usage_fields(event.usage))

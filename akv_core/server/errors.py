@@ -40,8 +40,14 @@ class APIError(Exception):
         self.code = code
 
     def response(self) -> JSONResponse:
-        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        param = None if self.param is None else _encodable(self.param)
+        detail = ErrorDetail(message=_encodable(self.message), type=self.type, param=param, code=self.code)
         return JSONResponse(ErrorResponse(error=detail).model_dump(), status_code=self.status)
+
+
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates (from a client's key or value echoed back) written as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def field_path(loc: Sequence[Any]) -> str | None:

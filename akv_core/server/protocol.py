@@ -11,9 +11,12 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
+# Fields are strict: "stream": "yes" or "temperature": "1" are type errors naming the field,
+# not values pydantic guesses at.
 Index = Annotated[StrictInt, Field(ge=0)]
+Seed = Annotated[StrictInt, Field(ge=-2**63, le=2**63 - 1)]   # OpenAI's seed is a signed 64-bit integer
 
 
 # ---------------------------------------------------------------- request
@@ -78,7 +81,7 @@ class FunctionDefinition(BaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ToolDefinition(BaseModel):
@@ -91,7 +94,7 @@ class ToolDefinition(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class MessageDropRule(BaseModel):
@@ -129,32 +132,32 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage]
     model: str
     audio: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
+    frequency_penalty: StrictFloat | None = None
     function_call: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    logprobs: StrictBool | None = None
     max_completion_tokens: StrictInt | None = None
     max_tokens: StrictInt | None = None
     metadata: dict[str, str] | None = None
     modalities: list[str] | None = None
     n: StrictInt | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     prediction: dict[str, Any] | None = None
-    presence_penalty: float | None = None
+    presence_penalty: StrictFloat | None = None
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     service_tier: str | None = None
     stop: str | list[str] | None = None
-    store: bool | None = None
-    stream: bool | None = False
+    store: StrictBool | None = None
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
     tool_choice: Literal["none", "auto"] | None = None
     tools: list[ToolDefinition] | None = None
     top_logprobs: StrictInt | None = None
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     user: str | None = None
     # AKV extensions
     drop_message: dict[str, list[Index]] | None = Field(

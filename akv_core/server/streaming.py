@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from akv_core.server.assistant_output import AssistantOutputParser, Delta
 from akv_core.server.engine_loop import Finished
+from akv_core.server.errors import APIError
 from akv_core.server.protocol import (
     ChatCompletionChunk,
     ChunkChoice,
@@ -84,11 +85,11 @@ class ChunkStream:
         chunks.append(DONE)
         return chunks
 
-    def error_chunk(self, message: str, param: str | None, code: str | None) -> str:
+    def error_chunk(self, error: APIError) -> str:
         """The request failed after the stream began: an error event, then the end."""
-        error = ErrorResponse(error=ErrorDetail(message=message, type="invalid_request_error",
-                                                param=param, code=code))
-        return f"data: {error.model_dump_json()}\n\n" + DONE
+        body = ErrorResponse(error=ErrorDetail(message=error.message, type=error.type,
+                                               param=error.param, code=error.code))
+        return f"data: {body.model_dump_json()}\n\n" + DONE
 
     def _chunk(self, delta: DeltaMessage, finish_reason: str | None = None) -> str:
         choice = ChunkChoice(delta=delta, finish_reason=finish_reason)

@@ -48,7 +48,8 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
             suite_obj.build(akv_home(), seed)
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             _fail(f"{name}: {err}")
-        typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s")
+        typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "
+                   f"(version {suite_obj.version(akv_home())})")
 
 
 @tasks_app.command("list")

@@ -70,7 +70,8 @@ def _versus_cell(row: Row, role: str) -> str:
     the Holm-adjusted one-sided p of the cost and the score difference's lower bound."""
     if role == "expert" and row.rule:
         r = row.rule
-        return f"{r['cost_percent']:+.1f}% {_p(r['cost_p_holm'])}\n{100 * r['score_delta']:+.1f}pt ≥{100 * r['score_low']:+.1f}"
+        return (f"{r['cost_percent']:+.1f}% {_p(r['cost_p_holm'])}\n"
+                f"{100 * r['score_delta']:+.1f}pt ≥{100 * r['score_low']:+.1f}")
     v = row.versus.get(role)
     if v is None:
         return "-"
@@ -275,5 +276,5 @@ def _rejections(policies: Sequence[PolicyInfo]) -> str:
                    for p in policies if p.status in ("rejected", "duplicate", "pruned"))
     if not rows:
         return "<h2>Rejected, duplicate and pruned candidates</h2><p>None.</p>"
-    return ("<h2>Rejected, duplicate and pruned candidates</h2><table id='rejections'><tr><th>policy</th><th>proposer</th>"
-            f"<th>status</th><th>reason</th></tr>{rows}</table>")
+    return ("<h2>Rejected, duplicate and pruned candidates</h2><table id='rejections'><tr><th>policy</th>"
+            f"<th>proposer</th><th>status</th><th>reason</th></tr>{rows}</table>")

@@ -48,7 +48,7 @@ class HarnessEvaluator:
             self.suite.build(home, seed)
         else:
             # Never build here: with today's defaults a build could replace the very data the run scored on.
-            check_recorded(self.suite.name, self._built_version(home), recorded_version, seed)
+            check_recorded(self.suite.name, self._built_version(home), recorded_version, seed, home / self.suite.name)
         self.suite_version = self.suite.version(home)
         self.backend = open_backend(backend, None)
 

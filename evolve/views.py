@@ -13,7 +13,8 @@ from store import PolicyInfo, Store
 
 
 def _line(p: PolicyInfo) -> str:
-    colour = {"evaluated": "green", "pruned": "yellow", "rejected": "red", "duplicate": "magenta"}.get(p.status, "white")
+    colours = {"evaluated": "green", "pruned": "yellow", "rejected": "red", "duplicate": "magenta"}
+    colour = colours.get(p.status, "white")
     why = f" — {p.rejection_reason}" if p.rejection_reason else ""
     edits = p.meta.get("edits") or p.meta.get("params")
     detail = f" {edits}" if edits else ""

@@ -72,10 +72,12 @@ def rebuild_command(name: str, recorded: str, current: str | None, seed: int) ->
     return command
 
 
-def check_recorded(name: str, current: str | None, recorded: str, seed: int) -> None:
+def check_recorded(name: str, current: str | None, recorded: str, seed: int, folder: Path | None = None) -> None:
     """Raise ValueError unless the built data (`current`, None when missing) is the `recorded` version.
 
     Runs recorded before suites had versions (`NAME@unversioned`) cannot be checked and pass.
+    `folder` (the suite's data folder) is named for the case a build cannot see: files changed
+    under an unchanged manifest, which a build takes as current.
     """
     if recorded.endswith("@unversioned"):
         return
@@ -84,5 +86,6 @@ def check_recorded(name: str, current: str | None, recorded: str, seed: int) -> 
         raise ValueError(f"suite {name}: the run was scored on {recorded}, but {name} is not built: "
                          f"run `{command}`, then resume")
     if current != recorded:
+        hint = f" (if it reports the build as current, remove {folder} first)" if folder is not None else ""
         raise ValueError(f"suite {name}: the run was scored on {recorded}, but the built data is {current} "
-                         f"(stale for this run): rebuild it with `{command}`, then resume")
+                         f"(stale for this run): rebuild it with `{command}`{hint}, then resume")

@@ -69,6 +69,12 @@ def test_the_rebuild_command_names_the_edition_only_where_editions_are_in_play()
         check_recorded("localcomp", "localcomp@e1-ba9876543210", "localcomp@e1-0123456789ab", 0)
 
 
+def test_tasks_build_prints_the_version_a_run_records(built_copy):
+    built = CliRunner().invoke(app, ["tasks", "build", "--suite", "localcomp"], env={"AKV_HOME": str(built_copy)})
+    assert built.exit_code == 0, built.output
+    assert f"(version {get_suite('localcomp').version(built_copy)})" in built.output
+
+
 def _recorded_run(url: str, name: str, suite_version: str) -> None:
     store = Store.open(url)
     try:
@@ -87,6 +93,7 @@ def test_resume_refuses_a_stale_or_missing_suite_build_and_changes_nothing(tmp_p
     assert stale.exit_code == 2, stale.output
     assert "localcomp@e1-000000000000" in stale.output and "stale for this run" in stale.output
     assert "akv tasks build --suite localcomp --seed 0" in stale.output and "Traceback" not in stale.output
+    assert str(built_copy / "localcomp") in stale.output.replace("\n", "")
     empty = tmp_path / "empty-home"
     missing = runner.invoke(app, ["evolve", "--resume", "--run-name", "stale", "--db", url],
                             env={"AKV_HOME": str(empty), "COLUMNS": "200"})

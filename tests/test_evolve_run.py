@@ -134,7 +134,8 @@ def test_export_writes_a_loadable_policy_and_its_provenance(killed_and_resumed, 
     assert record["metrics"]["heldout"]["tasks"] == 5 and record["metrics"]["train"]["tasks"] == 3
     assert record["lineage"][0]["id"] == best and record["run"]["code_version"]
     assert re.fullmatch(r"localcomp@e\d+-[0-9a-f]{12}", record["run"]["suite_version"])
-    assert record["validation"]["round"] == 1 and record["validation"]["suite_version"] == record["run"]["suite_version"]
+    assert record["validation"]["round"] == 1
+    assert record["validation"]["suite_version"] == record["run"]["suite_version"]
 
 
 def test_compare_prints_the_table_and_writes_a_report_chromium_renders(killed_and_resumed, tmp_path):

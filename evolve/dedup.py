@@ -65,11 +65,11 @@ class Fingerprints:
             return None
         digest = hashlib.sha256(self.salt)
         for task in self.histories:
-            for record in self._decisions(policy, task):
+            for record in self.decisions(policy, task):
                 digest.update(json.dumps(record, sort_keys=True).encode())
         return digest.hexdigest()
 
-    def _decisions(self, policy: CachePolicy, task: Sequence[Sequence[Message]]) -> list[dict[str, Any]]:
+    def decisions(self, policy: CachePolicy, task: Sequence[Sequence[Message]]) -> list[dict[str, Any]]:
         """The policy's decision for every request of one task, in one shape whatever the mode."""
         if policy.mode == "kv":
             final = policy.decide(task[-1], self.counter)

@@ -2,6 +2,8 @@
 such, never evaluated and never validated."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from evolve.candidate import check_policy
@@ -12,6 +14,7 @@ from evolve.library import load_checked
 from evolve.loop import Evolution
 from evolve.proposers.base import Proposer
 from evolve.scoring import HarnessEvaluator
+from policy_dsl import load_policy
 from store import Proposal, Store
 
 WINDOW = "mode kv\non each tool_response: drop role tool keep last {n} in 1..{hi}\nreposition {rule}\n"
@@ -63,6 +66,17 @@ def test_a_reposition_rule_that_changes_no_decision_is_the_same_candidate(finger
     # Decisions that differ are different candidates.
     assert fingerprints.identity(window(rule="never")).behaviour != each.behaviour
     assert fingerprints.identity(window(n=3)).behaviour != each.behaviour
+
+
+@pytest.mark.parametrize("name", ["expert-8k", "turn-based", "token-based", "rolling-3", "standard-8k"])
+def test_fingerprints_record_the_decision_of_every_request(fingerprints, name):
+    # kv decisions are cut from the last request's (they are cumulative); the result must be exactly
+    # what deciding on every request gives.
+    policy = load_policy(name)
+    for task in fingerprints.histories:
+        every = [{**d.api_fields(), "text_edits": [asdict(e) for e in d.text_edits]}
+                 for d in (policy.decide(messages, fingerprints.counter) for messages in task)]
+        assert fingerprints.decisions(policy, task) == every
 
 
 def test_a_policy_that_reads_drop_context_has_no_fingerprint(fingerprints):

@@ -117,14 +117,12 @@ class _TaskRun:
                 seed=self.seed,
             )
             reply = self.backend.complete(request)
-            view = AgentView(self.task, request.messages, _visible(len(self.history), request.drop_message),
-                             reply.message, step)
-            action = self.agent.act(view)
+            action = self.agent.act(agent_view(self.task, request, reply.message, step))
             message = _with_call_ids(action.message, step)
             usage = reply.usage
             if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
                 usage = usage.with_completion(self.counter.count(message))
-            self._record(step, "agent", request, reply.message, usage)
+            self._record(step, "agent", request, reply.message, usage, _checked_uses(action.used, request))
             self.history.append(message)
             if action.final_answer is not None:
                 return ("gave_up" if action.gave_up else "ok"), action.final_answer
@@ -174,10 +172,10 @@ class _TaskRun:
             return name, f"error: {err}"
 
     def _record(self, step: int, purpose: str, request: BackendRequest, reply: Message | None,
-                usage: Usage) -> None:
+                usage: Usage, used: tuple[int, ...] | None = None) -> None:
         cost = self.prices.cost(usage)
         self.bill.add(usage, cost)
-        self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost))
+        self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost, used))
 
     def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: Usage) -> None:
         self._record(step, "summary", request, reply, usage)
@@ -210,10 +208,36 @@ def _with_call_ids(message: Message, step: int) -> Message:
     return {**message, "tool_calls": fixed}
 
 
-def _visible(n_messages: int, drop_message: Mapping[str, Sequence[int]]) -> tuple[bool, ...]:
-    """Per message: False when a drop in effect hides it (every trigger is already in the history)."""
-    dropped = {index for indices in drop_message.values() for index in indices}
-    return tuple(i not in dropped for i in range(n_messages))
+def agent_view(task: Task, request: BackendRequest, response: Message | None, step: int) -> AgentView:
+    """What the agent may see after `request`: every drop it carries is in effect for the next message.
+
+    A message dropped by `drop_message` or a `message_drop` rule is not visible; under
+    `thinking_drop` the earlier assistant messages are shown without their reasoning.
+    """
+    operations = request.cache_operations()
+    dropped = {int(index) for indices in (operations.drop_message or {}).values() for index in indices}
+    messages: Sequence[Message] = request.messages
+    if operations.thinking_drop:
+        messages = tuple(_without_reasoning(m) for m in messages)
+    visible = tuple(i not in dropped for i in range(len(messages)))
+    return AgentView(task, messages, visible, response, step)
+
+
+def _without_reasoning(message: Message) -> Message:
+    if message.get("role") != "assistant" or "reasoning_content" not in message:
+        return message
+    return {k: v for k, v in message.items() if k != "reasoning_content"}
+
+
+def _checked_uses(used: Sequence[int] | None, request: BackendRequest) -> tuple[int, ...] | None:
+    """The agent's use record as stored: sorted unique indices of the request's messages."""
+    if used is None:
+        return None
+    indices = tuple(sorted({int(i) for i in used}))
+    if indices and not 0 <= indices[0] <= indices[-1] < len(request.messages):
+        raise ValueError(f"AgentAction.used: indices must name messages 0..{len(request.messages) - 1} "
+                         f"of the step's history, got {list(indices)}")
+    return indices
 
 
 def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backend, *,

@@ -59,10 +59,13 @@ class TaskEnv(Protocol):
 class AgentView:
     """What an agent may see before its next step.
 
-    `messages` is the full text history as sent; `visible` marks, per message, whether the
-    model can still attend to it under the policy (False for kv-dropped messages). In text
-    mode the history itself is already edited (summaries, placeholders) and all is visible.
-    `response` is the backend's reply to this step's request (None for the replay backend).
+    `messages` is the text history as sent, less what the model cannot attend to inside a
+    message: under `thinking_drop` the reasoning (`reasoning_content`) of the earlier assistant
+    messages is left out. `visible` marks, per message, whether the model can still attend to
+    it under the policy (False for a message that `drop_message` or a `message_drop` rule
+    dropped). In text mode the history itself is already edited (summaries, placeholders) and
+    all is visible. `response` is the backend's reply to this step's request (None for the
+    replay backend).
     """
 
     task: Task

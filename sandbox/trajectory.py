@@ -27,6 +27,7 @@ class Exchange:
     reply_message: Message | None
     usage: Usage
     cost_usd: float
+    used: tuple[int, ...] | None = None  # the agent's use record (`AgentAction.used`); None if not recorded
 
 
 @dataclass
@@ -51,13 +52,16 @@ class Trajectory:
             before = previous.get(ex.purpose, ())
             shared = _shared_prefix(before, ex.request.messages)
             previous[ex.purpose] = ex.request.messages
-            yield {
+            record = {
                 "type": "exchange", "step": ex.step, "purpose": ex.purpose,
                 "shared": shared, "messages": list(ex.request.messages[shared:]),
                 "tools": list(ex.request.tools) if not before or shared == 0 else None,
                 **ex.request.api_fields(), "max_tokens": ex.request.max_tokens,
                 "reply": ex.reply_message, "usage": ex.usage.to_dict(), "cost_usd": ex.cost_usd,
             }
+            if ex.used is not None:
+                record["used"] = list(ex.used)
+            yield record
         for note in self.notes:
             yield note
 
@@ -79,11 +83,13 @@ def _shared_prefix(before: Sequence[Message], now: Sequence[Message]) -> int:
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """A full request rebuilt from a trajectory file, with the usage recorded for it."""
+    """A full request rebuilt from a trajectory file, with the usage and use record stored for it."""
 
     purpose: str
     request: BackendRequest
     usage: Usage
+    step: int = 0
+    used: tuple[int, ...] | None = None  # None: the file records no uses for this request
 
 
 def read_trajectory(path: Path) -> tuple[dict[str, Any], list[RecordedRequest]]:
@@ -111,5 +117,7 @@ def read_trajectory(path: Path) -> tuple[dict[str, Any], list[RecordedRequest]]:
             drop_rule=record.get("drop_rule"),
             max_tokens=record["max_tokens"],
         )
-        out.append(RecordedRequest(purpose, request, Usage.from_fields(record["usage"])))
+        used = record.get("used")
+        out.append(RecordedRequest(purpose, request, Usage.from_fields(record["usage"]), int(record.get("step", 0)),
+                                   None if used is None else tuple(int(i) for i in used)))
     return header, out

@@ -211,3 +211,66 @@ def test_the_prefix_memo_gives_exactly_the_cold_accounting(localcomp) -> None:
         assert [(r.tokens, r.n_requests) for r in warm.results] == [(r.tokens, r.n_requests) for r in cold.results]
         assert (memo.hits > hits) == expect_hits
     assert memo.misses > 0
+
+
+class _Fields:
+    """A kv policy object that sends fixed API fields from step `start` on (what the harness takes)."""
+
+    mode = "kv"
+
+    def __init__(self, name: str, fields: dict, start: int) -> None:
+        self.name, self.fields, self.start = name, fields, start
+
+    def decide(self, history, counter):
+        fields = self.fields if len(history) > 2 * self.start + 1 else {}
+        return type("Fixed", (), {"api_fields": lambda _self: fields})()
+
+
+class _Recording(Reader):
+    """Reads documents, thinks aloud in `reasoning_content`, and records reading the latest result."""
+
+    def act(self, view: AgentView) -> AgentAction:
+        action = super().act(view)
+        message = {**action.message, "reasoning_content": f"thinking at step {view.step}"}
+        used = (len(view.messages) - 1,) if view.step else ()
+        return AgentAction(message, action.final_answer, used=used)
+
+
+@pytest.mark.parametrize("fields, hidden", [
+    ({"drop_message": {"5": [3]}}, {3}),
+    ({"drop_rule": {"type": "message_drop", "drop_messages": {"5": [3]}}}, {3}),
+    ({"drop_rule": {"type": "thinking_drop"}}, set()),
+])
+def test_the_view_accounts_for_every_drop_the_request_carries(localcomp, fields: dict, hidden: set) -> None:
+    agent = _Watching(_Recording(5))
+    task = localcomp.tasks("train")[0]
+    run_task(task, localcomp, _Fields("fixed", fields, 3), agent, ReplayBackend())
+    late = agent.views[4]
+    assert [i for i, seen in enumerate(late.visible) if not seen] == sorted(hidden)
+    thinking = [m for m in late.messages if m["role"] == "assistant" and "reasoning_content" in m]
+    assert len(thinking) == (0 if fields.get("drop_rule", {}).get("type") == "thinking_drop" else 4)
+    assert all(agent.views[1].visible) and "reasoning_content" in agent.views[1].messages[2]
+
+
+def test_use_records_reach_the_trajectory_file_and_come_back(localcomp, tmp_path: Path) -> None:
+    task = localcomp.tasks("train")[0]
+    _, trajectory = run_task(task, localcomp, resolve_policy("full"), _Recording(3), ReplayBackend())
+    trajectory.write(tmp_path / "t.jsonl")
+    _, recorded = read_trajectory(tmp_path / "t.jsonl")
+    assert [r.used for r in recorded] == [(), (3,), (5,), (7,)]
+    assert [r.step for r in recorded] == [0, 1, 2, 3]
+    _, plain = run_task(task, localcomp, resolve_policy("full"), Reader(2), ReplayBackend())
+    plain.write(tmp_path / "plain.jsonl")
+    assert all("used" not in json.loads(line) for line in (tmp_path / "plain.jsonl").read_text().splitlines())
+    assert all(r.used is None for r in read_trajectory(tmp_path / "plain.jsonl")[1])
+
+
+class _Overreaching(Reader):
+    def act(self, view: AgentView) -> AgentAction:
+        return AgentAction(super().act(view).message, used=(len(view.messages),))
+
+
+def test_a_use_record_naming_no_message_fails_the_task_with_the_field_named(localcomp) -> None:
+    task = localcomp.tasks("train")[0]
+    result, _ = run_task(task, localcomp, resolve_policy("full"), _Overreaching(3), ReplayBackend())
+    assert result.status == "error" and "AgentAction.used" in result.reason and "0..1" in result.reason

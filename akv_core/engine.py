@@ -321,6 +321,13 @@ class Engine:
             torch.set_num_threads(self._threads[phase])
         return nullcontext()
 
+    def clear_cache(self) -> None:
+        """Empty the radix cache, as a fresh engine's; RuntimeError while requests are queued or running."""
+        with self._lock:
+            if self.scheduler.running or self.scheduler.waiting or not self._inbox.empty():
+                raise RuntimeError("cannot clear the cache while requests are queued or running")
+            self.cache.clear()
+
     # -- introspection ---------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:

@@ -166,6 +166,21 @@ def test_cancelled_request_leaves_nothing_behind():
     assert cache.stats().slots_used == 0
 
 
+def test_a_cleared_cache_serves_as_a_new_one_and_refuses_while_a_request_holds_slots():
+    cache = KVCache(100)
+    key = build_key(render(agent_history(2)), validate_operations(6, {"5": [3]}, [5]))
+    cache.release(cache.admit(cache.plan(key), decode_reserve=2), keep_prompt=True)
+    assert cache.plan(key).usage.cached_tokens > 0
+    held = cache.admit(cache.plan(key), decode_reserve=2)
+    with pytest.raises(RuntimeError, match="hold slots"):
+        cache.clear()
+    cache.release(held, keep_prompt=True)
+    cache.clear()
+    cache.check_integrity()
+    assert cache.stats() == KVCache(100).stats()
+    assert cache.plan(key).usage == KVCache(100).plan(key).usage
+
+
 def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2,
                  thinking: bool = False):
     key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))

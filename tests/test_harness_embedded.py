@@ -1,35 +1,68 @@
-"""The embedded backend end to end on the CPU: the real engine serves a run of 3 tasks.
+"""The embedded backend end to end on the CPU: the real engine serves localcomp tasks.
 
-Kept small on purpose (one request per task): prefill on a 2-core CPU is the cost.
+Kept small on purpose (few requests per task): prefill on a 2-core CPU is the cost.
 """
 from __future__ import annotations
 
 import pytest
 
 from sandbox.backends import open_backend
-from sandbox.harness import RunLimits, run_tasks
+from sandbox.backends.embedded import EmbeddedBackend
+from sandbox.backends.replay import ReplayBackend
+from sandbox.harness import RunLimits, resolve_policy, run_task, run_tasks
+from sandbox.suites import get_suite
 
 pytestmark = pytest.mark.model
+
+USAGE_FIELDS = ("prompt_tokens", "cached_tokens", "repos_tokens", "drop_skipped_tokens", "prefilled_tokens")
+PARITY_POOL = 8192  # both backends; the first six steps of a task fit without eviction
+
+
+def _usage_rows(trajectory) -> list[list[int]]:
+    return [[getattr(e.usage, f) for f in USAGE_FIELDS] for e in trajectory.exchanges]
 
 
 def test_scripted_run_of_three_tasks_on_the_embedded_engine() -> None:
     limits = RunLimits(max_steps=1)
-    backend = open_backend("embedded")
-    try:
-        served = run_tasks("localcomp", "train", "expert-8k", backend=backend, limit=3, limits=limits)
-    finally:
-        backend.close()
-    replayed = run_tasks("localcomp", "train", "expert-8k", backend="replay", limit=3, limits=limits)
-    assert served.summary["errors"] == {}
+    runs = {}
+    for fresh in (True, False):  # True is the default of both backends
+        backend = EmbeddedBackend(fresh_cache_per_task=fresh)
+        replay = ReplayBackend(kv_tokens=backend.kv_tokens, fresh_cache_per_task=fresh)
+        try:
+            runs[fresh] = [run_tasks("localcomp", "train", "expert-8k", backend=b, limit=3, limits=limits)
+                           for b in (backend, replay)]
+        finally:
+            backend.close()
+    (served_fresh, fresh), (served, shared) = runs[True], runs[False]
+    assert served.summary["errors"] == {} and served_fresh.summary["errors"] == {}
     assert [r.status for r in served.results] == ["max_steps"] * 3
     assert [r.n_requests for r in served.results] == [1, 1, 1]
-    # The scripted agent ignores model text, so both runs send the same requests. The first
-    # task met an empty engine cache, like replay's fresh one: every token class agrees.
-    assert served.results[0].tokens == replayed.results[0].tokens
-    # Later tasks find the shared system prompt in the engine's cache (replay starts each task fresh).
-    for task in (1, 2):
-        assert served.results[task].tokens.cached > replayed.results[task].tokens.cached == 0
-        assert served.results[task].cost_usd < replayed.results[task].cost_usd
+    # One cache across tasks: later tasks find the system prompt and tools cached, on both backends.
+    assert [r.tokens for r in served.results] == [r.tokens for r in shared.results]
+    assert all(r.tokens.cached > 0 for r in served.results[1:])
+    # A fresh cache per task (the default of both backends): every token class agrees, none is cached.
+    assert [r.tokens for r in served_fresh.results] == [r.tokens for r in fresh.results]
+    assert all(r.tokens.cached == 0 for r in served_fresh.results)
+
+
+@pytest.mark.slow
+def test_replay_equals_the_embedded_engine_request_for_request_on_two_localcomp_tasks() -> None:
+    suite = get_suite("localcomp")
+    tasks = suite.tasks("train")[:2]
+    policy = resolve_policy("expert-8k")
+    limits = RunLimits(max_steps=6)  # step 5 is the first to drop and reposition
+    engine = EmbeddedBackend(kv_tokens=PARITY_POOL)
+    replay = ReplayBackend(kv_tokens=PARITY_POOL, memo=None)
+    try:
+        for task in tasks:  # in turn on one engine: the second task must not see the first one's cache
+            _, served = run_task(task, suite, policy, suite.scripted_agent(task), engine, limits=limits)
+            _, replayed = run_task(task, suite, policy, suite.scripted_agent(task), replay, limits=limits)
+            assert [e.request for e in served.exchanges] == [e.request for e in replayed.exchanges]
+            assert _usage_rows(served) == _usage_rows(replayed), task.id
+            assert len(served.exchanges) == limits.max_steps
+            assert served.exchanges[-1].usage.repos_tokens > 0 and served.exchanges[-1].usage.drop_skipped_tokens > 0
+    finally:
+        engine.close()
 
 
 def test_thinking_drop_on_the_embedded_engine_accounts_as_replay() -> None:

@@ -167,6 +167,13 @@ class KVCache:
                 self.tree.punch_copies(end, plan.walk.live_copies)
                 self.tree.punch_births(end, plan.walk.runs)
 
+    def clear(self) -> None:
+        """Forget everything cached: the pool and the tree as new. No request may hold a lease."""
+        if self._leases:
+            raise RuntimeError(f"cannot clear the KV cache while {len(self._leases)} request(s) hold slots")
+        self.allocator = SlotAllocator(self.allocator.total)
+        self.tree = RadixCache(self.allocator)
+
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count
         return PoolStats(total, total - free, free, self.tree.cached_slots, self.tree.evictable_slots,

@@ -5,6 +5,9 @@
   decisions do not depend on model text (the scripted ones) can run on it.
 - `embedded`: the `Engine` in-process (the embedded SmolLM2 by default).
 - a URL: any OpenAI-compatible endpoint, AKV fields sent through `extra_body`.
+
+Replay and embedded start each task from an empty cache; a server (a URL) keeps one cache
+across tasks, so there later tasks find the shared system prompt and tools cached.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The in-process backend: the `Engine` serves each request without HTTP.
 
-Requests of all tasks share the engine's radix cache, as they would share a server's.
+Each task starts from an empty cache, as on the replay backend, so a task's usage does not
+depend on which tasks ran before it (they would otherwise share the cached system prompt and
+tool definitions). `fresh_cache_per_task=False` keeps one cache across tasks, as a server does.
 """
 from __future__ import annotations
 
@@ -14,16 +16,24 @@ class EmbeddedBackend:
     name = "embedded"
     generates = True
 
-    def __init__(self, model: str = "smollm2", kv_tokens: int | None = None) -> None:
+    def __init__(self, model: str = "smollm2", kv_tokens: int | None = None,
+                 fresh_cache_per_task: bool = True) -> None:
         from akv_core import Engine  # torch loads only when this backend is chosen
 
+        self._fresh = fresh_cache_per_task
         try:
             self._engine: Any = Engine.from_pretrained(model, kv_tokens=kv_tokens)
         except (FileNotFoundError, ValueError) as err:
             raise ValueError(f"cannot load model {model!r}: {err}") from err
 
+    @property
+    def kv_tokens(self) -> int:
+        """The engine's KV pool, in slots (the replay backend takes the same number for parity)."""
+        return int(self._engine.cache.allocator.total)
+
     def start_task(self) -> None:
-        """Nothing to reset: the engine's cache is shared across tasks."""
+        if self._fresh:
+            self._engine.clear_cache()
 
     def complete(self, request: BackendRequest) -> BackendReply:
         fields = request.cache_operations()

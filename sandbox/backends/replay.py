@@ -26,7 +26,8 @@ from sandbox.backends import BackendError, BackendReply, BackendRequest, CacheOp
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import Usage
 
-# Matches the server's default pool so that eviction, if any, happens at the same point.
+# A pool no suite task fills, so a policy's cost is not a pool's evictions. To compare with an engine
+# or a server request for request, give it the same pool (`EmbeddedBackend.kv_tokens`).
 DEFAULT_KV_TOKENS = 1 << 20
 
 

@@ -39,27 +39,42 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
           seed: int = typer.Option(0, help="Seed of the generated tasks.")) -> None:
     """Create a suite's data under the data folder (idempotent)."""
     from akv_core.home import akv_home
-    from sandbox.suites import suite_names
+    from sandbox.suites import SuiteLoadError, get_suite, suite_names
 
+    failed = []
     for name in [suite] if suite else suite_names():
         started = time.perf_counter()
-        suite_obj = _suite(name)
+        try:
+            suite_obj = _suite(name) if suite else get_suite(name)
+        except SuiteLoadError as err:  # building every suite: a broken plugin does not stop the others
+            typer.echo(f"error: {err}", err=True)
+            failed.append(name)
+            continue
         try:
             suite_obj.build(akv_home(), seed)
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             _fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "
                    f"(version {suite_obj.version(akv_home())})")
+    if failed:
+        raise typer.Exit(code=2)
 
 
 @tasks_app.command("list")
-def list_tasks(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
+def list_tasks(suite: Optional[str] = typer.Option(None, help="Suite name, e.g. localcomp."),
                split: str = typer.Option("train", help="Split: train or heldout."),
+               suites: bool = typer.Option(False, "--suites", help="List the registered suites and where "
+                                           "each comes from, instead of a suite's tasks."),
                json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    """List the tasks of a split."""
+    """List the tasks of a split, or (--suites) the registered suites."""
     from rich.console import Console
     from rich.table import Table
 
+    if suites:
+        _list_suites(json_out)
+        return
+    if suite is None:
+        _fail("--suite: expected a suite name (or --suites to list the registered suites)")
     suite_obj = _suite(suite)
     try:
         tasks = suite_obj.tasks(split)  # never builds: a folder built with another seed stays as it is
@@ -74,6 +89,33 @@ def list_tasks(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."
     table.add_column("prompt", overflow="fold")
     for task in tasks:
         table.add_row(task.id, task.prompt if len(task.prompt) <= 160 else task.prompt[:157] + "...")
+    Console().print(table)
+
+
+def _list_suites(json_out: bool) -> None:
+    """Each registered suite with its entry point, its package and whether it loads (the error if not)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sandbox.suites import ENTRY_POINT_GROUP, SuiteLoadError, load_suite, suite_entries
+
+    rows = []
+    for entry in suite_entries():
+        try:
+            load_suite(entry)
+            error = None
+        except SuiteLoadError as err:
+            error = str(err)
+        rows.append({"name": entry.name, "target": entry.target, "distribution": entry.distribution,
+                     "error": error})
+    if json_out:
+        typer.echo(json.dumps({"group": ENTRY_POINT_GROUP, "suites": rows}))
+        return
+    table = Table(title=f"suites (entry-point group {ENTRY_POINT_GROUP})")
+    for column in ("name", "entry point", "package", "status"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["name"], row["target"], row["distribution"], row["error"] or "ok")
     Console().print(table)
 
 

@@ -1,23 +1,84 @@
-"""Task suites by name. Each suite lives in its own sub-package and is imported on demand."""
+"""Task suites by name, found through the entry-point group `akv.suites`.
+
+Every suite, ours included, is registered the same way: a package declares
+
+    [project.entry-points."akv.suites"]
+    mysuite = "my_package.suite:MySuite"
+
+and `get_suite("mysuite")` imports `my_package.suite` and calls `MySuite()` on first use. A suite
+that fails to import is reported with its name and the error; the others stay usable.
+"""
 from __future__ import annotations
 
-import importlib
+from dataclasses import dataclass
+from importlib import metadata
 
 from sandbox.suite import Suite
 
-_SUITES = {
-    "localcomp": ("sandbox.suites.localcomp", "LocalComp"),
-    "localswe": ("sandbox.suites.localswe", "LocalSWE"),
-}
+ENTRY_POINT_GROUP = "akv.suites"
+SUITE_METHODS = ("build", "tasks", "open", "scripted_agent")
+
+
+class SuiteLoadError(ValueError):
+    """A registered suite that cannot be loaded; the message names the suite, its source and the error."""
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """One registered suite: its name, the object path it loads and the distribution that declares it."""
+
+    name: str
+    target: str        # "module:attribute"
+    distribution: str  # "name version" of the declaring package, or "?" when unknown
+
+    @property
+    def source(self) -> str:
+        return f"{self.target} ({self.distribution})"
+
+
+def suite_entries() -> list[SuiteEntry]:
+    """Every registered suite, sorted by name (a name declared twice appears twice)."""
+    found = []
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(point, "dist", None)
+        label = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "?"
+        found.append(SuiteEntry(point.name, point.value, label))
+    return sorted(found, key=lambda e: (e.name, e.distribution))
 
 
 def suite_names() -> list[str]:
-    return sorted(_SUITES)
+    """Names of the registered suites, sorted."""
+    return sorted({e.name for e in suite_entries()})
 
 
 def get_suite(name: str) -> Suite:
-    """The suite called `name`; a ValueError names the known suites otherwise."""
-    if name not in _SUITES:
+    """The suite called `name`; ValueError for an unknown name, SuiteLoadError for one that cannot load."""
+    entries = suite_entries()
+    matching = [e for e in entries if e.name == name]
+    if not matching:
+        if not entries:
+            raise ValueError(f"unknown suite {name!r}: no suite is registered under the entry-point group "
+                             f"{ENTRY_POINT_GROUP!r} (the package metadata is stale: run `make setup`)")
         raise ValueError(f"unknown suite {name!r}: expected one of {', '.join(suite_names())}")
-    module, cls = _SUITES[name]
-    return getattr(importlib.import_module(module), cls)()
+    if len(matching) > 1:
+        raise SuiteLoadError(f"suite {name!r} is registered more than once: "
+                             + "; ".join(e.source for e in matching))
+    return load_suite(matching[0])
+
+
+def load_suite(entry: SuiteEntry) -> Suite:
+    """Import an entry's object and make the suite; any failure becomes a SuiteLoadError naming it."""
+    try:
+        factory = metadata.EntryPoint(entry.name, entry.target, ENTRY_POINT_GROUP).load()
+        suite = factory()
+    except Exception as err:  # noqa: BLE001 - a broken plugin must not take the other suites down
+        raise SuiteLoadError(f"suite {entry.name!r} from {entry.source} failed to load: "
+                             f"{type(err).__name__}: {err}") from err
+    missing = [m for m in SUITE_METHODS if not callable(getattr(suite, m, None))]
+    if missing:
+        raise SuiteLoadError(f"suite {entry.name!r} from {entry.source} is not a suite: "
+                             f"it has no {', '.join(missing)} method")
+    if getattr(suite, "name", None) != entry.name:
+        raise SuiteLoadError(f"suite {entry.name!r} from {entry.source} calls itself "
+                             f"{getattr(suite, 'name', None)!r}; the entry-point name and Suite.name must agree")
+    return suite

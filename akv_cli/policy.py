@@ -85,6 +85,22 @@ def decide(
     typer.echo(json.dumps(out, indent=2))
 
 
+@policy_app.command("akvalgo")
+def akvalgo(policy: str = typer.Argument(..., help="A .akvp file or a built-in name.")) -> None:
+    """Print the policy as upstream akvalgo AKVPolicy keyword arguments (JSON), or why it has none (exit 1)."""
+    from policy_dsl import PolicyError, parse
+    from policy_dsl.akvalgo import to_akvalgo
+    from policy_dsl.library import read_source
+
+    text = None
+    try:
+        filename, text = read_source(policy)
+        options = to_akvalgo(parse(text, filename=filename), filename)
+    except PolicyError as error:
+        _fail(error, text if text is not None else _raw_text(policy))
+    typer.echo(json.dumps(options.kwargs(), indent=2))
+
+
 def _description(source: str) -> str:
     """The first sentence of the policy's leading comment."""
     words = []

@@ -1,10 +1,16 @@
 """Store-backed commands: `akv runs list|show`, `akv lineage`, `akv export`, `akv compare`."""
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
 
 import typer
+
+class ExportFormat(str, Enum):
+    akvp = "akvp"
+    akvalgo = "akvalgo"
+
 
 DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
 
@@ -68,16 +74,28 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def export(run: str = typer.Argument(..., help="Run name or id."),
-               out: Optional[Path] = typer.Option(None, "--out", help="Policy file to write (default: the data "
-                                                  "folder's exports/RUN.akvp); provenance goes next to it (.json)."),
+               out: Optional[Path] = typer.Option(None, "--out", help="File to write (default: the data folder's "
+                                                  "exports/RUN.akvp, or RUN.akvalgo.json); provenance goes "
+                                                  "next to it."),
                policy: Optional[int] = typer.Option(None, "--policy", help="Export this policy id instead of "
                                                     "the champion."),
+               format: ExportFormat = typer.Option(ExportFormat.akvp, "--format", help="akvp (our policy "
+                                                   "language) or akvalgo (upstream AKVPolicy keyword arguments, "
+                                                   "JSON)."),
                db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
         """Write the champion's policy and its JSON provenance record."""
-        from evolve.export import export_run
+        from evolve.export import export_akvalgo, export_run
+        from policy_dsl.akvalgo import NotExpressible
 
         def body(store) -> None:
-            done = export_run(store, run, out, policy)
+            if format is ExportFormat.akvp:
+                done = export_run(store, run, out, policy)
+            else:
+                try:
+                    done = export_akvalgo(store, run, out, policy)
+                except NotExpressible as err:
+                    typer.echo(f"error: not expressible as akvalgo options: {err}", err=True)
+                    raise typer.Exit(code=2) from None
             typer.echo(f"{done.policy_path}\n{done.provenance_path}")
         _with_store(db, body)
 

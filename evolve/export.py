@@ -38,15 +38,8 @@ def export_run(store: Store, run_ref: str | int, out: Path | None = None, policy
                allow_best: bool = False) -> Exported:
     from akv_core.home import data_path
 
-    run = store.run(run_ref)
-    record = chosen_validation(store, run.id, policy_id, allow_best)
-    if record is None and policy_id is None:
-        raise StoreError(f"RUN: run {run.name!r} has no champion (nothing beat the baselines on held-out); "
-                         "pass --policy ID to export a candidate anyway")
-    pid = policy_id if policy_id is not None else record.policy_id
-    policy = store.policy(pid)
-    if policy.run_id != run.id or policy.text is None:
-        raise StoreError(f"--policy: #{pid} is not a valid policy of run {run.name!r}")
+    run, record, policy = chosen_policy(store, run_ref, policy_id, allow_best)
+    pid = policy.id
     out = out or data_path("exports", f"{run.name}.akvp")
     out.parent.mkdir(parents=True, exist_ok=True)
     champion = bool(record and record.champion)
@@ -56,6 +49,43 @@ def export_run(store: Store, run_ref: str | int, out: Path | None = None, policy
     provenance_path.write_text(json.dumps(provenance(store, run, pid, record), indent=2, default=str) + "\n",
                                encoding="utf-8")
     return Exported(out, provenance_path, pid, champion)
+
+
+def export_akvalgo(store: Store, run_ref: str | int, out: Path | None = None,
+                   policy_id: int | None = None) -> Exported:
+    """The policy as upstream akvalgo `AKVPolicy` keyword arguments (JSON) plus its provenance record.
+
+    Raises policy_dsl.akvalgo.NotExpressible, located in the policy's canonical text, when the policy
+    has no exact akvalgo equivalent; nothing is written then.
+    """
+    from akv_core.home import data_path
+    from policy_dsl import parse
+    from policy_dsl.akvalgo import to_akvalgo
+
+    run, record, policy = chosen_policy(store, run_ref, policy_id, allow_best=False)
+    filename = f"{run.name}#{policy.id}.akvp"
+    options = to_akvalgo(parse(policy.text, filename=filename), filename)
+    out = out or data_path("exports", f"{run.name}.akvalgo.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(options.kwargs(), indent=2) + "\n", encoding="utf-8")
+    provenance_path = out.with_name(out.name.removesuffix(".json") + ".provenance.json")
+    provenance_path.write_text(json.dumps(provenance(store, run, policy.id, record), indent=2, default=str)
+                               + "\n", encoding="utf-8")
+    return Exported(out, provenance_path, policy.id, bool(record and record.champion))
+
+
+def chosen_policy(store: Store, run_ref: str | int, policy_id: int | None, allow_best: bool):  # noqa: ANN201
+    """(run, validation record or None, policy) of what an export writes; StoreError when there is none."""
+    run = store.run(run_ref)
+    record = chosen_validation(store, run.id, policy_id, allow_best)
+    if record is None and policy_id is None:
+        raise StoreError(f"RUN: run {run.name!r} has no champion (nothing beat the baselines on held-out); "
+                         "pass --policy ID to export a candidate anyway")
+    pid = policy_id if policy_id is not None else record.policy_id
+    policy = store.policy(pid)
+    if policy.run_id != run.id or policy.text is None:
+        raise StoreError(f"--policy: #{pid} is not a valid policy of run {run.name!r}")
+    return run, record, policy
 
 
 def lineage_of(store: Store, run_id: int, policy_id: int) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from akv_cli import bench, evolve, policy, runs, serve, tasks
+from akv_cli import bench, evolve, policy, proxy, runs, serve, tasks
 
 app = typer.Typer(
     name="akv",
@@ -25,7 +25,7 @@ def main() -> None:
     """Cache engineering for LLM agents: serve, run tasks, evolve and compare cache policies."""
 
 
-for module in (policy, serve, tasks, evolve, runs, bench):
+for module in (policy, serve, proxy, tasks, evolve, runs, bench):
     module.register(app)
 
 

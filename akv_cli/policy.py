@@ -39,7 +39,7 @@ def show(name: str = typer.Argument(..., help="A built-in policy name (see `akv 
     try:
         typer.echo(builtin_source(name), nl=False)
     except PolicyError as error:
-        _fail(error, None)
+        fail_located(error, None)
 
 
 @policy_app.command("check")
@@ -53,7 +53,7 @@ def check(file: str = typer.Argument(..., help="A .akvp file or a built-in name.
         filename, text = read_source(file)
         typer.echo(format_policy(parse(text, filename=filename)), nl=False)
     except PolicyError as error:
-        _fail(error, text if text is not None else _raw_text(file))
+        fail_located(error, text if text is not None else raw_text(file))
 
 
 @policy_app.command("decide")
@@ -72,7 +72,7 @@ def decide(
         filename, text = read_source(policy)
         compiled = compile_policy(parse(text, filename=filename), name=Path(filename).stem)
     except PolicyError as error:
-        _fail(error, text if text is not None else _raw_text(policy))
+        fail_located(error, text if text is not None else raw_text(policy))
     messages = _read_history(history)
     try:
         decision = compiled.decide(messages, _counter(tokenizer))
@@ -97,7 +97,7 @@ def akvalgo(policy: str = typer.Argument(..., help="A .akvp file or a built-in n
         filename, text = read_source(policy)
         options = to_akvalgo(parse(text, filename=filename), filename)
     except PolicyError as error:
-        _fail(error, text if text is not None else _raw_text(policy))
+        fail_located(error, text if text is not None else raw_text(policy))
     typer.echo(json.dumps(options.kwargs(), indent=2))
 
 
@@ -113,7 +113,7 @@ def _description(source: str) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def _raw_text(file: str) -> str | None:
+def raw_text(file: str) -> str | None:
     """The file's text for showing an error line, readable or not; None when there is none to show."""
     path = Path(file)
     try:
@@ -124,7 +124,7 @@ def _raw_text(file: str) -> str | None:
     return None
 
 
-def _fail(error: Exception, text: str | None) -> None:
+def fail_located(error: Exception, text: str | None) -> None:
     """Print `FILE:LINE:COL: message`, the source line and a caret under the column; exit 1."""
     typer.echo(str(error), err=True)
     line, column = getattr(error, "line", 0), getattr(error, "column", 0)

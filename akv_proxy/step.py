@@ -1,0 +1,125 @@
+"""One chat request under the policy: its AKV fields added (kv mode) or its history edited (text mode).
+
+The policy counts tokens with the embedded model's chat tokenizer, as in the harness, so an
+evolved policy decides behind the proxy exactly as it did when it was scored. Text mode applies
+the edits with the harness's own editor (`sandbox.summarize.TextEditor`), which asks the
+upstream model for each summary.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from policy_dsl import CachePolicy, HistoryError
+from policy_dsl.counter import message_text
+from sandbox.backends import Backend
+from sandbox.harness import RunLimits
+from sandbox.summarize import TextEditor
+
+from akv_proxy.edits import EditedHistories, Message, prefix_digests
+
+AKV_FIELDS = ("drop_message", "drop_rule", "reposition")
+TEXT_PASSES = RunLimits().text_passes  # edit-then-decide-again passes, as in the harness
+
+
+class RequestError(ValueError):
+    """A request the policy cannot decide on; `param` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the proxy forwards, and what the policy did to it."""
+
+    body: dict[str, Any]
+    passthrough: bool                  # the client sent AKV fields itself: forwarded untouched
+    effects: tuple[str, ...] = ()      # drop, reposition, thinking_drop, summarize, omit, strip_thinking
+    dropped_tokens: int = 0            # tokens of the history hidden (kv) or edited away (text)
+    summaries: int = 0                 # summary requests sent upstream for this request
+
+
+class SerializedCounter:
+    """The chat tokenizer behind a lock: its per-message memo is not safe across threads."""
+
+    def __init__(self, counter: Any) -> None:
+        self._counter, self._lock = counter, threading.Lock()
+
+    def count(self, message: Mapping[str, Any]) -> int:
+        with self._lock:
+            return self._counter.count(message)
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            return self._counter.encode(text)
+
+
+class PolicyStep:
+    """Applies one compiled policy to chat request bodies; `summarizer(model)` is the upstream backend."""
+
+    def __init__(self, policy: CachePolicy, counter: Any, summarizer: Any) -> None:
+        self.policy = policy
+        self.counter = SerializedCounter(counter)
+        self.summarizer = summarizer  # model name -> Backend that writes summaries
+        self.histories = EditedHistories()
+
+    def apply(self, body: Mapping[str, Any]) -> Applied:
+        """The body to forward; RequestError for a history the policy cannot read."""
+        if any(name in body for name in AKV_FIELDS):
+            return Applied(dict(body), passthrough=True)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages: expected a non-empty list of chat messages", "messages")
+        try:
+            if self.policy.mode == "text":
+                return self._text(body, messages)
+            return self._kv(body, messages)
+        except HistoryError as err:
+            raise RequestError(f"messages: {err}", "messages") from None
+
+    def _kv(self, body: Mapping[str, Any], messages: list[Message]) -> Applied:
+        decision = self.policy.decide(messages, self.counter)
+        dropped = {j for ids in decision.drop_message.values() for j in ids}
+        effects = [name for name, present in (("drop", dropped), ("reposition", decision.reposition),
+                                              ("thinking_drop", decision.thinking_drop)) if present]
+        return Applied({**body, **decision.api_fields()}, False, tuple(effects),
+                       sum(self.counter.count(messages[j]) for j in dropped))
+
+    def _text(self, body: Mapping[str, Any], raw: list[Message]) -> Applied:
+        digests = prefix_digests(raw)
+        history = self.histories.continue_from(raw, digests)
+        summaries = 0
+
+        def bill(_step: int, _request: Any, _reply: Any, _usage: Any) -> None:
+            nonlocal summaries
+            summaries += 1
+
+        editor = TextEditor(_task_prompt(raw), self._backend(body), self.counter, bill)
+        effects: list[str] = []
+        decision = self.policy.decide(history, self.counter)
+        for _ in range(TEXT_PASSES):
+            if not decision.text_edits:
+                break
+            effects += [e.kind for e in decision.text_edits if e.kind not in effects]
+            history = editor.apply(history, decision.text_edits, step=0)
+            decision = self.policy.decide(history, self.counter)
+        if history != raw:
+            self.histories.remember(digests[-1], history)
+        removed = sum(map(self.counter.count, raw)) - sum(map(self.counter.count, history))
+        return Applied({**body, "messages": history, **decision.api_fields()}, False, tuple(effects),
+                       max(removed, 0), summaries)
+
+    def _backend(self, body: Mapping[str, Any]) -> Backend:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RequestError("model: a text-mode policy asks the upstream model for summaries; name it",
+                               "model")
+        return self.summarizer(model)
+
+
+def _task_prompt(messages: list[Message]) -> str:
+    """The first user message: what the summaries keep in view (the harness passes the task prompt)."""
+    return next((message_text(m) for m in messages if isinstance(m, Mapping) and m.get("role") == "user"), "")

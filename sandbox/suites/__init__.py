@@ -16,7 +16,7 @@ from importlib import metadata
 from sandbox.suite import Suite
 
 ENTRY_POINT_GROUP = "akv.suites"
-SUITE_METHODS = ("build", "tasks", "open", "scripted_agent")
+SUITE_METHODS = ("build", "version", "tasks", "open", "scripted_agent")
 
 
 class SuiteLoadError(ValueError):

@@ -56,74 +56,92 @@ def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeo
     `counter` is the policy's token counter (the harness's chat tokenizer, so decisions match
     the ones the policy was scored with); `timeout_s` bounds every upstream read.
     """
-    upstream = Upstream(upstream_url, timeout_s)
-    summarizers = Summarizers(upstream.root, timeout_s)
-    step = PolicyStep(policy, counter, summarizers)
-    metrics = ProxyMetrics(policy.name)
+    proxy = Proxy(policy, Upstream(upstream_url, timeout_s), counter)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            await upstream.close()
-            summarizers.close()
+            await proxy.close()
 
     app = FastAPI(title="AKV proxy", version="0.1.0", lifespan=lifespan,
                   summary="Applies an AKV cache policy to OpenAI chat requests and forwards them.")
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "policy": policy.name, "mode": policy.mode, "upstream": upstream.root})
+        return JSONResponse({"status": "ok", "policy": policy.name, "mode": policy.mode,
+                             "upstream": proxy.upstream.root})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(proxy.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post(CHAT_PATH)
     async def chat(request: Request) -> Response:
-        raw = await request.body()
-        try:
-            applied = await asyncio.to_thread(step.apply, _json_object(raw))
-        except RequestError as err:
-            metrics.requests["rejected"] += 1
-            return APIError(str(err), param=err.param).response()
-        except BackendError as err:  # a summary the upstream could not write
-            return _failure(count(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}")))
-        metrics.decided(applied)
-        content = raw if applied.passthrough else json.dumps(applied.body).encode()
-        return await _forward(request, CHAT_PATH, content, applied)
+        return await proxy.chat(request)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def other(request: Request, path: str) -> Response:
-        return await _forward(request, "/" + path, await request.body(), None)
+        return await proxy.forward(request, "/" + path, await request.body(), None)
 
-    def count(failure: UpstreamError) -> UpstreamError:
-        metrics.upstream_errors[failure.code.removeprefix("upstream_")] += 1
-        return failure
+    return app
 
-    async def _forward(request: Request, path: str, content: bytes, applied: Applied | None) -> Response:
+
+class Proxy:
+    """The policy step, the upstream and the metrics of one proxy app."""
+
+    def __init__(self, policy: CachePolicy, upstream: Upstream, counter: Any) -> None:
+        self.policy, self.upstream = policy, upstream
+        self.summarizers = Summarizers(upstream.root, upstream.timeout_s)
+        self.step = PolicyStep(policy, counter, self.summarizers)
+        self.metrics = ProxyMetrics(policy.name)
+
+    async def chat(self, request: Request) -> Response:
+        raw = await request.body()
         try:
-            response = await upstream.send(request.method, path, request.headers, content, request.url.query)
+            applied = await asyncio.to_thread(self.step.apply, _json_object(raw))
+        except RequestError as err:
+            self.metrics.requests["rejected"] += 1
+            return APIError(str(err), param=err.param).response()
+        except BackendError as err:  # a summary the upstream could not write
+            return self.failure(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}"))
+        self.metrics.decided(applied)
+        content = raw if applied.passthrough else json.dumps(applied.body).encode()
+        return await self.forward(request, CHAT_PATH, content, applied)
+
+    async def forward(self, request: Request, path: str, content: bytes, applied: Applied | None) -> Response:
+        """The upstream's answer to `content` sent to `path`, status and headers kept."""
+        try:
+            response = await self.upstream.send(request.method, path, request.headers, content, request.url.query)
         except UpstreamError as failure:
-            return _failure(count(failure))
+            return self.failure(failure)
         if response.status_code >= 400:
-            metrics.upstream_errors[f"http_{response.status_code}"] += 1
-        headers = {**response_headers(response), **_policy_headers(policy, applied)}
+            self.metrics.upstream_errors[f"http_{response.status_code}"] += 1
+        headers = {**response_headers(response), **_policy_headers(self.policy, applied)}
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            body = upstream.relay(response, count, metrics.observe_sse_line)
+            body = self.upstream.relay(response, self.counted, self.metrics.observe_sse_line)
             return StreamingResponse(body, status_code=response.status_code, headers=headers)
         try:
             data = await response.aread()
         except httpx.HTTPError as err:  # the upstream went away or stalled while sending its body
-            return _failure(count(upstream.error(err)))
+            return self.failure(self.upstream.error(err))
         finally:
             await response.aclose()
         if path == CHAT_PATH and response.status_code == 200:
-            metrics.observe_usage(_usage_of(data))
+            self.metrics.observe_usage(_usage_of(data))
         return Response(data, status_code=response.status_code, headers=headers)
 
-    return app
+    def counted(self, failure: UpstreamError) -> UpstreamError:
+        self.metrics.upstream_errors[failure.code.removeprefix("upstream_")] += 1
+        return failure
+
+    def failure(self, failure: UpstreamError) -> JSONResponse:
+        return JSONResponse(error_body(self.counted(failure)), status_code=failure.status)
+
+    async def close(self) -> None:
+        await self.upstream.close()
+        self.summarizers.close()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -141,10 +159,6 @@ def _policy_headers(policy: CachePolicy, applied: Applied | None) -> dict[str, s
         return {}
     return {"x-akv-policy": policy.name, "x-akv-proxy": "passthrough" if applied.passthrough else
             ",".join(applied.effects) or "none"}
-
-
-def _failure(failure: UpstreamError) -> JSONResponse:
-    return JSONResponse(error_body(failure), status_code=failure.status)
 
 
 def _usage_of(data: bytes) -> Any:

@@ -43,7 +43,11 @@ class Applied:
 
 
 class SerializedCounter:
-    """The chat tokenizer behind a lock: its per-message memo is not safe across threads."""
+    """The chat tokenizer behind a lock: its per-message memo is not safe across threads.
+
+    `count` (the policy's TokenCounter) and every other method the text editor calls go through
+    the lock.
+    """
 
     def __init__(self, counter: Any) -> None:
         self._counter, self._lock = counter, threading.Lock()
@@ -52,9 +56,15 @@ class SerializedCounter:
         with self._lock:
             return self._counter.count(message)
 
-    def encode(self, text: str) -> list[int]:
-        with self._lock:
-            return self._counter.encode(text)
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._counter, name)
+        if not callable(method):
+            return method
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return method(*args, **kwargs)
+        return locked
 
 
 class PolicyStep:

@@ -2,10 +2,12 @@
 
 `submit` renders and validates a request on the caller's thread and queues it;
 `step` (on one loop thread, or driven by `generate`) admits waiting requests,
-runs ONE forward over every admitted request's next prompt stage plus one
-decode token for every running request, samples, streams, and finishes
-requests (eos, stop strings, max_tokens, context length). Cache bookkeeping
-lives in `akv_core.cache`; this file only does the tensor work its plans ask for.
+runs ONE forward over a chunk of prompt tokens (at most `prefill_chunk`, shared by
+the requests still prefilling) plus one decode token for every running request,
+samples, streams, and finishes requests (eos, stop strings, max_tokens, context
+length). A long prompt is thus computed over several steps between which the
+other requests decode and cancellations take effect. Cache bookkeeping lives in
+`akv_core.cache`; this file only does the tensor work its plans ask for.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ from akv_core.threads import phase_threads
 
 _log = logging.getLogger(__name__)
 
+# Prompt tokens computed per step, over all requests (measured: docs/benchmarks.md, "Chunked prefill").
+DEFAULT_PREFILL_CHUNK = 512
 # At least this many slots on the CPU; the default is 4 contexts' worth, since a full prompt,
 # its re-rotated copies after a reposition and the decode reservation must fit at once.
 DEFAULT_CPU_KV_TOKENS = 16_384
@@ -61,7 +65,13 @@ class Engine:
     """A model, its tokenizer, one KV pool with its radix cache, and the batching loop."""
 
     def __init__(self, model: Any, tokenizer: ChatTokenizer, kv_tokens: int, max_running: int = 8,
-                 threads: Mapping[str, int] | None = None) -> None:
+                 threads: Mapping[str, int] | None = None,
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> None:
+        """`prefill_chunk`: prompt tokens computed per step over all requests (None: whole stages)."""
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                          or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk: must be a positive number of tokens or None, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         self.model = model
         self.tokenizer = tokenizer
         self.kv = model.new_kv_buffers(kv_tokens)
@@ -80,7 +90,8 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2", device: str = "auto", kv_tokens: int | None = None,
-                        max_running: int = 8, precision: str = "float32") -> Engine:
+                        max_running: int = 8, precision: str = "float32",
+                        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> Engine:
         """Load `smollm2`, a GGUF file or a safetensors folder onto `device` ("auto", "cpu" or "cuda").
 
         `precision` is the weights' (see `akv_core.model.loader.load_model`); "float32" is exact.
@@ -94,7 +105,8 @@ class Engine:
         model = load_model(name_or_path, device=device, precision=precision)
         if kv_tokens is None:
             kv_tokens = _default_kv_tokens(model, device)
-        return cls(model, ChatTokenizer.from_model(name_or_path), kv_tokens, max_running)
+        return cls(model, ChatTokenizer.from_model(name_or_path), kv_tokens, max_running,
+                   prefill_chunk=prefill_chunk)
 
     # -- the client side -------------------------------------------------------------------------
 
@@ -194,15 +206,15 @@ class Engine:
 
     def _forward_and_sample(self, running: list[Request]) -> None:
         parts = []
-        for request in running:
+        for request, rows in self._plan_rows(running):
             try:
-                parts.append(self._part(request))
+                parts.append(self._part(request, rows))
             except Exception as error:
                 self._fail(request, error)
         for part, logits in self._forward(parts):
             request = part.request
             if request.prefilling:
-                request.next_stage += 1
+                request.advance(len(part.ids))
             if logits is None:
                 continue
             try:
@@ -213,14 +225,36 @@ class Engine:
             except Exception as error:
                 self._fail(request, error)
 
-    def _part(self, request: Request) -> _Part:
-        """The request's rows of this step: its next prompt stage (re-rotations done first) or one decode token."""
+    def _plan_rows(self, running: list[Request]) -> list[tuple[Request, int]]:
+        """(request, prompt rows) for this step: every decoding request, and prompt chunks.
+
+        The prompt rows of all requests share a budget of `prefill_chunk` tokens, taken by
+        the requests with the least prompt left first (a short prompt starts decoding at once
+        beside a long one), except that a request that got no rows in the last step goes
+        first: every prefilling request moves at least every other step. One stage per
+        request per step (the next stage's re-rotations read this stage's keys).
+        """
+        plan = [(request, 0) for request in running if not request.prefilling]
+        prefilling = [request for request in running if request.prefilling]
+        budget = self.prefill_chunk
+        for request in sorted(prefilling, key=lambda r: (not r.passed_over, r.prefill_left)):
+            rows = request.stage_rows_left if budget is None else min(budget, request.stage_rows_left)
+            request.passed_over = rows == 0
+            if rows:
+                plan.append((request, rows))
+                budget = None if budget is None else budget - rows
+        return plan
+
+    def _part(self, request: Request, rows: int) -> _Part:
+        """The request's rows of this step: `rows` prompt rows of its stage (re-rotations with the
+        stage's first rows) or one decode token."""
         if request.prefilling:
             stage = request.layout.stages[request.next_stage]
-            self._rerotate(stage.rerotations)
-            last = request.next_stage == len(request.layout.stages) - 1
-            return _Part(request, stage.token_ids, stage.positions, stage.out_slots, _slots(stage.kv_slots),
-                         _stage_mask(stage), samples=last)
+            chunk = stage.rows(request.next_row, request.next_row + rows)
+            self._rerotate(chunk.rerotations)
+            last = request.next_stage == len(request.layout.stages) - 1 and rows == request.stage_rows_left
+            return _Part(request, chunk.token_ids, chunk.positions, chunk.out_slots, _slots(chunk.kv_slots),
+                         _stage_mask(chunk), samples=last)
         slot = request.lease.take_decode_slot()
         if request.decode_kv is None:   # the visible prompt, then every reserved decode slot
             request.decode_kv = _slots(request.layout.view_slots + request.lease.decode_slots).to(self.kv.device)
@@ -264,8 +298,8 @@ class Engine:
                              _slots(out_slots), seqs, torch.tensor(logits_rows, dtype=torch.long))
         prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
         with self._phase_threads("prefill" if prefill_tokens else "decode", len(ids)):
-            logits = self.model.forward(_to_device(batch, self.kv.device), self.kv).float().cpu()   # generators are on the CPU
-        rows = iter(logits)
+            logits = self.model.forward(_to_device(batch, self.kv.device), self.kv)
+        rows = iter(logits.float().cpu())   # sampling generators live on the CPU
         return [next(rows) if part.samples else None for part in parts]
 
     def _rerotate(self, work: Rerotations) -> None:
@@ -308,9 +342,12 @@ class Engine:
     def _fail(self, request: Request, error: Exception) -> None:
         """End one request whose work failed: its slots are freed, its client gets an ERROR_ENGINE event."""
         _log.error("engine error while serving a request: %s", error, exc_info=error)
-        if self.scheduler.abort(request):
-            request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0),
-                                            f"engine error: {error}", ERROR_ENGINE))
+        try:
+            self.scheduler.abort(request)
+        finally:   # the client hears of it even if the failure was in releasing the request
+            if not request.handle.done:
+                request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0),
+                                                f"engine error: {error}", ERROR_ENGINE))
 
     def _phase_threads(self, phase: str, new_tokens: int) -> AbstractContextManager:
         if self.kv.device.type != "cpu":

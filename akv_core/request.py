@@ -173,6 +173,9 @@ class Request:
     lease: Lease | None = None
     layout: PromptLayout | None = None
     next_stage: int = 0                 # index into layout.stages while prefilling
+    next_row: int = 0                   # the stage's first row not computed yet (chunked prefill)
+    passed_over: bool = False           # got no prefill rows in the last step: it goes first in the next
+    bypassed: int = 0                   # later requests admitted while this one waited at the head
     generated: list[int] = field(default_factory=list)
     usage: Usage | None = None
     decode_kv: Any = None               # tensor of the slots decode steps attend to (a prefix of it)
@@ -184,3 +187,24 @@ class Request:
     @property
     def prompt_computed(self) -> bool:
         return self.layout is not None and self.next_stage >= len(self.layout.stages)
+
+    @property
+    def stage_rows_left(self) -> int:
+        """Rows of the current stage still to compute (0 once the prompt is computed)."""
+        if not self.prefilling:
+            return 0
+        return len(self.layout.stages[self.next_stage].token_ids) - self.next_row
+
+    @property
+    def prefill_left(self) -> int:
+        """Prompt tokens still to compute, over all stages left."""
+        if not self.prefilling:
+            return 0
+        later = sum(len(stage.token_ids) for stage in self.layout.stages[self.next_stage + 1:])
+        return self.stage_rows_left + later
+
+    def advance(self, rows: int) -> None:
+        """`rows` more rows of the current stage were computed."""
+        self.next_row += rows
+        if self.next_row >= len(self.layout.stages[self.next_stage].token_ids):
+            self.next_stage, self.next_row = self.next_stage + 1, 0

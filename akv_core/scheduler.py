@@ -1,11 +1,13 @@
 """Continuous batching: which requests wait, which run, and when a waiting one is admitted.
 
-Admission is strictly first come, first served: the head of the queue is
-planned against the cache as it is now, and admitted when its slots (prompt,
-re-rotated keys, and a reservation of `max_tokens` decode slots) fit after
-evicting unlocked least-recently-used leaves; otherwise it and everyone behind
-it wait. A running request's slots and locked path are never touched, and its
-decode reservation means it never has to wait for a slot again.
+The head of the queue is planned against the cache as it is now, and admitted
+when its slots (prompt, re-rotated keys, and a reservation of `max_tokens`
+decode slots) fit after evicting unlocked least-recently-used leaves. While it
+waits for memory, one of the next LOOKAHEAD requests that fits may start
+instead, at most MAX_BYPASS times per head (bounded bypass): a small request
+does not wait behind a large one, and the large one is not starved. A running
+request's slots and locked path are never touched, and its decode reservation
+means it never has to wait for a slot again.
 """
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from akv_core.cache.layout import expand
 from akv_core.request import ERROR_ENGINE, ERROR_KV_CAPACITY, Request
 
 _log = logging.getLogger(__name__)
+
+# Requests behind a head that waits for memory that admission looks at, and how many of them
+# may start before it: a small request need not wait for a large one, which is not starved.
+LOOKAHEAD = 8
+MAX_BYPASS = 8
 
 
 class Scheduler:
@@ -32,7 +39,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def admit(self) -> tuple[list[Request], list[tuple[Request, str, str]]]:
-        """Admit from the head of the queue; returns (admitted, refused with the reason and error code).
+        """Admit what fits now; returns (admitted, refused with the reason and error code).
 
         A request the pool can never hold is refused with ERROR_KV_CAPACITY; one whose
         planning fails (a bug) with ERROR_ENGINE, without holding up the requests behind it.
@@ -40,24 +47,40 @@ class Scheduler:
         admitted: list[Request] = []
         refused: list[tuple[Request, str, str]] = []
         while self.waiting and len(self.running) < self.max_running:
-            request = self.waiting[0]
+            request = self._next_admitted(refused)
+            if request is None:
+                break
+            self.waiting.remove(request)
+            self.running.append(request)
+            admitted.append(request)
+        return admitted, refused
+
+    def _next_admitted(self, refused: list[tuple[Request, str, str]]) -> Request | None:
+        """Admit the head of the queue if it fits, else the first of the next few that does.
+
+        A later request passes a head that waits for memory at most MAX_BYPASS times; then
+        admission is first come, first served until the head is in, so the head is never starved.
+        """
+        for request in list(self.waiting)[:LOOKAHEAD + 1]:
+            head = self.waiting[0]
+            if request is not head and head.bypassed >= MAX_BYPASS:
+                return None
             try:
-                admit = self._try_admit(request)
+                fits = self._try_admit(request)
             except KVCapacityError as error:
-                self.waiting.popleft()
+                self.waiting.remove(request)
                 refused.append((request, str(error), ERROR_KV_CAPACITY))
                 continue
             except Exception as error:   # noqa: BLE001 - one request's bug must not stop the queue
                 _log.error("admission failed for a request: %s", error, exc_info=error)
-                self.waiting.popleft()
+                self.waiting.remove(request)
                 refused.append((request, f"engine error: {error}", ERROR_ENGINE))
                 continue
-            if not admit:
-                break
-            self.waiting.popleft()
-            self.running.append(request)
-            admitted.append(request)
-        return admitted, refused
+            if fits:
+                if request is not head:
+                    head.bypassed += 1
+                return request
+        return None
 
     def _try_admit(self, request: Request) -> bool:
         """Give the request its lease and layout if it fits now; False if it must wait.

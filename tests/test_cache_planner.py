@@ -182,7 +182,8 @@ def test_a_cleared_cache_serves_as_a_new_one_and_refuses_while_a_request_holds_s
 
 
 def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tokens: int = 2,
-                 thinking: bool = False):
+                 thinking: bool = False, chunk: int | None = None):
+    """Serve one request symbolically; `chunk` runs every stage in rows of that many tokens."""
     key = build_key(rendered, validate_operations(len(rendered.spans), drops, repos, thinking))
     plan = cache.plan(key, max_tokens)
     if not cache.can_admit(plan, max_tokens):
@@ -192,7 +193,9 @@ def run_symbolic(cache: KVCache, kv: SymbolicKV, rendered, drops, repos, max_tok
     assert layout.end_position == plan.end_position
     assert len(layout.view_slots) == plan.visible_tokens
     for stage in layout.stages:
-        kv.run_stage(stage)
+        size = chunk or len(stage.token_ids)
+        for start in range(0, len(stage.token_ids), size):
+            kv.run_stage(stage.rows(start, min(start + size, len(stage.token_ids))))
     state = kv.state(layout.view_slots, layout.end_position)
     cache.release(lease, keep_prompt=True)
     cache.check_integrity()

@@ -101,6 +101,22 @@ def test_reused_state_always_equals_the_state_the_operations_define(sequence, po
 
 
 @settings(max_examples=150, deadline=None)
+@given(sequences, st.integers(30, 80), st.integers(1, 7))
+def test_a_prefill_in_chunks_reaches_the_state_of_whole_stages(sequence, pool, chunk):
+    """Stage.rows: chunks that end anywhere (inside messages, at drop and reposition records,
+    in restored holes) see exactly what their rows see in the whole stage."""
+    caches = [(KVCache(pool), SymbolicKV()), (KVCache(pool), SymbolicKV())]
+    for messages, drops, repos in sequence:
+        rendered = render(messages)
+        whole = run_symbolic(*caches[0], rendered, drops, repos)
+        chunked = run_symbolic(*caches[1], rendered, drops, repos, chunk=chunk)
+        assert whole == chunked
+        if whole is not None:
+            key = build_key(rendered, validate_operations(len(messages), drops, repos))
+            assert chunked[0] == reference_state(key)
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(requests, st.integers(0, 3), st.booleans()), min_size=1, max_size=10), st.integers(40, 90))
 def test_concurrent_requests_reuse_correct_state_and_leak_nothing(actions, pool):
     """Requests overlap: admitted ones hold locks while others finish, insert, free dropped KV and evict."""

@@ -56,6 +56,25 @@ class Stage:
         q, k = len(self.token_ids), len(self.kv_slots)
         return q == 0 or (self.query_columns[0] == k - q and self.query_columns[-1] == k - 1)
 
+    def rows(self, start: int, stop: int) -> Stage:
+        """Query rows [start, stop) as a forward of their own (a chunk of a chunked prefill).
+
+        A row sees exactly what it sees in the whole stage: the columns up to its own, minus
+        the ones hidden from it. The earlier rows' keys are read from their slots, written by
+        the forwards of the earlier chunks; the re-rotations go with the first chunk.
+        """
+        if start == 0 and stop == len(self.token_ids):
+            return self
+        if not 0 <= start < stop <= len(self.token_ids):
+            raise ValueError(f"rows [{start}, {stop}) of a stage of {len(self.token_ids)} tokens")
+        columns = self.query_columns[start:stop]
+        width = columns[-1] + 1
+        hidden = tuple((max(row - start, 0), tuple(c for c in hidden if c < width))
+                       for row, hidden in self.hidden if row < stop)
+        return Stage(self.rerotations if start == 0 else _no_rerotations(), self.token_ids[start:stop],
+                     self.positions[start:stop], self.out_slots[start:stop], self.kv_slots[:width],
+                     tuple(entry for entry in hidden if entry[1]), columns)
+
 
 @dataclass(frozen=True)
 class PromptLayout:

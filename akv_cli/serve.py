@@ -13,6 +13,13 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 class Precision(str, Enum):
     """The matmul weights' precision; activations and the KV pool stay float32."""
 
@@ -35,6 +42,11 @@ def serve(
     device: Device = typer.Option(Device.auto, help="Where the model runs."),
     precision: Precision = typer.Option(Precision.float32, help="Weight precision: float32 (exact), fp16 "
                                         "or mixed (faster on the CPU; docs/engine-model.md)."),
+    prefill_chunk: int | None = typer.Option(None, min=0, help="Prompt tokens computed per engine step, shared "
+                                             "by the prompts in progress (default: the engine's; 0: whole "
+                                             "prompts)."),
+    log_level: LogLevel = typer.Option(LogLevel.info, help="info logs one access line per request; "
+                                       "warning and error only problems."),
 ) -> None:
     """Serve POST /v1/chat/completions with drop_message / reposition, plus /health, /v1/models, /metrics."""
     # Heavy imports here so that `akv --help` stays fast.
@@ -52,10 +64,11 @@ def serve(
         raise typer.Exit(1)
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
-    engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value)
+    engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
     app = create_app(engine, name, aliases=frozenset({model}))
-    ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"))
+    ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"),
+                          log_level=log_level.value)
     if not ready:
         typer.echo(f"akv serve: cannot listen on {host}:{port} (is the port taken?)", err=True)
         raise typer.Exit(1)
@@ -73,10 +86,12 @@ def _device(device: Device) -> str:
 
 
 def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: int | None,  # noqa: ANN202
-                 precision: str):
+                 precision: str, prefill_chunk: int | None):
     from akv_core import Engine
 
     options = {"device": device, "precision": precision}
+    if prefill_chunk is not None:
+        options["prefill_chunk"] = prefill_chunk or None   # 0: whole prompts in one step
     if kv_tokens is not None:
         options["kv_tokens"] = kv_tokens
     if max_running is not None:

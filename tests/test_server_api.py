@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 import pytest
 
@@ -236,3 +238,25 @@ def test_a_request_the_pool_can_never_hold_is_refused_cleanly(server: LiveServer
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "kv_capacity_exceeded"
     server.check_idle_and_intact()
+
+
+def test_every_request_gets_one_access_log_line(server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    body = {"messages": greeting("Say hi."), "max_tokens": 2, "temperature": 0}
+    with caplog.at_level(logging.INFO, logger="akv.access"):
+        ok = server.chat(body).json()
+        server.chat({**body, "max_tokens": 0})
+        with server.client.stream("POST", "/v1/chat/completions",
+                                  json={"model": MODEL, **body, "stream": True}) as streamed:
+            list(streamed.iter_lines())
+        for _ in range(200):   # a line is written once its response has gone
+            lines = [r.getMessage() for r in caplog.records if r.name == "akv.access"]
+            if len(lines) >= 3:
+                break
+            time.sleep(0.01)
+    usage = ok["usage"]
+    served = (f"POST /v1/chat/completions 200 prompt={usage['prompt_tokens']} "
+              f"completion={usage['completion_tokens']} cached=")
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(served) and lines[2].startswith(served), lines
+    assert lines[1].startswith("POST /v1/chat/completions 400 prompt=- completion=- cached=- latency=")
+    assert all(line.endswith("s") and "latency=" in line for line in lines)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def test_a_taken_port_is_a_clear_message_and_exit_1() -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize(("option", "value"), [("--device", "tpu"), ("--precision", "int3")])
+@pytest.mark.parametrize(("option", "value"), [("--device", "tpu"), ("--precision", "int3"),
+                                               ("--log-level", "loud")])
 def test_an_unknown_choice_is_refused_by_the_option_parser(option: str, value: str) -> None:
     result = run_akv("serve", option, value)
     assert result.returncode == 2
@@ -64,4 +66,9 @@ def test_serve_prints_its_url_and_answers() -> None:
         interrupt(process)
     # Ctrl-C ends the server quietly: 130 is the shell's code for "stopped by SIGINT".
     assert process.returncode in (0, 130)
-    assert "Traceback" not in process.stderr.read()
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr
+    # The default log level (info) writes one access line per request, with its tokens.
+    assert re.search(r"akv\.access: POST /v1/chat/completions 200 prompt=\d+ completion=\d+ cached=\d+ "
+                     r"latency=\d+\.\d{3}s", stderr), stderr
+    assert "GET /health 200 prompt=- completion=- cached=-" in stderr

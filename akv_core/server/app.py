@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from akv_core.request import ERROR_KV_CAPACITY
+from akv_core.server.access_log import ACCESS_USAGE, AccessLog
 from akv_core.server.assistant_output import AssistantOutputParser
 from akv_core.server.engine_loop import ClientGone, EngineLoop, Failed, Finished
 from akv_core.server.errors import APIError, install_error_handlers
@@ -65,6 +66,7 @@ def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset
     app = FastAPI(title="AKV", version="0.1.0", lifespan=lifespan,
                   summary="OpenAI-compatible chat completions with AKV cache operations.")
     app.state.akv = state
+    app.add_middleware(AccessLog)
     install_error_handlers(app, on_error=lambda request, status: state.metrics.count_request(
         _endpoint(request), "rejected" if status < 500 else "failed"))
     _add_routes(app, state)
@@ -137,6 +139,7 @@ async def _complete(state: ServerState, handle: Any, request: Request,
         raise RuntimeError("the engine ended a request without a final event")
     _, message = parser.finish()
     _record(state, finished, started, first_token_at)
+    setattr(request.state, ACCESS_USAGE, finished.usage)
     response = ChatCompletionResponse(
         model=state.model_name,
         choices=[Choice(
@@ -170,6 +173,7 @@ async def _stream(state: ServerState, handle: Any, request: Request, stream: Chu
             elif isinstance(event, Finished):
                 finished = True
                 _record(state, event, started, first_token_at)
+                setattr(request.state, ACCESS_USAGE, event.usage)
                 for chunk in stream.final_chunks(event):
                     yield chunk
             else:

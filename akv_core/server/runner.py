@@ -6,6 +6,7 @@ loopback port when asked for port 0 and returns only once the socket accepts.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,18 +16,36 @@ import uvicorn
 from fastapi import FastAPI
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def _server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    # Our access log (akv.access) replaces uvicorn's, which knows no tokens.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
 
+def log_to_stderr(level: str) -> None:
+    """The server's own loggers (`akv.*`: access lines, engine errors) to stderr at `level`."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("akv", "akv_core"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
 def serve_forever(app: FastAPI, host: str, port: int, on_ready: Callable[[str], None],
-                  log_level: str = "warning") -> bool:
-    """Serve until interrupted; `on_ready(url)` runs once the socket accepts.
+                  log_level: str = "info") -> bool:
+    """Serve until interrupted, logging at `log_level`; `on_ready(url)` runs once the socket accepts.
 
     Returns False when the server could not start (for example, the port is taken).
     """
+    log_to_stderr(log_level)
     server = _server(app, host, port, log_level)
 
     async def announce() -> None:

@@ -48,6 +48,7 @@ def test_a_chunked_prefill_gives_the_logits_of_an_unchunked_one(shared, name, ch
         assert_same_logits(got_logits, want_logits)
 
 
+@pytest.mark.slow
 def test_a_chunked_restore_after_eviction_equals_the_never_evicted_run(shared) -> None:
     engine = new_engine(shared, 16, kv_tokens=560)
     history, drops, repos = agent(4), {"5": [3], "9": [2, 4]}, [5, 9]

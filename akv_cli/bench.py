@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
 
 The benchmarks ship with the source checkout (they are not part of the installed packages), so
 they are imported from the checkout this command was installed from.
@@ -67,6 +67,26 @@ def cost(
     _report(module, settings, as_json)
 
 
+@bench.command()
+def headroom(
+    suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
+    splits: str = typer.Option("train,heldout", help="Comma-separated splits."),
+    limit: int = typer.Option(40, min=0, help="localcomp tasks per split (0: the whole split)."),
+    swe_limit: int = typer.Option(4, min=0, help="localswe tasks per split (0: the whole split)."),
+    policies: str | None = typer.Option(None, help="Comma-separated hand-written kv policies to add "
+                                                      "(built-in names or .akvp files; default: the built-in ones)."),
+    margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),
+    alpha: float = typer.Option(0.05, help="The champion rule's significance level."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Per suite and split: full, Standard, Text Engineering, the expert, hand-written built-ins and the oracle."""
+    module = _benchmark("headroom")
+    chosen = module.HANDWRITTEN if policies is None else tuple(p.strip() for p in policies.split(",") if p.strip())
+    settings = module.Settings(_names(suites), _names(splits, "--splits"), limit or None, swe_limit or None, chosen,
+                               margin, alpha)
+    _report(module, settings, as_json)
+
+
 @bench.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
                add_help_option=False)
 def replay(ctx: typer.Context) -> None:
@@ -112,9 +132,9 @@ def _numbers(text: str, option: str) -> tuple[int, ...]:
     return values
 
 
-def _names(text: str) -> tuple[str, ...]:
+def _names(text: str, option: str = "--suites") -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     if not names:
-        typer.echo("akv bench: --suites expects at least one suite name", err=True)
+        typer.echo(f"akv bench: {option} expects at least one name", err=True)
         raise typer.Exit(1)
     return names

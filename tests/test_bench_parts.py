@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import common, cost, replay, serving
+from benchmarks import common, cost, headroom, replay, serving
 
 
 def test_format_table_aligns_columns_and_marks_missing_values() -> None:
@@ -141,3 +141,48 @@ def test_akv_bench_replay_hands_its_arguments_to_the_benchmark() -> None:
     assert result.exit_code == 0 and "--repeat" in result.stdout and "akv bench replay" in result.stdout
     result = CliRunner().invoke(app, ["bench", "replay", "--tasks", "0"])
     assert result.exit_code == 2 and "--tasks: expected a positive integer" in result.output
+
+
+def _columns(**costs: list[float]) -> dict[str, headroom.Column]:
+    ids = tuple(f"t{i}" for i in range(len(next(iter(costs.values())))))
+    return {name.replace("_", "-"): headroom.Column(ids, (1.0,) * len(ids), tuple(c), 0) for name, c in costs.items()}
+
+
+def test_headroom_gap_targets_and_verdicts_on_paired_columns() -> None:
+    n = 12
+    columns = _columns(full=[2.0] * n, standard_8k=[3.0] * n, text_engineering_8k=[2.5] * n,
+                       expert_8k=[1.0 + 0.01 * i for i in range(n)], research=[0.8 + 0.01 * i for i in range(n)],
+                       oracle=[0.5 + 0.01 * i for i in range(n)])
+    check = {"same_actions": n, "tasks": n, "diverged": []}
+    group = headroom.describe(columns, check, headroom.Settings(resamples=200))
+    rows = {row["policy"]: row for row in group["policies"]}
+    expert, oracle = sum(columns["expert-8k"].costs_usd), sum(columns["oracle"].costs_usd)
+    assert group["expert_to_oracle_gap_percent"] == pytest.approx(100 * (1 - oracle / expert), abs=0.01)
+    assert group["oracle_valid"] and group["oracle_same_score_as_full"]
+    assert rows["expert-8k"]["verdict"] is None and rows["research"]["verdict"]["champion"]
+    assert rows["oracle"]["verdict"]["eligible"] and not rows["oracle"]["verdict"]["champion"]
+    assert rows["oracle"]["verdict"]["family"] == 1 and rows["research"]["verdict"]["family"] == 4
+    assert headroom.targets(group, ["research"]) == {
+        "oracle_25_percent_cheaper_at_same_score": True, "handwritten_non_window_beats_expert": True,
+        "expert_cheaper_than_standard": True, "full_scores_highest": True}
+
+
+def test_headroom_without_use_records_reports_no_oracle_and_why() -> None:
+    columns = _columns(full=[2.0] * 4, standard_8k=[3.0] * 4, text_engineering_8k=[2.5] * 4, expert_8k=[1.0] * 4)
+    why = 'no use records (the exchange field "used"); regenerate them: akv run --suite s --policy full'
+    check = {"same_actions": 0, "tasks": 0, "diverged": [], "unavailable": why}
+    group = headroom.describe(columns, check, headroom.Settings(resamples=200))
+    assert group["expert_to_oracle_gap_percent"] is None and not group["oracle_valid"]
+    assert headroom.targets(group, [])["oracle_25_percent_cheaper_at_same_score"] is None
+    group["targets"] = None
+    text = headroom.render({"settings": {"suites": ["s"], "splits": ["heldout"], "alpha": 0.05, "notes": []},
+                            "groups": {"s/heldout": group}, "wall_s": 1.0})
+    assert f"[s/heldout] no oracle: {why}" in text
+
+
+def test_headroom_refuses_columns_of_other_tasks() -> None:
+    columns = _columns(full=[2.0] * 3, standard_8k=[3.0] * 3, text_engineering_8k=[2.5] * 3, expert_8k=[1.0] * 3)
+    columns["full"] = headroom.Column(("a", "b", "c"), (1.0,) * 3, (2.0,) * 3, 0)
+    with pytest.raises(ValueError, match="full ran other tasks than expert-8k"):
+        headroom.describe(columns, {"same_actions": 0, "tasks": 0, "diverged": [], "unavailable": "-"},
+                          headroom.Settings())

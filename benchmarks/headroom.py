@@ -1,0 +1,293 @@
+"""Headroom: how far the built-in policies are from the hindsight oracle, per suite and split.
+
+The suites' scripted agents run each split under `full`, Standard, Text Engineering, the expert,
+the hand-written non-window built-ins and the oracle, side by side in one run on the replay
+backend (the engine's own cache accounting, no model). The oracle of a task is built from that
+task's `full` run (each message dropped right after the last step that read it,
+`sandbox/oracle.py`) and then run through the harness like any policy, so its score and cost are
+measured; its actions must equal the `full` run's. Per policy: mean score, cents per task, the
+cost change against the expert, and the champion rule's verdict against the expert (paired on
+the same tasks; the deployable policies are one Holm family, the oracle is judged alone).
+
+Targets (issue 14, held-out): the oracle at least 25% cheaper than the expert at the same score;
+a hand-written non-window built-in that passes the champion rule against the expert (significantly
+cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring at least as high as
+every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
+
+    python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
+                                  [--limit 40] [--swe-limit 4] [--policies a,b] [--json]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.common import AKV, STANDARD, SUITES, TEXT_ENGINEERING, format_table, present_suites
+
+FULL, ORACLE = "full", "oracle"
+BASELINES = (FULL, STANDARD, TEXT_ENGINEERING, AKV)
+# Hand-written built-ins that are not a keep-last-N window (each suite's example of what a window misses:
+# localcomp's dead ends and long-range facts, localswe's stale tool outputs).
+HANDWRITTEN: tuple[str, ...] = ("research", "drop-stale")
+SPLITS = ("train", "heldout")
+TARGET_ORACLE_SAVING = 25.0  # percent cheaper than the expert, held-out
+
+
+@dataclass(frozen=True)
+class Settings:
+    suites: tuple[str, ...] = SUITES
+    splits: tuple[str, ...] = SPLITS
+    limit: int | None = 40          # localcomp tasks per split (None: the whole split)
+    swe_limit: int | None = 4       # localswe tasks per split: its tools run test suites
+    policies: tuple[str, ...] = HANDWRITTEN
+    margin: float | None = None     # the champion rule's score margin (None: sandbox.stats' default)
+    alpha: float = 0.05
+    resamples: int = 2000
+    seed: int = 0
+
+    def task_limit(self, suite: str) -> int | None:
+        return self.swe_limit if suite == "localswe" else self.limit
+
+
+@dataclass(frozen=True)
+class Column:
+    """Per-task score and cost of one policy on one split, in the split's task order."""
+
+    task_ids: tuple[str, ...]
+    scores: tuple[float, ...]
+    costs_usd: tuple[float, ...]
+    errors: int
+
+    @classmethod
+    def of(cls, results: Sequence[Any]) -> Column:
+        return cls(tuple(r.task_id for r in results), tuple(r.score for r in results),
+                   tuple(r.cost_usd for r in results), sum(r.status == "error" for r in results))
+
+    def mean_score(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else 0.0
+
+    def mean_cost(self) -> float:
+        return sum(self.costs_usd) / len(self.costs_usd) if self.costs_usd else 0.0
+
+    def pairs(self) -> list[tuple[float, float]]:
+        return list(zip(self.scores, self.costs_usd))
+
+
+def run_split(suite: str, split: str, policies: Sequence[str], settings: Settings,
+              say: Any) -> tuple[dict[str, Column], dict[str, Any]]:
+    """Every policy's column on one split, the oracle's last; and the oracle's action check.
+
+    A suite whose scripted agent records no uses gets no oracle column: the check then holds
+    the oracle's message (which records are missing, how to regenerate them) under "unavailable".
+    """
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.harness import run_tasks, select_tasks
+    from sandbox.oracle import OracleError, run_oracle
+    from sandbox.suites import get_suite
+
+    from akv_core.home import akv_home
+
+    suite_obj = get_suite(suite)
+    suite_obj.build(akv_home(), settings.seed)  # as run_tasks does: fast when already built
+    limit = settings.task_limit(suite)
+    started = time.perf_counter()  # the oracle's own `full` runs are the `full` column
+    try:
+        runs = [run_oracle(task, suite_obj, ReplayBackend, seed=settings.seed)
+                for task in select_tasks(suite_obj, split, limit=limit)]
+    except OracleError as err:
+        say(f"{suite}/{split} {ORACLE}: {err}")
+        runs, unavailable = [], str(err)
+    else:
+        unavailable = None
+        say(f"{suite}/{split} {FULL} and {ORACLE}: {len(runs)} tasks in {time.perf_counter() - started:.1f} s")
+    columns: dict[str, Column] = {FULL: Column.of([run.full for run in runs])} if runs else {}
+    for policy in policies:
+        if policy == FULL and runs:
+            continue
+        started = time.perf_counter()
+        report = run_tasks(suite_obj, split, policy, backend="replay", limit=limit, seed=settings.seed)
+        columns[policy] = Column.of(report.results)
+        say(f"{suite}/{split} {policy}: {len(report.results)} tasks in {time.perf_counter() - started:.1f} s")
+    if unavailable is not None:
+        return columns, {"same_actions": 0, "tasks": 0, "diverged": [], "unavailable": unavailable}
+    columns[ORACLE] = Column.of([run.oracle for run in runs])
+    check = {"same_actions": sum(run.same_actions for run in runs), "tasks": len(runs),
+             "diverged": [run.full.task_id for run in runs if not run.same_actions]}
+    return columns, check
+
+
+def verdicts(columns: Mapping[str, Column], settings: Settings) -> dict[str, dict[str, Any]]:
+    """The champion rule against the expert: the deployable policies together, the oracle alone."""
+    from sandbox.stats import DEFAULT_MARGIN, champion_rule
+
+    margin = DEFAULT_MARGIN if settings.margin is None else settings.margin
+    options = {"margin": margin, "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed}
+    expert = columns[AKV].pairs()
+    deployable = {name: c.pairs() for name, c in columns.items() if name not in (AKV, ORACLE)}
+    found = dict(champion_rule(deployable, expert, **options))
+    if ORACLE in columns:
+        found.update(champion_rule({ORACLE: columns[ORACLE].pairs()}, expert, **options))
+    out = {name: {**v.as_dict(), "eligible": v.eligible, "reason": v.reason} for name, v in found.items()}
+    if ORACLE in out:
+        out[ORACLE]["champion"] = False  # it knows the future: never a candidate, only measured by the same rule
+    return out
+
+
+def describe(columns: Mapping[str, Column], check: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """The rows of one split: score, cents per task, change against the expert, verdict."""
+    for name, column in columns.items():
+        if column.task_ids != columns[AKV].task_ids:
+            raise ValueError(f"{name} ran other tasks than {AKV}; the comparison is paired on the same tasks")
+    found = verdicts(columns, settings)
+    expert_cost = columns[AKV].mean_cost()
+    rows = [{"policy": name, "tasks": len(c.scores), "errors": c.errors, "score": round(c.mean_score(), 4),
+             "cents_per_task": round(100 * c.mean_cost(), 5),
+             "vs_expert_percent": round(100 * (c.mean_cost() / expert_cost - 1), 2) if expert_cost else None,
+             "verdict": found.get(name)} for name, c in columns.items()]
+    oracle = columns.get(ORACLE)
+    gap = 100 * (1 - oracle.mean_cost() / expert_cost) if oracle and expert_cost else None
+    return {"policies": rows, "oracle_check": dict(check),
+            "expert_to_oracle_gap_percent": None if gap is None else round(gap, 2),
+            "oracle_same_score_as_full": oracle is not None and oracle.scores == columns[FULL].scores,
+            # the oracle is the ceiling only where it replayed the recorded actions on every task
+            "oracle_valid": oracle is not None and check["same_actions"] == check["tasks"] and not oracle.errors}
+
+
+def targets(group: Mapping[str, Any], handwritten: Sequence[str]) -> dict[str, bool | None]:
+    rows = {row["policy"]: row for row in group["policies"]}
+    # beating the expert under the champion rule: significantly cheaper (Holm) with a non-inferior score
+    passing = [name for name in handwritten if name in rows and rows[name]["verdict"]["eligible"]]
+    has_oracle = "unavailable" not in group["oracle_check"]
+    return {
+        "oracle_25_percent_cheaper_at_same_score": group["oracle_valid"] and group["oracle_same_score_as_full"]
+        and (group["expert_to_oracle_gap_percent"] or 0) >= TARGET_ORACLE_SAVING if has_oracle else None,
+        "handwritten_non_window_beats_expert": bool(passing) if handwritten else None,
+        "expert_cheaper_than_standard": rows[AKV]["cents_per_task"] < rows[STANDARD]["cents_per_task"],
+        "full_scores_highest": all(rows[FULL]["score"] >= row["score"] for row in rows.values()),
+    }
+
+
+def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, Any]:
+    """Every split of every suite under every policy and the oracle; all figures in one dict."""
+    say = progress or (lambda text: None)
+    started = time.perf_counter()
+    suites, notes = present_suites(settings.suites)
+    handwritten, missing = _present_policies(settings.policies)
+    notes += [f"{name} left out: not a built-in policy of this checkout" for name in missing]
+    policies = BASELINES + tuple(p for p in handwritten if p not in BASELINES)
+    groups: dict[str, Any] = {}
+    for suite in suites:
+        for split in settings.splits:
+            columns, check = run_split(suite, split, policies, settings, say)
+            group = describe(columns, check, settings)
+            group["targets"] = targets(group, handwritten) if split == "heldout" else None
+            groups[f"{suite}/{split}"] = group
+    return {"settings": {"suites": suites, "splits": list(settings.splits), "limit": settings.limit,
+                         "swe_limit": settings.swe_limit, "policies": list(policies), "margin": settings.margin,
+                         "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed,
+                         "notes": notes},
+            "groups": groups, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the policies to run, the default built-ins this checkout lacks); ValueError for a bad one asked for."""
+    from policy_dsl import builtin_names
+    from sandbox.harness import resolve_policy
+
+    known = set(builtin_names())
+    missing = [n for n in names if n in HANDWRITTEN and n not in known]
+    present = [n for n in names if n not in missing]
+    for name in present:
+        policy = resolve_policy(name)  # ValueError naming an unknown built-in or a bad file
+        if policy.mode != "kv":
+            raise ValueError(f"--policies: {name} is a {policy.mode}-mode policy; the hand-written built-ins "
+                             "compared with the oracle are kv policies")
+    return present, missing
+
+
+def render(figures: Mapping[str, Any]) -> str:
+    s = figures["settings"]
+    lines = [f"headroom: scripted agent on {', '.join(s['suites'])} ({', '.join(s['splits'])}), replay backend; "
+             f"champion rule against {AKV} (alpha {s['alpha']}); {figures['wall_s']:.0f} s in all"]
+    for name, group in figures["groups"].items():
+        check = group["oracle_check"]
+        warning = "" if group["oracle_valid"] else " (NOT a ceiling: the oracle left the recorded actions)"
+        oracle = (f"no oracle: {check['unavailable']}" if "unavailable" in check else
+                  f"expert-to-oracle gap {_percent(group['expert_to_oracle_gap_percent'])}; oracle actions equal "
+                  f"full's on {check['same_actions']}/{check['tasks']} tasks{warning}")
+        lines += ["", f"[{name}] {oracle}",
+                  format_table(["policy", "tasks", "errors", "score", "cents/task", "vs expert", "verdict"],
+                               [[r["policy"], r["tasks"], r["errors"], r["score"], r["cents_per_task"],
+                                 _percent(r["vs_expert_percent"]), _verdict(r["verdict"])]
+                                for r in group["policies"]])]
+        if group["targets"]:
+            lines.append("targets: " + "; ".join(f"{k.replace('_', ' ')}: {_met(v)}" for k, v in group["targets"].items()))
+    lines += s["notes"]
+    return "\n".join(lines)
+
+
+def _verdict(verdict: Mapping[str, Any] | None) -> str:
+    """The champion rule's finding in a word: champion, eligible, not cheaper, or inferior score."""
+    if verdict is None:
+        return "(reference)"
+    if verdict["champion"]:
+        return "champion"
+    if verdict["eligible"]:
+        return "eligible" if verdict["family"] > 1 else "eligible (alone)"
+    return "not cheaper" if not verdict["cheaper"] else "inferior score"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def _met(value: bool | None) -> str:
+    return "n/a" if value is None else ("met" if value else "missed")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
+    parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits")
+    parser.add_argument("--limit", type=int, default=Settings.limit,
+                        help="localcomp tasks per split (0: the whole split)")
+    parser.add_argument("--swe-limit", type=int, default=Settings.swe_limit,
+                        help="localswe tasks per split (0: the whole split)")
+    parser.add_argument("--policies", default=",".join(HANDWRITTEN),
+                        help="comma-separated hand-written kv policies (built-in names or .akvp files)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    names = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    settings = Settings(_names(args.suites, "--suites"), _names(args.splits, "--splits"), args.limit or None,
+                        args.swe_limit or None, names)
+    return settings, args.json
+
+
+def _names(text: str, option: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names:
+        raise SystemExit(f"{option} expects at least one name")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings, as_json = parse_args(argv)
+    try:
+        figures = measure(settings, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    except ValueError as err:
+        raise SystemExit(f"headroom: {err}") from None
+    print(json.dumps(figures) if as_json else render(figures))
+
+
+if __name__ == "__main__":
+    main()

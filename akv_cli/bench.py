@@ -72,7 +72,7 @@ def headroom(
     suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
     splits: str = typer.Option("train,heldout", help="Comma-separated splits."),
     limit: int = typer.Option(40, min=0, help="localcomp tasks per split (0: the whole split)."),
-    swe_limit: int = typer.Option(4, min=0, help="localswe tasks per split (0: the whole split)."),
+    swe_limit: int = typer.Option(8, min=0, help="localswe tasks per split (0: the whole split)."),
     policies: str | None = typer.Option(None, help="Comma-separated hand-written kv policies to add "
                                                       "(built-in names or .akvp files; default: the built-in ones)."),
     margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),

@@ -15,7 +15,7 @@ cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring a
 every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
 
     python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
-                                  [--limit 40] [--swe-limit 4] [--policies a,b] [--json]
+                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--json]
 """
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ class Settings:
     suites: tuple[str, ...] = SUITES
     splits: tuple[str, ...] = SPLITS
     limit: int | None = 40          # localcomp tasks per split (None: the whole split)
-    swe_limit: int | None = 4       # localswe tasks per split: its tools run test suites
+    swe_limit: int | None = 8       # localswe tasks per split: its tools run test suites; on 6 tasks or
+                                    # fewer the sign-flip p (>= 1/2^n) cannot pass Holm over 5 policies
     policies: tuple[str, ...] = HANDWRITTEN
     margin: float | None = None     # the champion rule's score margin (None: sandbox.stats' default)
     alpha: float = 0.05

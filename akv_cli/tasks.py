@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -58,6 +60,39 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
                    f"(version {suite_obj.version(akv_home())})")
     if failed:
         raise typer.Exit(code=2)
+
+
+class ImportKind(str, Enum):
+    retrieval = "retrieval"
+
+
+@tasks_app.command("import")
+def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hold: retrieval (documents and "
+                                                   "questions, a deep-research suite)."),
+                 corpus: Path = typer.Option(..., "--corpus", help="JSON Lines: {id, title, text} per document."),
+                 queries: Path = typer.Option(..., "--queries", help="JSON Lines: {id, question, answer, "
+                                              "evidence_ids, split} per question (optional aliases)."),
+                 name: str = typer.Option(..., "--name", help="Name of the new suite (use it with --suite)."),
+                 judge: Optional[str] = typer.Option(None, "--judge", help="OpenAI-compatible URL of a model that "
+                                                     "grades answers exact match rejects."),
+                 judge_model: Optional[str] = typer.Option(None, "--judge-model", help="The judge's model name."),
+                 replace: bool = typer.Option(False, "--replace", help="Rebuild a suite imported before.")) -> None:
+    """Build a suite from your own files (docs/sandbox.md, "Your own corpus")."""
+    from akv_core.home import akv_home
+    from sandbox.suites import suite_entries
+    from sandbox.suites.retrieval import import_suite
+    from sandbox.suites.retrieval.grading import Judge
+
+    if (judge is None) != (judge_model is None):
+        _fail("--judge and --judge-model go together: the endpoint and the model that grades")
+    taken = {e.name for e in suite_entries() if not e.distribution.startswith("imported")}
+    try:
+        done = import_suite(name, corpus, queries, akv_home(), Judge(judge, judge_model) if judge else None,
+                            replace=replace, taken=taken)
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(f"{done.name}: {done.documents} documents, "
+               + ", ".join(f"{n} {split} tasks" for split, n in done.tasks.items()) + f" under {done.root}")
 
 
 @tasks_app.command("list")

@@ -6,12 +6,15 @@ Every suite, ours included, is registered the same way: a package declares
     mysuite = "my_package.suite:MySuite"
 
 and `get_suite("mysuite")` imports `my_package.suite` and calls `MySuite()` on first use. A suite
-that fails to import is reported with its name and the error; the others stay usable.
+that fails to import is reported with its name and the error; the others stay usable. Suites
+imported from a user's documents (`akv tasks import retrieval`) live in the data folder and are
+listed beside them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Callable
 
 from sandbox.suite import Suite
 
@@ -29,7 +32,8 @@ class SuiteEntry:
 
     name: str
     target: str        # "module:attribute"
-    distribution: str  # "name version" of the declaring package, or "?" when unknown
+    distribution: str  # "name version" of the declaring package, "?" when unknown, or where it was imported
+    factory: Callable[[], Suite] | None = field(default=None, compare=False, repr=False)  # imported suites
 
     @property
     def source(self) -> str:
@@ -43,7 +47,22 @@ def suite_entries() -> list[SuiteEntry]:
         dist = getattr(point, "dist", None)
         label = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "?"
         found.append(SuiteEntry(point.name, point.value, label))
-    return sorted(found, key=lambda e: (e.name, e.distribution))
+    return sorted(found + _imported_entries(), key=lambda e: (e.name, e.distribution))
+
+
+def _imported_entries() -> list[SuiteEntry]:
+    """The retrieval suites imported into the data folder."""
+    from functools import partial
+
+    from akv_core.home import akv_home
+
+    home = akv_home()
+    if not (home / "suites").is_dir():  # nothing imported: skip loading the retrieval code
+        return []
+    from sandbox.suites.retrieval import RetrievalSuite, imported_names, imported_root
+
+    return [SuiteEntry(name, "sandbox.suites.retrieval:RetrievalSuite", f"imported at {imported_root(home, name)}",
+                       partial(RetrievalSuite, name, home)) for name in imported_names(home)]
 
 
 def suite_names() -> list[str]:
@@ -54,11 +73,11 @@ def suite_names() -> list[str]:
 def get_suite(name: str) -> Suite:
     """The suite called `name`; ValueError for an unknown name, SuiteLoadError for one that cannot load."""
     entries = suite_entries()
+    if not any(e.distribution.startswith("akv ") for e in entries):
+        raise ValueError(f"unknown suite {name!r}: the akv package registers no suite under the entry-point "
+                         f"group {ENTRY_POINT_GROUP!r} (its installed metadata is stale: run `make setup`)")
     matching = [e for e in entries if e.name == name]
     if not matching:
-        if not entries:
-            raise ValueError(f"unknown suite {name!r}: no suite is registered under the entry-point group "
-                             f"{ENTRY_POINT_GROUP!r} (the package metadata is stale: run `make setup`)")
         raise ValueError(f"unknown suite {name!r}: expected one of {', '.join(suite_names())}")
     if len(matching) > 1:
         raise SuiteLoadError(f"suite {name!r} is registered more than once: "
@@ -69,7 +88,7 @@ def get_suite(name: str) -> Suite:
 def load_suite(entry: SuiteEntry) -> Suite:
     """Import an entry's object and make the suite; any failure becomes a SuiteLoadError naming it."""
     try:
-        factory = metadata.EntryPoint(entry.name, entry.target, ENTRY_POINT_GROUP).load()
+        factory = entry.factory or metadata.EntryPoint(entry.name, entry.target, ENTRY_POINT_GROUP).load()
         suite = factory()
     except Exception as err:  # noqa: BLE001 - a broken plugin must not take the other suites down
         raise SuiteLoadError(f"suite {entry.name!r} from {entry.source} failed to load: "

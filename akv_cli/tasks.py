@@ -85,7 +85,7 @@ def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hol
 
     if (judge is None) != (judge_model is None):
         _fail("--judge and --judge-model go together: the endpoint and the model that grades")
-    taken = {e.name for e in suite_entries() if not e.distribution.startswith("imported")}
+    taken = {e.name for e in suite_entries() if e.factory is None}
     try:
         done = import_suite(name, corpus, queries, akv_home(), Judge(judge, judge_model) if judge else None,
                             replace=replace, taken=taken)

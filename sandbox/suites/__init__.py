@@ -73,8 +73,8 @@ def suite_names() -> list[str]:
 def get_suite(name: str) -> Suite:
     """The suite called `name`; ValueError for an unknown name, SuiteLoadError for one that cannot load."""
     entries = suite_entries()
-    if not any(e.distribution.startswith("akv ") for e in entries):
-        raise ValueError(f"unknown suite {name!r}: the akv package registers no suite under the entry-point "
+    if not any(e.target.startswith("sandbox.suites.") and e.factory is None for e in entries):
+        raise ValueError(f"unknown suite {name!r}: this project's own suites are not registered under the entry-point "
                          f"group {ENTRY_POINT_GROUP!r} (its installed metadata is stale: run `make setup`)")
     matching = [e for e in entries if e.name == name]
     if not matching:

@@ -104,7 +104,7 @@ def from_harness(result) -> TaskResult:
 def code_version() -> str:
     """The package version plus the source commit when running from a checkout."""
     try:
-        version = metadata.version("akv")
+        version = metadata.version("akv-agents")
     except metadata.PackageNotFoundError:
         version = "0+unknown"
     try:

@@ -65,7 +65,7 @@ def akv(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_our_suites_are_registered_as_entry_points() -> None:
-    ours = {e.name: e for e in suite_entries() if e.distribution.startswith("akv ")}
+    ours = {e.name: e for e in suite_entries() if e.distribution.startswith("akv-agents ")}
     assert ours["localcomp"].target == "sandbox.suites.localcomp:LocalComp"
     assert ours["localswe"].target == "sandbox.suites.localswe:LocalSWE"
     with pytest.raises(ValueError, match="unknown suite 'nosuite': expected one of .*localcomp"):
@@ -109,8 +109,8 @@ def test_evolution_runs_on_the_installed_suite(installed, tmp_path) -> None:
 def test_a_suite_whose_name_disagrees_with_its_entry_point_is_refused() -> None:
     from sandbox.suites import SuiteEntry, load_suite
 
-    entry = SuiteEntry("notlocalcomp", "sandbox.suites.localcomp:LocalComp", "akv 0.1.0")
+    entry = SuiteEntry("notlocalcomp", "sandbox.suites.localcomp:LocalComp", "akv-agents 0.1.0")
     with pytest.raises(SuiteLoadError, match="calls itself 'localcomp'"):
         load_suite(entry)
     with pytest.raises(SuiteLoadError, match="failed to load: AttributeError"):
-        load_suite(SuiteEntry("x", "sandbox.suites.localcomp:NoSuchClass", "akv 0.1.0"))
+        load_suite(SuiteEntry("x", "sandbox.suites.localcomp:NoSuchClass", "akv-agents 0.1.0"))

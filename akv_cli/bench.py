@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from akv_cli.errors import fail
+
 bench = typer.Typer(help="Benchmarks measured side by side in one run (they take minutes, not seconds).",
                     no_args_is_help=True)
 
@@ -105,17 +107,15 @@ def _guarded(run: Any) -> Any:
     try:
         return run()
     except ValueError as err:
-        typer.echo(f"akv bench: {err}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(err))
 
 
 def _benchmark(name: str) -> ModuleType:
     """`benchmarks.<name>` from the checkout next to this package."""
     root = Path(__file__).resolve().parents[1]
     if not (root / "benchmarks" / f"{name}.py").is_file():
-        typer.echo(f"akv bench: benchmarks/{name}.py is not here; the benchmarks ship with the source "
-                   f"checkout (pip install -e .)", err=True)
-        raise typer.Exit(1)
+        fail(f"benchmarks/{name}.py is not here; the benchmarks ship with the source checkout "
+             "(pip install -e .)")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     return importlib.import_module(f"benchmarks.{name}")
@@ -127,14 +127,12 @@ def _numbers(text: str, option: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        typer.echo(f"akv bench: {option} expects positive integers separated by commas, got {text!r}", err=True)
-        raise typer.Exit(1)
+        fail(f"{option} expects positive integers separated by commas, got {text!r}")
     return values
 
 
 def _names(text: str, option: str = "--suites") -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     if not names:
-        typer.echo(f"akv bench: {option} expects at least one name", err=True)
-        raise typer.Exit(1)
+        fail(f"{option} expects at least one name")
     return names

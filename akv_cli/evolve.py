@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from akv_cli.errors import fail
+
 DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
 
 
@@ -14,13 +16,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def evolve(
-        config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md)."),
+        config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md; "
+                                                "default: none, the defaults below)."),
         proposer: Optional[str] = typer.Option(None, "--proposer", help="llm, optuna or mutate (default: "
                                                "mutate and optuna in turn)."),
         suite: Optional[str] = typer.Option(None, "--suite", help="Task suite (default localcomp)."),
-        agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm."),
-        backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL."),
-        max_candidates: Optional[int] = typer.Option(None, "--max-candidates", help="Candidates to propose."),
+        agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm (default scripted)."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL "
+                                               "(default replay)."),
+        max_candidates: Optional[int] = typer.Option(None, "--max-candidates", help="Candidates to propose "
+                                                    "(default 20)."),
         db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
         run_name: Optional[str] = typer.Option(None, "--run-name", help="Name of the run (default: next evolve-NNN)."),
         resume: bool = typer.Option(False, "--resume", help="Continue RUN-NAME (default: the latest unfinished run); "
@@ -28,9 +33,11 @@ def register(app: typer.Typer) -> None:
         revalidate: bool = typer.Option(False, "--revalidate", help="With --resume: validate a finished run again "
                                         "(a new validation round; earlier rounds are kept)."),
         proposer_endpoint: Optional[str] = typer.Option(None, "--proposer-endpoint",
-                                                        help="OpenAI-compatible base URL for --proposer llm."),
-        proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics."),
+                                                        help="OpenAI-compatible base URL for --proposer llm "
+                                                        "(default: $AKV_PROPOSER_ENDPOINT, then $OPENAI_BASE_URL)."),
+        proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer "
+                                                     "(default MiniMax-M2.7)."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics (default 0)."),
     ) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
         from evolve.command import EvolveError, run_command
@@ -41,5 +48,4 @@ def register(app: typer.Typer) -> None:
         try:
             run_command(config, overrides, resume, revalidate=revalidate)
         except EvolveError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(code=err.exit_code) from None
+            fail(str(err), err.exit_code)

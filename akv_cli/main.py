@@ -9,6 +9,9 @@ from __future__ import annotations
 import typer
 
 from akv_cli import bench, evolve, policy, proxy, runs, serve, tasks
+from akv_cli.help import flags_show_no_type
+
+flags_show_no_type()
 
 app = typer.Typer(
     name="akv",
@@ -17,7 +20,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
 
 
 @app.callback()

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from akv_cli.errors import VERDICT, fail, fail_located, raw_text
+
 policy_app = typer.Typer(help="Cache policies: the built-in library, checking and trying them.",
                          no_args_is_help=True)
 
@@ -39,7 +41,7 @@ def show(name: str = typer.Argument(..., help="A built-in policy name (see `akv 
     try:
         typer.echo(builtin_source(name), nl=False)
     except PolicyError as error:
-        fail_located(error, None)
+        fail(error.message)
 
 
 @policy_app.command("check")
@@ -53,7 +55,7 @@ def check(file: str = typer.Argument(..., help="A .akvp file or a built-in name.
         filename, text = read_source(file)
         typer.echo(format_policy(parse(text, filename=filename)), nl=False)
     except PolicyError as error:
-        fail_located(error, text if text is not None else raw_text(file))
+        fail_located(error, text if text is not None else raw_text(file), VERDICT)
 
 
 @policy_app.command("decide")
@@ -77,8 +79,7 @@ def decide(
     try:
         decision = compiled.decide(messages, _counter(tokenizer))
     except HistoryError as error:
-        typer.echo(f"{history}: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"{history}: {error}")
     out: dict[str, Any] = decision.api_fields()
     if compiled.mode == "text":  # text policies send no cache fields; the harness applies these edits
         out["text_edits"] = [_edit_json(e) for e in decision.text_edits]
@@ -97,7 +98,7 @@ def akvalgo(policy: str = typer.Argument(..., help="A .akvp file or a built-in n
         filename, text = read_source(policy)
         options = to_akvalgo(parse(text, filename=filename), filename)
     except PolicyError as error:
-        fail_located(error, text if text is not None else raw_text(policy))
+        fail_located(error, text if text is not None else raw_text(policy), VERDICT)
     typer.echo(json.dumps(options.kwargs(), indent=2))
 
 
@@ -113,43 +114,16 @@ def _description(source: str) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def raw_text(file: str) -> str | None:
-    """The file's text for showing an error line, readable or not; None when there is none to show."""
-    path = Path(file)
-    try:
-        if path.is_file() and path.stat().st_size <= 64 * 1024:
-            return path.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return None
-
-
-def fail_located(error: Exception, text: str | None) -> None:
-    """Print `FILE:LINE:COL: message`, the source line and a caret under the column; exit 1."""
-    typer.echo(str(error), err=True)
-    line, column = getattr(error, "line", 0), getattr(error, "column", 0)
-    lines = text.splitlines() if text else []
-    if 1 <= line <= len(lines):
-        shown = lines[line - 1].replace("\t", " ")
-        shown = "".join(c if c.isprintable() else "?" for c in shown)
-        typer.echo(shown, err=True)
-        typer.echo(" " * (column - 1) + "^", err=True)
-    raise typer.Exit(1)
-
-
 def _read_history(path: Path) -> list[Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        typer.echo(f"{path}: cannot read: {error.strerror}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"{path}: cannot read: {error.strerror}")
     except (ValueError, RecursionError) as error:
-        typer.echo(f"{path}: not JSON: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"{path}: not JSON: {error}")
     messages = data.get("messages") if isinstance(data, dict) else data
     if not isinstance(messages, list):
-        typer.echo(f'{path}: expected {{"messages": [...]}} or a list of messages', err=True)
-        raise typer.Exit(1)
+        fail(f'{path}: expected {{"messages": [...]}} or a list of messages')
     return messages
 
 
@@ -161,13 +135,11 @@ def _counter(choice: TokenizerChoice) -> Any:
     try:
         from akv_core.chat import ChatTokenizer
     except ImportError:
-        typer.echo("--tokenizer smollm2 needs akv_core's chat tokenizer, which is not installed", err=True)
-        raise typer.Exit(1) from None
+        fail("--tokenizer smollm2 needs akv_core's chat tokenizer, which is not installed")
     try:
         return ChatTokenizer.from_model("smollm2")
     except (OSError, ValueError) as error:
-        typer.echo(f"--tokenizer smollm2: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"--tokenizer smollm2: {error}")
 
 
 def _edit_json(edit: Any) -> dict[str, Any]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import typer
 
+from akv_cli.errors import fail
+
 
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
@@ -18,7 +20,7 @@ def proxy(
                                   "(connecting gives up after 10 s at most, with a 502)."),
 ) -> None:
     """Serve the OpenAI chat API, adding the policy's decision to each request before forwarding it."""
-    from akv_cli.policy import fail_located, raw_text
+    from akv_cli.errors import fail_located, raw_text
     from akv_core.server.runner import can_bind, serve_forever
     from policy_dsl import PolicyError, compile_policy, parse
     from policy_dsl.library import read_source
@@ -28,7 +30,6 @@ def proxy(
         filename, text = read_source(policy)
         compiled = compile_policy(parse(text, filename=filename), name=_name(policy, filename))
     except PolicyError as error:  # the proxy never starts with a policy it cannot run
-        typer.echo("akv proxy: the policy does not load:", err=True)
         fail_located(error, text if text is not None else raw_text(policy))
     from akv_proxy import create_proxy_app
     from akv_proxy.upstream import upstream_root
@@ -37,17 +38,14 @@ def proxy(
     try:
         upstream_root(upstream)
     except ValueError as error:
-        typer.echo(f"akv proxy: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(error))
     if not can_bind(host, port):
-        typer.echo(f"akv proxy: cannot listen on {host}:{port} (is the port taken?)", err=True)
-        raise typer.Exit(1)
+        fail(f"cannot listen on {host}:{port} (is the port taken?)")
     app = create_proxy_app(compiled, upstream, shared_tokenizer(), timeout_s=timeout)
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
         f"AKV proxy ready at {url} (policy {compiled.name}, {compiled.mode} mode, upstream {upstream})"))
     if not ready:
-        typer.echo(f"akv proxy: cannot listen on {host}:{port} (is the port taken?)", err=True)
-        raise typer.Exit(1)
+        fail(f"cannot listen on {host}:{port} (is the port taken?)")
 
 
 def _name(policy: str, filename: str) -> str:

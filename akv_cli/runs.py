@@ -7,6 +7,8 @@ from typing import Callable, Optional
 
 import typer
 
+from akv_cli.errors import fail
+
 class ExportFormat(str, Enum):
     akvp = "akvp"
     akvalgo = "akvalgo"
@@ -22,13 +24,11 @@ def _with_store(db: Optional[str], body: Callable) -> None:
     try:
         store = Store.open(db)
     except StoreError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(err))
     try:
         body(store)
     except StoreError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(err))
     finally:
         store.close()
 
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
                                                   "exports/RUN.akvp, or RUN.akvalgo.json); provenance goes "
                                                   "next to it."),
                policy: Optional[int] = typer.Option(None, "--policy", help="Export this policy id instead of "
-                                                    "the champion."),
+                                                    "the champion (default: the champion)."),
                format: ExportFormat = typer.Option(ExportFormat.akvp, "--format", help="akvp (our policy "
                                                    "language) or akvalgo (upstream AKVPolicy keyword arguments, "
                                                    "JSON)."),
@@ -94,8 +94,7 @@ def register(app: typer.Typer) -> None:
                 try:
                     done = export_akvalgo(store, run, out, policy)
                 except NotExpressible as err:
-                    typer.echo(f"error: not expressible as akvalgo options: {err}", err=True)
-                    raise typer.Exit(code=2) from None
+                    fail(f"not expressible as akvalgo options: {err}")
             typer.echo(f"{done.policy_path}\n{done.provenance_path}")
         _with_store(db, body)
 

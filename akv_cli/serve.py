@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from akv_cli.errors import fail
+
 
 class Device(str, Enum):
     auto = "auto"
@@ -38,7 +40,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(30000, min=0, max=65535, help="Port to bind (0: any free port)."),
     kv_tokens: int | None = typer.Option(None, min=1, help="KV pool size in tokens (default: the engine's)."),
-    max_running: int | None = typer.Option(None, min=1, help="Requests decoded together at most."),
+    max_running: int | None = typer.Option(None, min=1, help="Requests decoded together at most (default 8)."),
     device: Device = typer.Option(Device.auto, help="Where the model runs."),
     precision: Precision = typer.Option(Precision.float32, help="Weight precision: float32 (exact), fp16 "
                                         "or mixed (faster on the CPU; docs/engine-model.md)."),
@@ -57,11 +59,9 @@ def serve(
     try:
         located = locate(model)
     except ModelNotFoundError as error:
-        typer.echo(f"akv serve: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(error))
     if not can_bind(host, port):
-        typer.echo(f"akv serve: cannot listen on {host}:{port} (is the port taken?)", err=True)
-        raise typer.Exit(1)
+        fail(f"cannot listen on {host}:{port} (is the port taken?)")
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
     engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk)
@@ -70,8 +70,7 @@ def serve(
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"),
                           log_level=log_level.value)
     if not ready:
-        typer.echo(f"akv serve: cannot listen on {host}:{port} (is the port taken?)", err=True)
-        raise typer.Exit(1)
+        fail(f"cannot listen on {host}:{port} (is the port taken?)")
 
 
 def _device(device: Device) -> str:
@@ -80,8 +79,7 @@ def _device(device: Device) -> str:
     if device is Device.auto:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device is Device.cuda and not torch.cuda.is_available():
-        typer.echo("akv serve: --device cuda was asked for but no CUDA device is available", err=True)
-        raise typer.Exit(1)
+        fail("--device cuda was asked for but no CUDA device is available")
     return device.value
 
 
@@ -99,5 +97,4 @@ def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: in
     try:
         return Engine.from_pretrained(model, **options)
     except (FileNotFoundError, ValueError) as error:
-        typer.echo(f"akv serve: cannot load {model}: {error}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"cannot load {model}: {error}")

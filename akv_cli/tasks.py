@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 import typer
 
+from akv_cli.errors import USAGE, fail
+
 tasks_app = typer.Typer(help="Build and list the task suites.", no_args_is_help=True)
 
 
@@ -19,21 +21,15 @@ def register(app: typer.Typer) -> None:
     app.command(name="run")(run)
 
 
-def _fail(message: str) -> None:
-    """One line on stderr and exit status 2: the user asked for something that does not exist."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
 def _suite(name: str) -> Any:
     from sandbox.suites import get_suite
 
     try:
         return get_suite(name)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     except ImportError as err:
-        _fail(f"suite {name!r} is not available: {err}")
+        fail(f"suite {name!r} is not available: {err}")
 
 
 @tasks_app.command("build")
@@ -55,11 +51,11 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
         try:
             suite_obj.build(akv_home(), seed)
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
-            _fail(f"{name}: {err}")
+            fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "
                    f"(version {suite_obj.version(akv_home())})")
     if failed:
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=USAGE)
 
 
 class ImportKind(str, Enum):
@@ -96,7 +92,8 @@ def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hol
 
 
 @tasks_app.command("list")
-def list_tasks(suite: Optional[str] = typer.Option(None, help="Suite name, e.g. localcomp."),
+def list_tasks(suite: Optional[str] = typer.Option(None, help="Suite name, e.g. localcomp (required "
+                                                                 "unless --suites)."),
                split: str = typer.Option("train", help="Split: train or heldout."),
                suites: bool = typer.Option(False, "--suites", help="List the registered suites and where "
                                            "each comes from, instead of a suite's tasks."),
@@ -109,12 +106,12 @@ def list_tasks(suite: Optional[str] = typer.Option(None, help="Suite name, e.g. 
         _list_suites(json_out)
         return
     if suite is None:
-        _fail("--suite: expected a suite name (or --suites to list the registered suites)")
+        fail("--suite: expected a suite name (or --suites to list the registered suites)")
     suite_obj = _suite(suite)
     try:
         tasks = suite_obj.tasks(split)  # never builds: a folder built with another seed stays as it is
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     if json_out:
         typer.echo(json.dumps({"suite": suite, "split": split,
                                "tasks": [{"id": t.id, "prompt": t.prompt} for t in tasks]}))
@@ -160,9 +157,10 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         agent: str = typer.Option("scripted", help="scripted (the suite's navigator) or llm."),
         backend: str = typer.Option("replay", "--backend", "--endpoint",
                                     help="replay, embedded, or an OpenAI-compatible URL."),
-        model: Optional[str] = typer.Option(None, help="Model name (URL backend) or smollm2|PATH (embedded)."),
-        limit: Optional[int] = typer.Option(None, min=1, help="Run only the first N tasks."),
-        task: Optional[list[str]] = typer.Option(None, help="Run only this task id (repeatable)."),
+        model: Optional[str] = typer.Option(None, help="Model name (URL backend; default: the "
+                                            "server's first model) or smollm2|PATH (embedded; default smollm2)."),
+        limit: Optional[int] = typer.Option(None, min=1, help="Run only the first N tasks (default: all)."),
+        task: Optional[list[str]] = typer.Option(None, help="Run only this task id (repeatable; default: all)."),
         prices: Optional[str] = typer.Option(None, help="Price table (default: the model's, else gpt-oss-120b)."),
         max_steps: int = typer.Option(100, min=1, help="Agent requests per task before it gives up."),
         max_tokens: int = typer.Option(256, min=1, help="The llm agent's reply budget per step, in tokens."),
@@ -182,7 +180,7 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
                                limits=RunLimits(max_steps=max_steps, max_tokens=max_tokens),
                                on_start=progress.start)
         except ValueError as err:
-            _fail(str(err))
+            fail(str(err))
     if json_out:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")
     else:

@@ -166,7 +166,7 @@ class _Builder:
 
     def unit(self, token: Token, words: dict[str, str]) -> str:
         if str(token) not in words:
-            choices = ", ".join(sorted(set(words.values())))
+            choices = ", ".join(sorted(words))  # singular and plural, as both are accepted
             raise self.fail(f"unknown unit {str(token)!r}; expected one of {choices}", token)
         return words[str(token)]
 

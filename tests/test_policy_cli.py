@@ -28,7 +28,8 @@ def test_list_names_every_builtin_with_its_description() -> None:
 def test_show_prints_the_shipped_source() -> None:
     result = akv("show", "expert")
     assert result.exit_code == 0 and result.output.startswith("# Expert policy")
-    assert akv("show", "nope").exit_code == 1
+    nope = akv("show", "nope")
+    assert nope.exit_code == 2 and nope.output.startswith("error: unknown built-in policy 'nope'; expected one of")
 
 
 @pytest.mark.parametrize("name", builtin_names())
@@ -44,7 +45,7 @@ def test_check_prints_location_source_line_and_caret(tmp_path) -> None:
     result = akv("check", str(bad))
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert lines[0] == f"{bad}:2:39: unknown keyword 'keepx'; expected ')', 'and', 'keep', 'on', 'or', " \
+    assert lines[0] == f"error: {bad}:2:39: unknown keyword 'keepx'; expected ')', 'and', 'keep', 'on', 'or', " \
                        "'reposition', 'until', 'within', end of file"
     assert lines[1] == "on each tool_response: drop role tool keepx last 3"
     assert lines[2] == " " * 38 + "^"
@@ -61,7 +62,7 @@ def test_check_rejects_empty_binary_and_huge_files_in_one_located_line(tmp_path,
     path.write_bytes(content)
     result = akv("check", str(path))
     assert result.exit_code == 1
-    assert result.output.startswith(f"{path}:1:") and words in result.output.splitlines()[0]
+    assert result.output.startswith(f"error: {path}:1:") and words in result.output.splitlines()[0]
     assert "Traceback" not in result.output
 
 
@@ -96,5 +97,5 @@ def test_decide_reports_a_bad_history_in_one_line(tmp_path, content: str, words:
     path = tmp_path / "h.json"
     path.write_text(content)
     result = akv("decide", "expert", "--history", str(path))
-    assert result.exit_code == 1
+    assert result.exit_code == 2 and result.output.startswith("error: ")
     assert words in result.output and "Traceback" not in result.output

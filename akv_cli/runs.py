@@ -1,6 +1,7 @@
 """Store-backed commands: `akv runs list|show`, `akv lineage`, `akv export`, `akv compare`."""
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
@@ -39,17 +40,28 @@ def register(app: typer.Typer) -> None:
     app.add_typer(runs_app, name="runs")
 
     @runs_app.command("list")
-    def runs_list(db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+    def runs_list(db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
+                  as_json: bool = typer.Option(False, "--json", help="One JSON object per run, one per line.")) -> None:
         """One line per run: name, status, policies, evaluations, creation time."""
         from rich.console import Console
-        from rich.table import Table
+
+        from akv_cli.tables import Column, fitted_table
 
         def body(store) -> None:
-            table = Table("id", "name", "status", "policies", "evaluations", "created", "detail")
-            for r in store.runs():
-                table.add_row(str(r.id), r.name, r.status, str(r.n_policies), str(r.n_evaluations),
-                              r.created_at.strftime("%Y-%m-%d %H:%M:%S"), (r.status_detail or "")[:60])
-            Console().print(table)
+            runs = store.runs()
+            if as_json:
+                for r in runs:
+                    typer.echo(json.dumps({"id": r.id, "name": r.name, "status": r.status, "policies": r.n_policies,
+                                           "evaluations": r.n_evaluations, "created": r.created_at.isoformat(),
+                                           "detail": r.status_detail}))
+                return
+            columns = [Column("id", True, 9), Column("name", keep=9), Column("status", keep=8),
+                       Column("policies", True, 5), Column("evaluations", True, 4), Column("created", True, 3),
+                       Column("detail", keep=1)]
+            rows = [[str(r.id), r.name, r.status, str(r.n_policies), str(r.n_evaluations),
+                     r.created_at.strftime("%Y-%m-%d %H:%M:%S"), r.status_detail or ""] for r in runs]
+            console = Console()
+            console.print(fitted_table(columns, rows, console.width))
         _with_store(db, body)
 
     @runs_app.command("show")
@@ -79,6 +91,8 @@ def register(app: typer.Typer) -> None:
                                                   "next to it."),
                policy: Optional[int] = typer.Option(None, "--policy", help="Export this policy id instead of "
                                                     "the champion (default: the champion)."),
+               best: bool = typer.Option(False, "--best", help="Without a champion, the best candidate validated "
+                                         "on held-out (its file and provenance say it is not a champion)."),
                format: ExportFormat = typer.Option(ExportFormat.akvp, "--format", help="akvp (our policy "
                                                    "language) or akvalgo (upstream AKVPolicy keyword arguments, "
                                                    "JSON)."),
@@ -89,10 +103,10 @@ def register(app: typer.Typer) -> None:
 
         def body(store) -> None:
             if format is ExportFormat.akvp:
-                done = export_run(store, run, out, policy)
+                done = export_run(store, run, out, policy, allow_best=best)
             else:
                 try:
-                    done = export_akvalgo(store, run, out, policy)
+                    done = export_akvalgo(store, run, out, policy, allow_best=best)
                 except NotExpressible as err:
                     fail(f"not expressible as akvalgo options: {err}")
             typer.echo(f"{done.policy_path}\n{done.provenance_path}")
@@ -102,13 +116,17 @@ def register(app: typer.Typer) -> None:
     def compare(run: str = typer.Argument(..., help="Run name or id."),
                 out: Optional[Path] = typer.Option(None, "--out", help="Where to write the HTML report "
                                                    "(default: reports/RUN/report.html in the data folder)."),
-                db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
+                db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
+                as_json: bool = typer.Option(False, "--json", help="The table's rows (costs in USD), the verdict and "
+                                             "the report's path as one JSON object.")) -> None:
         """Print the held-out table against the baselines and write a self-contained report.html."""
+        from dataclasses import asdict
+
         from rich.console import Console
 
         from akv_core.home import data_path
-        from evolve.report import render_html, summary_line
         from evolve.command import print_comparison
+        from evolve.report import comparison_rows, render_html, summary_line
         from store import StoreError
 
         def body(store) -> None:
@@ -116,10 +134,14 @@ def register(app: typer.Typer) -> None:
             validations = store.validations(info.id)
             if not validations:
                 raise StoreError(f"RUN: run {info.name!r} has no held-out validation yet (status {info.status})")
+            path = out if out is not None else data_path("reports", info.name, "report.html")
+            path.write_text(render_html(store, info), encoding="utf-8")
+            if as_json:
+                typer.echo(json.dumps({"run": info.name, "rows": [asdict(r) for r in comparison_rows(validations)],
+                                       "verdict": summary_line(validations), "report": str(path)}))
+                return
             console = Console()
             print_comparison(console, validations)
             console.print(summary_line(validations))
-            path = out if out is not None else data_path("reports", info.name, "report.html")
-            path.write_text(render_html(store, info), encoding="utf-8")
             console.print(f"report: {path}")
         _with_store(db, body)

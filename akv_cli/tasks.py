@@ -71,8 +71,8 @@ def import_tasks(kind: ImportKind = typer.Argument(..., help="What the files hol
                  name: str = typer.Option(..., "--name", help="Name of the new suite (use it with --suite)."),
                  judge: Optional[str] = typer.Option(None, "--judge", help="OpenAI-compatible URL of a model that "
                                                      "grades answers exact match rejects (default: none)."),
-                 judge_model: Optional[str] = typer.Option(None, "--judge-model", help="The judge's model name (default: "
-                                                           "none; required with --judge)."),
+                 judge_model: Optional[str] = typer.Option(None, "--judge-model", help="The judge's model name "
+                                                           "(default: none; required with --judge)."),
                  replace: bool = typer.Option(False, "--replace", help="Rebuild a suite imported before.")) -> None:
     """Build a suite from your own files (docs/sandbox.md, "Your own corpus")."""
     from akv_core.home import akv_home
@@ -217,10 +217,12 @@ class _Progress:
         self.bar_id = self.bar.add_task("tasks", total=n_tasks)
 
     def task_done(self, result: Any) -> None:
+        from sandbox.cost import cents
+
         if self.bar_id is not None:
             self.bar.advance(self.bar_id)
         line = (f"{result.task_id}  {result.status:<9} score={result.score:.2f}  "
-                f"requests={result.n_requests}  cost=${result.cost_usd:.6f}  {result.wall_s:.1f}s")
+                f"requests={result.n_requests}  cost={cents(result.cost_usd)}¢  {result.wall_s:.1f}s")
         if result.reason:
             line += f"  ({result.reason})"
         self.bar.console.print(line, markup=False, highlight=False)
@@ -228,24 +230,24 @@ class _Progress:
 
 def _print_report(report: Any) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title="results")
-    for column in ("task", "status", "score", "answer", "requests", "input", "cached", "repos",
-                   "drop-skipped", "output", "cost USD"):
-        table.add_column(column)
-    for r in report.results:
-        t = r.tokens
-        table.add_row(r.task_id, r.status, f"{r.score:.2f}", (r.answer or "")[:40], str(r.n_requests),
-                      str(t.input), str(t.cached), str(t.repos), str(t.drop_skipped), str(t.output),
-                      f"{r.cost_usd:.6f}")
+    from akv_cli.tables import Column, fitted_table
+    from sandbox.cost import cents
+
+    columns = [Column("task", keep=9), Column("status", keep=8), Column("score", True, 8), Column("answer"),
+               Column("requests", True, 5), Column("input", True, 4), Column("cached", True, 3),
+               Column("repos", True, 2), Column("drop-skipped", True, 2), Column("output", True, 3),
+               Column("cost ¢", True, 9)]
+    rows = [[r.task_id, r.status, f"{r.score:.2f}", (r.answer or "")[:40], str(r.n_requests), str(r.tokens.input),
+             str(r.tokens.cached), str(r.tokens.repos), str(r.tokens.drop_skipped), str(r.tokens.output),
+             cents(r.cost_usd)] for r in report.results]
     console = Console()
-    console.print(table)
+    console.print(fitted_table(columns, rows, console.width, title="results"))
     s = report.summary
     console.print(
         f"{s['policy']} on {s['suite']}/{s['split']} ({s['agent']} agent, {s['backend']} backend, "
         f"{s['prices']} prices): {s['n_tasks']} tasks, mean score {s['mean_score']:.3f}, "
-        f"mean cost ${s['mean_cost_usd']:.6f}, total tokens "
+        f"mean cost {cents(s['mean_cost_usd'])}¢/task, total tokens "
         + ", ".join(f"{k} {v}" for k, v in s["tokens"].items()), markup=False, highlight=False)
     for task_id, reason in s["errors"].items():
         console.print(f"error in {task_id}: {reason}", markup=False, highlight=False)

@@ -18,6 +18,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
+from sandbox.cost import cents
 from store.database import normalize_url
 from store import DuplicateRunName, RunInfo, Store, StoreError
 
@@ -193,8 +194,10 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
 def _printer(console: Console, store: Store, run: RunInfo):
     def show(message: str, front: Sequence[Point]) -> None:
         best = max(front, key=lambda p: (p.score, -p.cost), default=None)
-        best_text = f"best #{best.policy_id} score {best.score:.3f} cost ${best.cost:.5f}" if best else "no front yet"
-        console.print(f"[dim]{run.name}[/] {message}  [cyan]({best_text}; front {len(front)})[/]")
+        best_text = (f"best #{best.policy_id} score {best.score:.3f} cost {cents(best.cost)}¢/task" if best
+                     else "no front yet")
+        # One line per step, never broken by the console: a terminal wraps it whole, a pipe keeps it
+        console.print(f"[dim]{run.name}[/] {message}  [cyan]({best_text}; front {len(front)})[/]", soft_wrap=True)
     return show
 
 

@@ -52,7 +52,7 @@ def export_run(store: Store, run_ref: str | int, out: Path | None = None, policy
 
 
 def export_akvalgo(store: Store, run_ref: str | int, out: Path | None = None,
-                   policy_id: int | None = None) -> Exported:
+                   policy_id: int | None = None, allow_best: bool = False) -> Exported:
     """The policy as upstream akvalgo `AKVPolicy` keyword arguments (JSON) plus its provenance record.
 
     Raises policy_dsl.akvalgo.NotExpressible, located in the policy's canonical text, when the policy
@@ -62,7 +62,7 @@ def export_akvalgo(store: Store, run_ref: str | int, out: Path | None = None,
     from policy_dsl import parse
     from policy_dsl.akvalgo import to_akvalgo
 
-    run, record, policy = chosen_policy(store, run_ref, policy_id, allow_best=False)
+    run, record, policy = chosen_policy(store, run_ref, policy_id, allow_best)
     filename = f"{run.name}#{policy.id}.akvp"
     options = to_akvalgo(parse(policy.text, filename=filename), filename)
     out = out or data_path("exports", f"{run.name}.akvalgo.json")
@@ -80,7 +80,7 @@ def chosen_policy(store: Store, run_ref: str | int, policy_id: int | None, allow
     record = chosen_validation(store, run.id, policy_id, allow_best)
     if record is None and policy_id is None:
         raise StoreError(f"RUN: run {run.name!r} has no champion (nothing beat the baselines on held-out); "
-                         "pass --policy ID to export a candidate anyway")
+                         "pass --best for the best validated candidate or --policy ID for any one")
     pid = policy_id if policy_id is not None else record.policy_id
     policy = store.policy(pid)
     if policy.run_id != run.id or policy.text is None:

@@ -23,6 +23,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
 from evolve.scoring import Evaluator, code_version
 from evolve.validation import HELDOUT, pick_finalists, validate
+from sandbox.cost import cents
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
 PROPOSED_BY = ("llm", "optuna", "mutate")
@@ -150,7 +151,7 @@ class Evolution:
         proposer.tell(proposal, pid, outcome)
         where = "on the train subset" if outcome.status == "pruned" else "on train"
         self.progress(f"{self._count(index)} #{pid} {proposer.name}: {outcome.status}, {where} score "
-                      f"{outcome.score:.3f} cost ${outcome.cost:.5f}", self.cascade.front())
+                      f"{outcome.score:.3f} cost {cents(outcome.cost)}¢/task", self.cascade.front())
 
     def _count(self, index: int) -> str:
         return f"[{index + 1}/{self.config.max_candidates}]"

@@ -13,6 +13,7 @@ from evolve.cascade import train_points
 from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
 from evolve.validation import HELDOUT
+from sandbox.cost import cents
 from store import PolicyInfo, RunInfo, Store, ValidationRecord
 
 
@@ -150,12 +151,12 @@ def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: i
     out = [f'<svg id="pareto" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
            f'<line x1="{pad}" y1="{h - pad}" x2="{w - right}" y2="{h - pad}" stroke="#444"/>',
            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
-           f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (USD)</text>',
+           f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (¢)</text>',
            f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
            'score</text>']
     for frac in (0.0, 0.5, 1.0):  # three ticks per axis are enough to read the scale
         xv, yv = x0 + frac * (x1 - x0), y0 + frac * (y1 - y0)
-        out.append(f'<text x="{sx(xv):.1f}" y="{h - pad + 16}" font-size="10" text-anchor="middle">{xv:.5f}</text>'
+        out.append(f'<text x="{sx(xv):.1f}" y="{h - pad + 16}" font-size="10" text-anchor="middle">{cents(xv)}</text>'
                    f'<text x="{pad - 6}" y="{sy(yv) + 3:.1f}" font-size="10" text-anchor="end">{yv:.2f}</text>')
     front = pareto_front(train)
     line = " ".join(f"{sx(p.cost):.1f},{sy(p.score):.1f}" for p in sorted(front, key=lambda p: p.cost))
@@ -163,15 +164,62 @@ def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: i
         out.append(f'<polyline points="{line}" fill="none" stroke="#4a7" stroke-width="1.5"/>')
     for p in train:
         out.append(f'<circle class="train" cx="{sx(p.cost):.1f}" cy="{sy(p.score):.1f}" r="3" fill="#9bc">'
-                   f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {p.cost:.5f}</title></circle>')
+                   f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {cents(p.cost)}¢/task</title></circle>')
     for v in sorted(heldout, key=lambda v: v.champion):  # the champion is drawn last, on top
         colour = "#d80" if v.champion else ("#555" if v.role == "baseline" else "#c44")
         out.append(f'<rect class="heldout" x="{sx(v.cost_mean) - 4:.1f}" y="{sy(v.score_mean) - 4:.1f}" width="8" '
-                   f'height="8" fill="{colour}"><title>{escape(v.label)} held-out</title></rect>'
-                   f'<text x="{sx(v.cost_mean) + 6:.1f}" y="{sy(v.score_mean) - 6:.1f}" font-size="11">'
-                   f'{escape(v.label)}</text>')
+                   f'height="8" fill="{colour}"><title>{escape(v.label)} held-out</title></rect>')
+    for text, (x, y) in point_labels([((sx(v.cost_mean), sy(v.score_mean)), v.label, v.champion)
+                                      for v in heldout], w, h):
+        out.append(f'<text class="label" x="{x:.1f}" y="{y:.1f}" font-size="{LABEL_FONT}">{escape(text)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+LABEL_FONT = 11
+LABEL_CHAR_W = 0.62 * LABEL_FONT  # generous for a proportional font: an estimate must not undercut the glyphs
+LABEL_H = LABEL_FONT + 3
+
+
+def point_labels(points: Sequence[tuple[tuple[float, float], str, bool]], w: float,
+                 h: float) -> list[tuple[str, tuple[float, float]]]:
+    """One label per spot, placed where it overlaps no other label: (text, baseline position) each.
+
+    Points drawn within 4 px of each other share one label (champion first, names joined by commas);
+    each label tries right-above, right-below, left-above and left-below of its spot, then steps
+    further up and down, and keeps the first box that meets no label placed before it.
+    """
+    spots: list[tuple[tuple[float, float], list[str]]] = []
+    for (x, y), name, champion in sorted(points, key=lambda p: not p[2]):
+        near = next((s for s in spots if abs(s[0][0] - x) <= 4 and abs(s[0][1] - y) <= 4), None)
+        if near is None:
+            spots.append(((x, y), [name]))
+        else:
+            near[1].append(name)
+    placed: list[tuple[float, float, float, float]] = []
+    out = []
+    for (x, y), names in sorted(spots, key=lambda s: (s[0][1], s[0][0])):
+        text = ", ".join(names)
+        width = LABEL_CHAR_W * len(text)
+        box = _free_box(x, y, width, placed, w, h)
+        placed.append(box)
+        out.append((text, (box[0], box[3] - 3)))
+    return out
+
+
+def _free_box(x: float, y: float, width: float, placed: Sequence[tuple[float, float, float, float]],
+              w: float, h: float) -> tuple[float, float, float, float]:
+    """The first candidate box (left, top, right, bottom) next to (x, y) that meets no placed box."""
+    def meets(a, b) -> bool:
+        return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+    candidates = []
+    for step in range(0, 40):
+        for dy in ((-6 - LABEL_H - step * LABEL_H, 6 + step * LABEL_H) if step else (-6 - LABEL_H, 6)):
+            for left in (x + 6, x - 6 - width):
+                candidates.append((left, y + dy, left + width, y + dy + LABEL_H))
+    inside = [c for c in candidates if c[0] >= 0 and c[2] <= w and c[1] >= 0 and c[3] <= h] or candidates
+    return next((c for c in inside if not any(meets(c, p) for p in placed)), inside[-1])
 
 
 def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int = 34, h_step: int = 60) -> str:
@@ -182,8 +230,9 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
     for gen, items in sorted(by_gen.items()):
         for i, p in enumerate(items):
             pos[p.id] = (30 + i * w_step, 30 + gen * h_step)
-    width = max((x for x, _ in pos.values()), default=0) + 60
-    height = max((y for _, y in pos.values()), default=0) + 50
+    reach = 0.6 * 9 * max((len(p.label) for p in policies), default=0)  # a label's length, rotated by 40 degrees
+    width = max((x for x, _ in pos.values()), default=0) + 60 + 0.77 * reach
+    height = max((y for _, y in pos.values()), default=0) + 50 + 0.65 * reach
     colours = {"evaluated": "#4a7", "pruned": "#db3", "rejected": "#c44", "duplicate": "#c9c", "proposed": "#999"}
     out = [f'<svg id="lineage" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for p in policies:
@@ -197,7 +246,8 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
         why = f" — {p.rejection_reason}" if p.rejection_reason else ""
         out.append(f'<circle cx="{x}" cy="{y}" r="7" fill="{colours.get(p.status, "#999")}"{ring}>'
                    f'<title>{escape(p.label)} gen {p.generation} {p.proposer} {p.status}{escape(why)}</title>'
-                   f'</circle><text x="{x}" y="{y + 19}" font-size="9" text-anchor="middle">{p.id}</text>')
+                   f'</circle><text class="node" x="{x}" y="{y + 15}" font-size="9" '
+                   f'transform="rotate(40 {x} {y + 15})">{escape(p.label)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -261,12 +311,12 @@ def _per_task_table(store: Store, run_id: int, validations: Sequence[ValidationR
     cells: dict[str, dict[int, str]] = {}
     for e in store.evaluations(run_id, HELDOUT, ids):
         r = e.result
-        cells.setdefault(r.task_id, {})[e.policy_id] = f"{r.score:.2f} / {r.cost_usd:.5f}" + (
+        cells.setdefault(r.task_id, {})[e.policy_id] = f"{r.score:.2f} / {cents(r.cost_usd)}" + (
             f" ({r.status})" if r.status != "ok" else "")
     head = "".join(f"<th>{escape(v.label)}</th>" for v in validations)
     rows = "".join(f"<tr><td>{escape(t)}</td>" + "".join(f"<td>{escape(c.get(i, '-'))}</td>" for i in ids) + "</tr>"
                    for t, c in sorted(cells.items()))
-    return (f'<h2>Per-task held-out results (score / cost USD)</h2><table id="per-task"><tr><th>task</th>{head}</tr>'
+    return (f'<h2>Per-task held-out results (score / cost ¢)</h2><table id="per-task"><tr><th>task</th>{head}</tr>'
             f"{rows}</table>")
 
 

@@ -9,6 +9,7 @@ from rich.tree import Tree
 from evolve.cascade import train_points
 from evolve.pareto import pareto_front
 from evolve.report import run_train_ids, summary_line
+from sandbox.cost import cents
 from store import PolicyInfo, Store
 
 
@@ -59,7 +60,7 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
     front = pareto_front(train_points(store, run.id, run_train_ids(store, run.id)))
     console.print("train front:")
     for point in front:
-        console.print(f"  {by_id[point.policy_id].label}: score {point.score:.3f}, cost ${point.cost:.5f}")
+        console.print(f"  {by_id[point.policy_id].label}: score {point.score:.3f}, cost {cents(point.cost)}¢/task")
     reasons = Counter((p.rejection_reason or "").split(":")[0] for p in policies if p.status == "rejected")
     if reasons:
         console.print("rejections: " + "; ".join(f"{n}× {r}" for r, n in reasons.most_common(5)))
@@ -71,5 +72,5 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
                 f"{latest.code_version}, suite {latest.suite_version})") if latest else ""
         console.print(f"held-out validation{when}:")
         for v in validations:
-            console.print(f"  {v.label}: score {v.score_mean:.3f}, cost ${v.cost_mean:.5f} — {v.verdict}")
+            console.print(f"  {v.label}: score {v.score_mean:.3f}, cost {cents(v.cost_mean)}¢/task — {v.verdict}")
         console.print(summary_line(validations))

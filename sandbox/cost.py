@@ -105,6 +105,12 @@ class TokenTotals:
 
 
 @lru_cache(maxsize=1)
+def cents(usd: float, digits: int = 3) -> str:
+    """A cost in US cents, the one unit of every cost a person reads (headers and lines say `¢/task`);
+    JSON output keeps US dollars in fields named `*_usd`."""
+    return f"{100 * usd:.{digits}f}"
+
+
 def _price_file() -> Mapping[str, object]:
     return json.loads(PRICES_FILE.read_text())
 

@@ -48,7 +48,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def wait_for_candidate_mid_cascade(db: Path, process: subprocess.Popen, timeout: float = 150) -> None:
+def wait_for_candidate_mid_cascade(db: Path, process: subprocess.Popen, timeout: float = 420) -> None:
     """Block until a proposed candidate has some, not all, of its train results stored."""
     deadline = time.monotonic() + timeout
     sql = ("SELECT count(*) FROM akv_policies p JOIN akv_evaluations e ON e.policy_id = p.id "
@@ -264,3 +264,30 @@ def test_a_finished_run_resumed_says_so_and_changes_nothing_unless_asked_to_reva
     assert rows(db, "SELECT count(*) FROM akv_evaluations") == [(len(before["akv_evaluations"]),)]  # no task ran again
     shown = CliRunner().invoke(app, ["runs", "show", name, "--db", url], env={"COLUMNS": "200"})
     assert "round 2 of 2" in shown.output
+
+
+def test_listing_and_comparing_at_80_columns_cut_nothing_and_have_json(killed_and_resumed):
+    url, name = killed_and_resumed["url"], killed_and_resumed["name"]
+    runner = CliRunner()
+    for args in (["runs", "list"], ["compare", name], ["runs", "show", name]):
+        shown = runner.invoke(app, [*args, "--db", url], env={"COLUMNS": "80"}, terminal_width=80)
+        assert shown.exit_code == 0, shown.output
+        assert max(map(len, shown.output.splitlines())) <= 80 and "…" not in shown.output, shown.output
+        assert "$" not in shown.output
+    assert "¢/task" in runner.invoke(app, ["runs", "show", name, "--db", url]).output
+    listed = [json.loads(line) for line in runner.invoke(app, ["runs", "list", "--db", url, "--json"]).stdout.splitlines()]
+    assert name in {r["name"] for r in listed} and all({"status", "policies", "detail"} <= set(r) for r in listed)
+    compared = json.loads(runner.invoke(app, ["compare", name, "--db", url, "--json"]).stdout)
+    assert {r["label"] for r in compared["rows"]} >= {"expert-8k", "standard-8k", "full"}
+    assert compared["verdict"] and compared["report"].endswith("report.html")
+
+
+def test_export_best_writes_the_best_validated_candidate_when_there_is_no_champion(killed_and_resumed, tmp_path):
+    url, name = killed_and_resumed["url"], killed_and_resumed["name"]
+    out = tmp_path / "best.akvp"
+    result = CliRunner().invoke(app, ["export", name, "--best", "--db", url, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.with_suffix(".json").read_text())
+    header = out.read_text().splitlines()[0]
+    assert header.startswith(f"# exported from run {name}, policy #{record['policy']['id']}")
+    assert ("(champion)" in header) == record["champion"] and ("not a champion" in header) != record["champion"]

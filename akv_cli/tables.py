@@ -1,0 +1,53 @@
+"""Tables that stay readable at any width, in a terminal or a pipe.
+
+Numbers are never wrapped or cut: where the width is short, text cells wrap, and then whole
+columns are left out, the least needed first, with a caption naming them (`--json` has them all).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.table import Table
+
+TEXT_MIN = 10  # a text column wraps down to this many characters before columns are left out
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    number: bool = False  # a figure (or a timestamp): shown whole or not at all
+    keep: int = 0         # columns with a lower value are left out first
+
+
+def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
+                 title: str | None = None) -> Table:
+    """A rich Table of `rows` that fits `width` characters without cutting a number."""
+    shown = list(range(len(columns)))
+    for drop in sorted(shown, key=lambda i: columns[i].keep):
+        if _least_width(columns, rows, shown) <= width or len(shown) == 1:
+            break
+        shown.remove(drop)
+    left_out = [columns[i].header for i in range(len(columns)) if i not in shown]
+    caption = f"left out at {width} columns: {', '.join(left_out)} (--json has every field)" if left_out else None
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for i in shown:
+        c = columns[i]
+        table.add_column(c.header, no_wrap=c.number, overflow="fold", justify="right" if c.number else "left",
+                         min_width=_natural(c, rows, i) if c.number else None)
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def _natural(column: Column, rows: Sequence[Sequence[str]], i: int) -> int:
+    return max([len(column.header)] + [len(r[i]) for r in rows])
+
+
+def _least_width(columns: Sequence[Column], rows: Sequence[Sequence[str]], shown: Sequence[int]) -> int:
+    """Characters the shown columns need at least: numbers whole, text wrapped to TEXT_MIN, borders."""
+    need = 0
+    for i in shown:
+        natural = _natural(columns[i], rows, i)
+        need += natural if columns[i].number else min(natural, TEXT_MIN)
+    return need + 3 * len(shown) + 1

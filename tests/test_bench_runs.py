@@ -51,7 +51,7 @@ def test_cost_bench_pairs_policies_on_the_same_tasks() -> None:
 
 def test_headroom_bench_names_a_bad_policy() -> None:
     result = CliRunner().invoke(app, ["bench", "headroom", "--suites", "localcomp", "--policies", "no-such-policy"])
-    assert result.exit_code == 1 and "no-such-policy" in result.output
+    assert result.exit_code == 2 and "no-such-policy" in result.output
 
 
 @pytest.mark.slow

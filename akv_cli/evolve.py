@@ -38,13 +38,16 @@ def register(app: typer.Typer) -> None:
         proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer "
                                                      "(default MiniMax-M2.7)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics (default 0)."),
+        concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Tasks run at once "
+                                                  "(evaluation.concurrency; default 1)."),
     ) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
         from evolve.command import EvolveError, run_command
 
         overrides = {"proposers": [proposer] if proposer else None, "suite": suite, "agent": agent,
                      "backend": backend, "max_candidates": max_candidates, "db": db, "run_name": run_name,
-                     "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed}
+                     "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed,
+                     "evaluation.concurrency": concurrency}
         try:
             run_command(config, overrides, resume, revalidate=revalidate)
         except EvolveError as err:

@@ -166,21 +166,29 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         max_steps: int = typer.Option(100, min=1, help="Agent requests per task before it gives up."),
         max_tokens: int = typer.Option(256, min=1, help="The llm agent's reply budget per step, in tokens."),
         seed: int = typer.Option(0, help="Seed for task building and sampling."),
+        concurrency: int = typer.Option(1, min=1, help="Tasks run at once (threads against a server URL, "
+                                        "processes on replay; embedded: 1)."),
         json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout.")) -> None:
     """Run an agent on a split's tasks under a cache policy and report score and cost."""
     from akv_core.home import data_path
+    from sandbox.backends import check_backend_spec
     from sandbox.harness import RunLimits, run_tasks
+    from sandbox.progress import TaskDisplay
 
     suite_obj = _suite(suite)
+    try:
+        check_backend_spec(backend, concurrency)  # a malformed URL stops us before anything runs
+    except ValueError as err:
+        fail(str(err))
     out_dir = data_path("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{suite}-{split}-{_slug(policy)}")
-    with _Progress(json_out) as progress:
+    with TaskDisplay() as display:
         try:
             report = run_tasks(suite_obj, split, policy, agent=agent, backend=backend, limit=limit,
-                               task_ids=task, seed=seed, out_dir=out_dir, progress=progress.task_done,
-                               model=model, prices=prices,
+                               task_ids=task, seed=seed, out_dir=out_dir, model=model, prices=prices,
                                limits=RunLimits(max_steps=max_steps, max_tokens=max_tokens),
-                               on_start=progress.start)
+                               concurrency=concurrency, display=display)
         except ValueError as err:
+            display.close()
             fail(str(err))
     if json_out:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")
@@ -191,41 +199,6 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
 def _slug(policy: str) -> str:
     name = policy.replace("\\", "/").rsplit("/", 1)[-1]
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-class _Progress:
-    """A rich progress bar on stderr; per-task rows go there too when stdout is reserved for JSON."""
-
-    def __init__(self, json_out: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console = Console(stderr=True)
-        self.json_out = json_out
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.console, transient=True)
-        self.bar_id = None
-
-    def __enter__(self) -> _Progress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
-
-    def start(self, n_tasks: int) -> None:
-        self.bar_id = self.bar.add_task("tasks", total=n_tasks)
-
-    def task_done(self, result: Any) -> None:
-        from sandbox.cost import cents
-
-        if self.bar_id is not None:
-            self.bar.advance(self.bar_id)
-        line = (f"{result.task_id}  {result.status:<9} score={result.score:.2f}  "
-                f"requests={result.n_requests}  cost={cents(result.cost_usd)}¢  {result.wall_s:.1f}s")
-        if result.reason:
-            line += f"  ({result.reason})"
-        self.bar.console.print(line, markup=False, highlight=False)
 
 
 def _print_report(report: Any) -> None:

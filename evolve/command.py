@@ -19,6 +19,7 @@ from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
 from sandbox.cost import cents
+from sandbox.progress import TaskDisplay
 from store.database import normalize_url
 from store import DuplicateRunName, RunInfo, Store, StoreError
 
@@ -38,7 +39,7 @@ def next_run_name(taken: set[str]) -> str:
     return f"evolve-{n:03d}"
 
 
-RESUME_OVERRIDES = ("max_candidates", "llm.endpoint", "llm.model")
+RESUME_OVERRIDES = ("max_candidates", "llm.endpoint", "llm.model", "evaluation.concurrency")
 
 
 def find_resumable(store: Store, name: str | None, include_finished: bool = False) -> RunInfo:
@@ -163,11 +164,16 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         except UnknownPolicy as err:
             raise EvolveError(f"{field}: {err}") from None
     check_proposers(config)
+    display = TaskDisplay(console, task_lines=False)
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
-                                     recorded_version=run.suite_version if run is not None else None)
+                                     recorded_version=run.suite_version if run is not None else None,
+                                     concurrency=config.evaluation.concurrency, display=display)
     except ValueError as err:
-        raise EvolveError(str(err) if run is not None else f"--suite/--backend: {err}") from None
+        display.close()
+        message = str(err)
+        raise EvolveError(message if run is not None or message.startswith("--") else f"--suite/--backend: {err}") \
+            from None
     try:
         if run is None:
             run, config = new_run(store, config, evaluator.suite_version)
@@ -187,6 +193,7 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             raise EvolveError(f"interrupted; resume with: akv evolve --resume --run-name {run.name}", 130) from None
     finally:
         evaluator.close()
+        display.close()
     finish(store, store.run(run.id), result, console)
     return result
 

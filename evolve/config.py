@@ -71,6 +71,13 @@ class ValidationConfig(Strict):
                               "to enumerate.")
 
 
+class EvaluationConfig(Strict):
+    concurrency: int = Field(1, ge=1, le=256, description="Tasks of a candidate run at once in each process "
+                             "(threads against a server URL, processes on replay; the embedded backend: 1).")
+    lease_s: float = Field(60.0, ge=1.0, description="A task taken by a worker of a shared run (PostgreSQL) "
+                           "returns to the queue if the worker has not renewed it for this long (it died).")
+
+
 class BaselineConfig(Strict):
     standard: str = Field("standard-8k", description="Built-in policy playing Standard.")
     text_engineering: str = Field("text-engineering-8k", description="Built-in policy playing Text Engineering.")
@@ -94,6 +101,8 @@ class EvolveConfig(Strict):
     db: Optional[str] = Field(None, description="Database URL; default $AKV_DB, then the data folder's SQLite file.")
     baselines: BaselineConfig = Field(default_factory=BaselineConfig, description="Baseline policies.")
     cascade: CascadeConfig = Field(default_factory=CascadeConfig, description="Cascade evaluation.")
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="How tasks are run: "
+                                         "concurrency, and the leases of workers sharing a run.")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, description="Held-out validation.")
     llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig, description="The llm proposer.")
     optuna: OptunaProposerConfig = Field(default_factory=OptunaProposerConfig, description="The optuna proposer.")

@@ -6,6 +6,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from sandbox.progress import TaskDisplay
 from store.records import TaskResult
 
 OnResult = Callable[[TaskResult], None]
@@ -35,12 +36,15 @@ class HarnessEvaluator:
     command that rebuilds it; nothing is rebuilt behind the run's back.
     """
 
-    def __init__(self, suite: str, agent: str, backend: str, seed: int, recorded_version: str | None = None) -> None:
+    def __init__(self, suite: str, agent: str, backend: str, seed: int, recorded_version: str | None = None,
+                 concurrency: int = 1, display: TaskDisplay | None = None) -> None:
         from akv_core.home import akv_home
-        from sandbox.backends import open_backend
+        from sandbox.backends import check_backend_spec, open_backend
+        from sandbox.lanes import Lanes
         from sandbox.suite_version import check_recorded
         from sandbox.suites import get_suite
 
+        check_backend_spec(backend, concurrency)  # a malformed server list stops us before the suite is built
         self.agent, self.seed = agent, seed
         self.suite = get_suite(suite)  # ValueError names the known suites
         home = akv_home()
@@ -50,7 +54,15 @@ class HarnessEvaluator:
             # Never build here: with today's defaults a build could replace the very data the run scored on.
             check_recorded(self.suite.name, self._built_version(home), recorded_version, seed, home / self.suite.name)
         self.suite_version = self.suite.version(home)
+        self.display = display
+        if display is not None and backend == "embedded":
+            display.phase("loading the model smollm2 (embedded backend)")
         self.backend = open_backend(backend, None)
+        try:
+            self.lanes = Lanes(self.backend, concurrency)
+        except ValueError:
+            self.backend.close()
+            raise
 
     def _built_version(self, home: Path) -> str | None:
         from sandbox.suite_version import SuiteNotBuilt
@@ -71,8 +83,8 @@ class HarnessEvaluator:
         if not task_ids:
             return
         policy = compile_policy(parse(policy_text), name=label)
-        run_tasks(self.suite, split, policy, agent=self.agent, backend=self.backend, task_ids=list(task_ids),
-                  seed=self.seed, build=False, progress=lambda r: on_result(from_harness(r)))
+        run_tasks(self.suite, split, policy, agent=self.agent, task_ids=list(task_ids), seed=self.seed, build=False,
+                  progress=lambda r: on_result(from_harness(r)), lanes=self.lanes, display=self.display)
 
     def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
         from policy_dsl import compile_policy, parse
@@ -92,6 +104,7 @@ class HarnessEvaluator:
             replay.close()
 
     def close(self) -> None:
+        self.lanes.close()
         self.backend.close()
 
 

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
-from sandbox.backends import Backend, BackendError, BackendRequest, Message, open_backend
+from sandbox.backends import (Backend, BackendError, BackendReply, BackendRequest, Message, check_backend_spec,
+                              open_backend)
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.cost import PriceTable, TokenTotals, Usage, price_table, table_names
+from sandbox.lanes import Lanes, TaskJob
+from sandbox.progress import TaskDisplay
 from sandbox.suite import Agent, AgentView, Suite, Task, ToolError
 from sandbox.suites import get_suite
 from sandbox.summarize import TextEditor
@@ -56,11 +59,16 @@ class TaskResult:
     cost_usd: float
     wall_s: float
     reason: str | None = None
+    # `--backend URL1,URL2,...`: each move of the task off a server that stopped answering.
+    server_moves: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "split": self.split, "policy": self.policy, "status": self.status,
-                "score": self.score, "answer": self.answer, "n_requests": self.n_requests,
-                "tokens": self.tokens.to_dict(), "cost_usd": self.cost_usd, "wall_s": self.wall_s}
+        out = {"task_id": self.task_id, "split": self.split, "policy": self.policy, "status": self.status,
+               "score": self.score, "answer": self.answer, "n_requests": self.n_requests,
+               "tokens": self.tokens.to_dict(), "cost_usd": self.cost_usd, "wall_s": self.wall_s}
+        if self.server_moves:
+            out["server_moves"] = list(self.server_moves)
+        return out
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class _TaskRun:
         self.tools = tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.offers_drop_context else ())
         self.history: list[Message] = task.initial_messages()
         self.bill = _Bill()
+        self.server: str | None = None  # the server of a pool that serves the task now
+        self.moves: list[str] = []
         self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
                                       "policy": policy.name, "agent": agent.name, "backend": backend.name,
                                       "prices": prices.name})
@@ -117,6 +127,7 @@ class _TaskRun:
                 seed=self.seed,
             )
             reply = self.backend.complete(request)
+            self._note_server(step, reply)
             action = self.agent.act(agent_view(self.task, request, reply.message, step))
             message = _with_call_ids(action.message, step)
             usage = reply.usage
@@ -128,6 +139,17 @@ class _TaskRun:
                 return ("gave_up" if action.gave_up else "ok"), action.final_answer
             self._run_tools(env, message)
         return "max_steps", None
+
+    def _note_server(self, step: int, reply: BackendReply) -> None:
+        """Which server of a pool serves the task, and every move off one that stopped answering."""
+        for move in reply.moves:
+            self.trajectory.note("server_moved", step=step, from_url=move.from_url, to_url=move.to_url,
+                                 reason=move.reason)
+            self.moves.append(f"step {step}: {move.from_url} -> {move.to_url} ({move.reason})")
+        if reply.server is not None and reply.server != self.server:
+            if self.server is None:
+                self.trajectory.note("server", step=step, url=reply.server)
+            self.server = reply.server
 
     def _decide(self, step: int) -> dict[str, Any]:
         """The policy's API fields for the current history; text mode edits the history first."""
@@ -266,7 +288,7 @@ def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backe
         status = "error"
     result = TaskResult(task.id, task.split, policy.name, status, float(score), answer, run.bill.n_requests,
                         run.bill.tokens, round(run.bill.cost_usd, 9), round(time.perf_counter() - started, 3),
-                        reason)
+                        reason, tuple(run.moves))
     run.trajectory.note("result", **result.to_dict(), reason=reason)
     return result, run.trajectory
 
@@ -307,11 +329,15 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
               task_ids: Sequence[str] | None = None, seed: int = 0, out_dir: Path | None = None,
               progress: Callable[[TaskResult], None] | None = None, *, model: str | None = None,
               prices: str | None = None, limits: RunLimits = RunLimits(), build: bool = True,
-              on_start: Callable[[int], None] | None = None) -> RunReport:
+              on_start: Callable[[int], None] | None = None, concurrency: int = 1,
+              lanes: Lanes | None = None, display: TaskDisplay | None = None) -> RunReport:
     """Run a split's tasks; ValueError (one line, naming what was expected) for bad arguments.
 
-    With `out_dir`, each result is appended to `results.jsonl` as soon as its task finishes and
-    each trajectory is written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
+    `concurrency` tasks run at once (`sandbox/lanes.py`; `lanes` passes lanes kept open by the
+    caller instead). Results come back, reach `progress` and are written in task order whatever
+    order they finish in. With `out_dir`, each result is appended to `results.jsonl` and each
+    trajectory written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
+    `display` hears of every task as it starts and as it finishes (`sandbox/progress.py`).
     """
     suite_obj = get_suite(suite) if isinstance(suite, str) else suite
     policy_obj = resolve_policy(policy)
@@ -323,26 +349,37 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
 
         suite_obj.build(akv_home(), seed)
     tasks = select_tasks(suite_obj, split, task_ids, limit)
-    backend_obj = open_backend(backend, model) if isinstance(backend, str) else backend
-    if agent == "llm" and not backend_obj.generates:
-        raise ValueError("the llm agent needs a model: use --backend embedded or an endpoint URL "
-                         "(replay has no model)")
-    if on_start is not None:
-        on_start(len(tasks))
-    started = time.perf_counter()
-    results: list[TaskResult] = []
+    if isinstance(backend, str):
+        check_backend_spec(backend, concurrency)  # before a model loads or a server is asked
+    if isinstance(backend, str) and display is not None and backend == "embedded":
+        display.phase(f"loading the model {model or 'smollm2'} (embedded backend)")
+    backend_obj = lanes.backend if lanes is not None else (
+        open_backend(backend, model) if isinstance(backend, str) else backend)
+    own_lanes = lanes is None
     try:
-        for task in tasks:
-            task_agent = LLMAgent() if agent == "llm" else suite_obj.scripted_agent(task)
-            result, trajectory = run_task(task, suite_obj, policy_obj, task_agent, backend_obj,
-                                          prices=table, limits=limits, seed=seed)
+        if agent == "llm" and not backend_obj.generates:
+            raise ValueError("the llm agent needs a model: use --backend embedded or an endpoint URL "
+                             "(replay has no model)")
+        if own_lanes:
+            lanes = Lanes(backend_obj, concurrency)
+        if on_start is not None:
+            on_start(len(tasks))
+        if display is not None:
+            display.begin(len(tasks), f"{policy_obj.name} on {suite_obj.name}/{split}")
+        started = time.perf_counter()
+        jobs = [TaskJob(task, policy_obj, agent, seed, limits, table, out_dir) for task in tasks]
+        results: list[TaskResult] = []
+        heard = (display.started, display.finished) if display is not None else (None, None)
+        for result, _trajectory in lanes.run_jobs(jobs, suite_obj, *heard):
             results.append(result)
             if out_dir is not None:
-                _save(out_dir, result, trajectory)
+                _append_result(out_dir, result)
             if progress is not None:
                 progress(result)
     finally:
-        if isinstance(backend, str):
+        if own_lanes and lanes is not None:
+            lanes.close()
+        if own_lanes and isinstance(backend, str):
             backend_obj.close()
     summary = summarize_results(results, suite=suite_obj.name, split=split, policy=policy_obj.name,
                                 agent=agent, backend=backend_obj.name, prices=table.name,
@@ -350,11 +387,20 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
     return RunReport(results, summary)
 
 
-def _save(out_dir: Path, result: TaskResult, trajectory: Trajectory) -> None:
+def run_job(job: TaskJob, suite: Suite, backend: Backend) -> tuple[TaskResult, Trajectory]:
+    """One job of a lane: its agent, its run, its trajectory written under the job's out_dir."""
+    task_agent = LLMAgent() if job.agent == "llm" else suite.scripted_agent(job.task)
+    result, trajectory = run_task(job.task, suite, job.policy, task_agent, backend, prices=job.prices,
+                                  limits=job.limits, seed=job.seed)
+    if job.out_dir is not None:
+        trajectory.write(job.out_dir / "trajectories" / f"{_file_safe(result.task_id)}.jsonl")
+    return result, trajectory
+
+
+def _append_result(out_dir: Path, result: TaskResult) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "results.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(result.to_dict()) + "\n")
-    trajectory.write(out_dir / "trajectories" / f"{_file_safe(result.task_id)}.jsonl")
 
 
 def _file_safe(name: str) -> str:

@@ -26,6 +26,19 @@ class BackendError(Exception):
     """
 
 
+class ServerUnavailable(BackendError):
+    """The server did not answer (refused connection, timeout) or failed (HTTP 5xx): another may serve it."""
+
+
+@dataclass(frozen=True)
+class ServerMove:
+    """A task moved from a server that stopped answering to another (`--backend URL1,URL2,...`)."""
+
+    from_url: str
+    to_url: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class BackendRequest:
     """One chat request: the full history as sent plus the cache operations."""
@@ -83,11 +96,17 @@ class BackendReply:
     message: Message | None
     usage: Usage
     finish_reason: str | None = None
+    server: str | None = None  # which of several servers answered (a server pool)
+    moves: tuple[ServerMove, ...] = ()  # servers left for another before this reply came
 
 
 class Backend(Protocol):
     name: str
     generates: bool  # False when replies carry no model text (replay)
+    # How tasks run at once on it (sandbox/lanes.py): "threads" (it offers `lane()`, a backend for one
+    # thread's tasks), "processes" (CPU-bound; it offers `reopen()`, a picklable maker of an equal
+    # backend for a process), or "none" (one task at a time).
+    parallel: str
 
     def start_task(self) -> None:
         """Called before each task run (replay starts a fresh cache here)."""
@@ -102,8 +121,25 @@ class Backend(Protocol):
 BACKEND_KINDS = ("replay", "embedded")
 
 
+def check_backend_spec(spec: str, concurrency: int = 1) -> None:
+    """ValueError (one line, naming the bad item) unless `spec` is replay, embedded, a URL or a list of URLs
+    that can run `concurrency` tasks at once; nothing is opened (no model loads, no server is asked)."""
+    from sandbox.lanes import check_concurrency
+
+    if spec == "replay":
+        from sandbox.backends.replay import ReplayBackend as kind
+    elif spec == "embedded":
+        from sandbox.backends.embedded import EmbeddedBackend as kind
+    else:
+        from sandbox.backends.servers import ServerPool as kind, server_urls
+
+        server_urls(spec)
+    check_concurrency(kind, concurrency)
+
+
 def open_backend(spec: str, model: str | None = None) -> Backend:
-    """`replay`, `embedded` or an http(s) URL; ValueError names what was expected otherwise."""
+    """`replay`, `embedded`, an http(s) URL or several, comma-separated; ValueError names what was expected
+    otherwise."""
     if spec == "replay":
         from sandbox.backends.replay import ReplayBackend
 
@@ -112,8 +148,11 @@ def open_backend(spec: str, model: str | None = None) -> Backend:
         from sandbox.backends.embedded import EmbeddedBackend
 
         return EmbeddedBackend(model or "smollm2")
-    if spec.startswith(("http://", "https://")):
+    from sandbox.backends.servers import ServerPool, server_urls
+
+    urls = server_urls(spec)
+    if len(urls) == 1:
         from sandbox.backends.http import HttpBackend
 
-        return HttpBackend(spec, model)
-    raise ValueError(f"unknown backend {spec!r}: expected replay, embedded or an http(s):// URL")
+        return HttpBackend(urls[0], model)
+    return ServerPool(urls, model)

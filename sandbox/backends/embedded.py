@@ -15,6 +15,7 @@ from sandbox.cost import Usage
 class EmbeddedBackend:
     name = "embedded"
     generates = True
+    parallel = "none"  # each task clears the engine's cache: tasks beside each other would clear it under one another
 
     def __init__(self, model: str = "smollm2", kv_tokens: int | None = None,
                  fresh_cache_per_task: bool = True) -> None:

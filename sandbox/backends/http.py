@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import openai
 
-from sandbox.backends import BackendError, BackendReply, BackendRequest, Message
+from sandbox.backends import BackendError, BackendReply, BackendRequest, Message, ServerUnavailable
 from sandbox.cost import Usage
 
 _TIMEOUT_S = 600.0  # a CPU server may take minutes for a long prefill
@@ -27,16 +27,22 @@ def base_url(url: str) -> str:
 
 class HttpBackend:
     generates = True
+    parallel = "threads"  # the client is thread-safe; the server batches what the lanes send at once
 
-    def __init__(self, url: str, model: str | None = None, timeout_s: float = _TIMEOUT_S) -> None:
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = _TIMEOUT_S, max_retries: int = 1) -> None:
         self.name = url
         self._model = model
         key = os.environ.get("AKV_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
         # One retry only: an unreachable endpoint should fail its task quickly, not stall the run.
-        self._client = openai.OpenAI(base_url=base_url(url), api_key=key, timeout=timeout_s, max_retries=1)
+        self._client = openai.OpenAI(base_url=base_url(url), api_key=key, timeout=timeout_s,
+                                     max_retries=max_retries)
 
     def start_task(self) -> None:
         """Nothing to reset: the server's cache is shared across tasks, as in production."""
+
+    def lane(self) -> HttpBackend:
+        """The backend a lane thread uses: this one (the client is thread-safe)."""
+        return self
 
     def complete(self, request: BackendRequest) -> BackendReply:
         kwargs: dict[str, Any] = {
@@ -52,10 +58,11 @@ class HttpBackend:
             kwargs["seed"] = request.seed
         try:
             response = self._client.chat.completions.create(**kwargs)
-        except openai.APIConnectionError as err:
-            raise BackendError(f"cannot reach {self.name}: {err}") from err
+        except openai.APIConnectionError as err:  # refused, reset or timed out
+            raise ServerUnavailable(f"cannot reach {self.name}: {err}") from err
         except openai.APIStatusError as err:
-            raise BackendError(f"{self.name} answered HTTP {err.status_code}: {_error_text(err)}") from err
+            kind = ServerUnavailable if err.status_code >= 500 else BackendError
+            raise kind(f"{self.name} answered HTTP {err.status_code}: {_error_text(err)}") from err
         choice = response.choices[0]
         return BackendReply(_assistant_message(choice.message), _usage(response.usage), choice.finish_reason)
 
@@ -65,7 +72,7 @@ class HttpBackend:
             try:
                 models = self._client.models.list().data
             except openai.APIConnectionError as err:
-                raise BackendError(f"cannot reach {self.name}: {err}") from err
+                raise ServerUnavailable(f"cannot reach {self.name}: {err}") from err
             except openai.APIStatusError as err:
                 raise BackendError(f"{self.name} cannot list models (HTTP {err.status_code}); "
                                    "pass --model NAME") from err

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
+from functools import partial
+from typing import Callable
 
 from akv_core.cache.kv_cache import KVCapacityError
 from akv_core.cache.ops import OperationError
@@ -61,6 +63,7 @@ _Operations = tuple[CacheOperations, int]  # the request's cache fields, max_tok
 class ReplayBackend:
     name = "replay"
     generates = False
+    parallel = "processes"  # CPU-bound Python: threads would take turns on the interpreter lock
 
     def __init__(self, kv_tokens: int = DEFAULT_KV_TOKENS, fresh_cache_per_task: bool = True,
                  tokenizer: ChatTokenizer | None = None, memo: TaskPrefixMemo | None = SHARED_MEMO) -> None:
@@ -112,6 +115,10 @@ class ReplayBackend:
         except (OperationError, KVCapacityError) as err:  # what the server would answer with HTTP 400
             raise BackendError(f"the request was rejected: {err}") from err
         return Usage.from_fields(usage)
+
+    def reopen(self) -> Callable[[], ReplayBackend]:
+        """A maker of an equal backend for a process lane (its own simulator and prefix memo)."""
+        return partial(ReplayBackend, self._kv_tokens, self._fresh)
 
     def close(self) -> None:
         """Nothing to release."""

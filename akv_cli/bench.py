@@ -75,15 +75,17 @@ def headroom(
     splits: str = typer.Option("train,heldout", help="Comma-separated splits."),
     limit: int = typer.Option(40, min=0, help="localcomp tasks per split (0: the whole split)."),
     swe_limit: int = typer.Option(8, min=0, help="localswe tasks per split (0: the whole split)."),
-    policies: str | None = typer.Option(None, help="Comma-separated hand-written kv policies to add "
-                                                      "(built-in names or .akvp files; default: the built-in ones)."),
+    policies: str | None = typer.Option(None, help="Comma-separated hand-written kv policies to add for "
+                                                      "every suite (built-in names or .akvp files; default: each "
+                                                      "suite's own, research for localcomp, drop-stale for "
+                                                      "localswe)."),
     margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),
     alpha: float = typer.Option(0.05, help="The champion rule's significance level."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per suite and split: full, Standard, Text Engineering, the expert, hand-written built-ins and the oracle."""
     module = _benchmark("headroom")
-    chosen = module.HANDWRITTEN if policies is None else tuple(p.strip() for p in policies.split(",") if p.strip())
+    chosen = None if policies is None else tuple(p.strip() for p in policies.split(",") if p.strip())
     settings = module.Settings(_names(suites), _names(splits, "--splits"), limit or None, swe_limit or None, chosen,
                                margin, alpha)
     _report(module, settings, as_json)

@@ -36,9 +36,9 @@ from benchmarks.common import AKV, STANDARD, SUITES, TEXT_ENGINEERING, format_ta
 
 FULL, ORACLE = "full", "oracle"
 BASELINES = (FULL, STANDARD, TEXT_ENGINEERING, AKV)
-# Hand-written built-ins that are not a keep-last-N window (each suite's example of what a window misses:
-# localcomp's dead ends and long-range facts, localswe's stale tool outputs).
-HANDWRITTEN: tuple[str, ...] = ("research", "drop-stale")
+# Each suite's hand-written built-ins that are not a keep-last-N window (its example of what a window
+# misses: localcomp's dead ends and long-range facts, localswe's stale tool outputs).
+HANDWRITTEN: dict[str, tuple[str, ...]] = {"localcomp": ("research",), "localswe": ("drop-stale",)}
 SPLITS = ("train", "heldout")
 TARGET_ORACLE_SAVING = 25.0  # percent cheaper than the expert, held-out
 
@@ -49,8 +49,8 @@ class Settings:
     splits: tuple[str, ...] = SPLITS
     limit: int | None = 40          # localcomp tasks per split (None: the whole split)
     swe_limit: int | None = 8       # localswe tasks per split: its tools run test suites; on 6 tasks or
-                                    # fewer the sign-flip p (>= 1/2^n) cannot pass Holm over 5 policies
-    policies: tuple[str, ...] = HANDWRITTEN
+                                    # fewer the sign-flip p (>= 1/2^n) cannot pass Holm over 4 policies
+    policies: tuple[str, ...] | None = None  # the hand-written kv policies of every suite (None: HANDWRITTEN's)
     margin: float | None = None     # the champion rule's score margin (None: sandbox.stats' default)
     alpha: float = 0.05
     resamples: int = 2000
@@ -58,6 +58,9 @@ class Settings:
 
     def task_limit(self, suite: str) -> int | None:
         return self.swe_limit if suite == "localswe" else self.limit
+
+    def handwritten(self, suite: str) -> tuple[str, ...]:
+        return HANDWRITTEN.get(suite, ()) if self.policies is None else self.policies
 
 
 @dataclass(frozen=True)
@@ -183,18 +186,20 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
     say = progress or (lambda text: None)
     started = time.perf_counter()
     suites, notes = present_suites(settings.suites)
-    handwritten, missing = _present_policies(settings.policies)
-    notes += [f"{name} left out: not a built-in policy of this checkout" for name in missing]
-    policies = BASELINES + tuple(p for p in handwritten if p not in BASELINES)
+    chosen: dict[str, list[str]] = {}
+    for suite in suites:  # every name checked before anything runs
+        chosen[suite], missing = _present_policies(settings.handwritten(suite))
+        notes += [f"{name} left out of {suite}: not a built-in policy of this checkout" for name in missing]
     groups: dict[str, Any] = {}
-    for suite in suites:
+    for suite, handwritten in chosen.items():
+        policies = BASELINES + tuple(p for p in handwritten if p not in BASELINES)
         for split in settings.splits:
             columns, check = run_split(suite, split, policies, settings, say)
             group = describe(columns, check, settings)
             group["targets"] = targets(group, handwritten) if split == "heldout" else None
             groups[f"{suite}/{split}"] = group
     return {"settings": {"suites": suites, "splits": list(settings.splits), "limit": settings.limit,
-                         "swe_limit": settings.swe_limit, "policies": list(policies), "margin": settings.margin,
+                         "swe_limit": settings.swe_limit, "policies": chosen, "margin": settings.margin,
                          "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed,
                          "notes": notes},
             "groups": groups, "wall_s": round(time.perf_counter() - started, 1)}
@@ -206,7 +211,8 @@ def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
     from sandbox.harness import resolve_policy
 
     known = set(builtin_names())
-    missing = [n for n in names if n in HANDWRITTEN and n not in known]
+    defaults = {name for names_of_suite in HANDWRITTEN.values() for name in names_of_suite}
+    missing = [n for n in names if n in defaults and n not in known]
     present = [n for n in names if n not in missing]
     for name in present:
         policy = resolve_policy(name)  # ValueError naming an unknown built-in or a bad file
@@ -264,11 +270,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
                         help="localcomp tasks per split (0: the whole split)")
     parser.add_argument("--swe-limit", type=int, default=Settings.swe_limit,
                         help="localswe tasks per split (0: the whole split)")
-    parser.add_argument("--policies", default=",".join(HANDWRITTEN),
-                        help="comma-separated hand-written kv policies (built-in names or .akvp files)")
+    parser.add_argument("--policies", default=None,
+                        help="comma-separated hand-written kv policies for every suite (built-in names or .akvp "
+                             "files; default: each suite's own, research for localcomp, drop-stale for localswe)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
-    names = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    names = None if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
     settings = Settings(_names(args.suites, "--suites"), _names(args.splits, "--splits"), args.limit or None,
                         args.swe_limit or None, names)
     return settings, args.json

@@ -186,3 +186,10 @@ def test_headroom_refuses_columns_of_other_tasks() -> None:
     with pytest.raises(ValueError, match="full ran other tasks than expert-8k"):
         headroom.describe(columns, {"same_actions": 0, "tasks": 0, "diverged": [], "unavailable": "-"},
                           headroom.Settings())
+
+
+def test_headroom_runs_each_suites_own_hand_written_built_ins_unless_told() -> None:
+    assert headroom.Settings().handwritten("localcomp") == ("research",)
+    assert headroom.Settings().handwritten("localswe") == ("drop-stale",)
+    assert headroom.Settings(policies=("a.akvp",)).handwritten("localswe") == ("a.akvp",)
+    assert headroom.Settings().handwritten("another") == ()

@@ -39,7 +39,12 @@ class LLMProposerConfig(Strict):
 
 
 class OptunaProposerConfig(Strict):
-    sampler: Literal["tpe", "nsga2"] = Field("tpe", description="TPE, or NSGA-II for the two objectives.")
+    sampler: Literal["tpe", "nsga2", "random"] = Field(
+        "tpe", description="TPE or NSGA-II for the two objectives; random samples the ranges uniformly "
+        "(the baseline of `akv bench search`).")
+    startup_trials: int = Field(4, ge=1, description="TPE: completed trials of a study (population points "
+                                "included) before it models them instead of sampling at random.")
+    population_size: int = Field(8, ge=2, description="NSGA-II: trials per generation of a study.")
 
 
 class MutateProposerConfig(Strict):

@@ -6,6 +6,7 @@ import socket
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from evolve.candidate import check_policy
 from evolve.config import LLMProposerConfig, MutateProposerConfig, OptunaProposerConfig
@@ -14,7 +15,7 @@ from evolve.library import library_texts, load_checked
 from evolve.proposers.base import BudgetExhausted, Outcome, ProposerUnavailable
 from evolve.proposers.llm import LLMProposer, build_prompt, extract_policy
 from evolve.proposers.mutate import MutateProposer
-from evolve.proposers.optuna_search import OptunaProposer
+from evolve.proposers.optuna_search import OptunaProposer, Structure
 from evolve.proposers.tree import get_at, set_at
 from store import EvaluationRecord, PolicyInfo, Store, TaskResult
 
@@ -76,12 +77,60 @@ def test_optuna_searches_the_tunable_ranges_and_resumes_its_study(tmp_path):
     (path, value), = proposal.meta["params"].items()
     assert path == "rules[0].action.target.keep_last" and 1 <= value <= 12
     assert f"keep last {value} in 1..12" in proposal.text
+    assert proposal.meta["trial"] == 1 and proposal.meta["population_trials"] == 1  # the parent came first
     first.tell(proposal, 10, Outcome("evaluated", 0.75, 0.004))
     again = OptunaProposer(OptunaProposerConfig(sampler="nsga2"), url, "run-a", seed=0)  # a resumed process
     second = again.ask(context(front, 1))
-    assert second.meta["study"] == proposal.meta["study"] and second.meta["trial"] == 1
+    assert second.meta["study"] == proposal.meta["study"] and second.meta["trial"] == 2
     study = optuna.load_study(study_name=proposal.meta["study"], storage=url)
-    assert study.trials[0].values == [0.75, 0.004]
+    assert study.trials[0].values == [0.5, 0.01] and study.trials[0].user_attrs["policy_id"] == 1
+    assert study.trials[1].values == [0.75, 0.004] and study.trials[1].user_attrs["policy_id"] == 10
+
+
+def test_optuna_shares_one_study_per_structure_across_parents_and_learns_from_the_population(tmp_path):
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    Store.open(url).close()
+    # expert-8k (keep last 4 in 1..12) and expert (keep last 12 in 2..48): one structure, two parents.
+    pop = [candidate(1, "expert-8k", 1.0, 0.005), candidate(2, "expert", 1.0, 0.009),
+           candidate(3, "token-based", 0.4, 0.002)]
+    proposer = OptunaProposer(OptunaProposerConfig(startup_trials=2), url, "run-s", seed=0)
+    studies, texts = set(), []
+    for index in range(8):
+        ctx = ProposerContext(tuple(pop[:2]), tuple(pop), frozenset(), random.Random(index), index)
+        proposal = proposer.ask(ctx)
+        assert proposal.rejection_reason is None
+        studies.add(proposal.meta["study"])
+        texts.append(proposal.text)
+        value = proposal.meta["params"]["rules[0].action.target.keep_last"]
+        proposer.tell(proposal, 100 + index, Outcome("evaluated", 1.0 if value >= 3 else 0.5, 0.001 * value))
+    assert len(studies) == 1  # both parents' proposals went to one study
+    assert all("in 1..12" in t for t in texts)  # the study's space, fixed by the first parent
+    study = optuna.load_study(study_name=studies.pop(), storage=url)
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    # expert-8k entered as a trial; expert (12 in 2..48) too, its point lies inside 1..12; token-based is another study's.
+    assert {t.user_attrs["policy_id"] for t in done} >= {1, 2} and 3 not in {t.user_attrs["policy_id"] for t in done}
+    assert len(done) == 10
+
+
+def test_optuna_tells_pruned_trials_with_their_subset_means(tmp_path):
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    Store.open(url).close()
+    proposer = OptunaProposer(OptunaProposerConfig(), url, "run-p", seed=0)
+    proposal = proposer.ask(context([candidate(1, "expert-8k")], 0))
+    proposer.tell(proposal, 7, Outcome("pruned", 0.5, 0.003, "pruned on the 6-task train subset"))
+    trial = optuna.load_study(study_name=proposal.meta["study"], storage=url).trials[proposal.meta["trial"]]
+    assert trial.state == TrialState.PRUNED
+    assert trial.user_attrs == {"policy_id": 7, "subset_score": 0.5, "subset_cost": 0.003}
+    proposer.tell(proposal, 7, Outcome("evaluated", 1.0, 0.001))  # told once only
+    assert optuna.load_study(study_name=proposal.meta["study"], storage=url).trials[1].state == TrialState.PRUNED
+
+
+def test_structures_abstract_values_and_ranges_only():
+    assert Structure.of(load_checked("expert-8k").ast).key == Structure.of(load_checked("expert").ast).key
+    assert Structure.of(load_checked("rolling-3").ast).key == Structure.of(load_checked("expert-8k").ast).key
+    assert Structure.of(load_checked("turn-based").ast).key != Structure.of(load_checked("expert-8k").ast).key
+    fixed = check_policy("mode kv\non each tool_response: drop role tool keep last 4\nreposition after each drop").ast
+    assert Structure.of(fixed).key != Structure.of(load_checked("expert-8k").ast).key  # a fixed number is structure
 
 
 def test_optuna_rejects_when_no_policy_has_a_range():

@@ -165,7 +165,8 @@ def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_url)
     proposer.tell(proposal, 2, Outcome("evaluated", 0.6, 0.008))
     store.close()
     study = optuna.load_study(study_name=proposal.meta["study"], storage=normalize_url(url))
-    assert study.trials[0].values == [0.6, 0.008]
+    assert study.trials[0].values == [0.5, 0.01]  # the parent, entered as a completed trial
+    assert study.trials[1].values == [0.6, 0.008]
     reopened = Store.open(url)
     assert reopened.run(run.name).id == run.id  # our tables are intact beside optuna's
     reopened.close()

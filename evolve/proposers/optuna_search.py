@@ -1,25 +1,81 @@
-"""The optuna proposer: numeric search over the tunable ranges of a front parent.
+"""The optuna proposer: numeric search over the tunable numbers of a policy structure.
 
-Each parent gets its own study (its tunables are the search space), kept in optuna's RDB
-storage in the run's own database, so a resumed run continues the same studies. The two
-objectives (train score up, train cost down) go to TPE or NSGA-II as they are.
+A study belongs to a *structure*, the policy with its tunable numbers abstracted (values and
+ranges), not to a parent: every parent of that structure shares it, and so does every evaluated
+policy of that structure in the population (a mutate child, a seed), entered as a completed
+trial. That is what lets TPE and NSGA-II learn: they need completed trials of one search space.
+The search space is fixed when the study opens (the first parent's ranges) and kept in the
+study; a later parent written with other ranges is searched within the study's. Studies live in
+optuna's RDB storage in the run's own database, so a resumed run continues them. Pruned
+candidates are told as pruned, with the cascade's subset-stage means as the trial's
+intermediate result (user attributes: optuna's `report` is single-objective only).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import optuna
-from optuna.trial import TrialState
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
 
 from evolve.candidate import check_ast, check_policy
 from evolve.config import OptunaProposerConfig
 from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import Outcome, Proposer
-from policy_dsl import PolicyError, tunables, with_tunables
+from evolve.proposers.tree import Path, set_at, walk
+from policy_dsl import PolicyError, format_policy, tunables, with_tunables
+from policy_dsl.nodes import Num
 from store.records import Proposal
 
 optuna.logging.set_verbosity(logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+
+Space = dict[str, tuple[int, int]]  # tunable path -> (lo, hi)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A policy with its tunable numbers abstracted: the key of the study its numbers are searched in."""
+
+    key: str  # 16 hex digits
+    text: str  # the canonical text with every tunable number written as 0 and no range
+    space: Space  # this policy's own ranges
+
+    @classmethod
+    def of(cls, ast: Any) -> Structure:
+        abstracted = ast
+        for path, num in _tunable_nums(ast).items():
+            abstracted = set_at(abstracted, path, Num(0))
+        text = format_policy(abstracted)
+        space = {t.path: (int(t.lo), int(t.hi)) for t in tunables(ast)}
+        # The paths tell a tunable 0 from a fixed one written as 0.
+        key = hashlib.sha256((text + "\0" + ",".join(space)).encode()).hexdigest()[:16]
+        return cls(key, text, space)
+
+
+def _dotted(path: Path) -> str:
+    """A tree path as policy_dsl's tunable paths spell it: rules[0].action.target.keep_last."""
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else step)
+    return out
+
+
+def _tunable_nums(ast: Any) -> dict[Path, Num]:
+    return {path: value for path, _slot, value in walk(ast) if isinstance(value, Num) and value.tunable}
+
+
+def with_space(ast: Any, space: Mapping[str, tuple[int, int]]) -> Any:
+    """The policy with its tunables' ranges replaced by `space` (values clamped into them)."""
+    out = ast
+    for path, num in _tunable_nums(ast).items():
+        lo, hi = space[_dotted(path)]
+        out = set_at(out, path, Num(min(max(num.value, lo), hi), lo, hi, num.loc))
+    return out
 
 
 class OptunaProposer(Proposer):
@@ -31,22 +87,34 @@ class OptunaProposer(Proposer):
         self.run_name = run_name
         self.seed = seed
 
-    def _study(self, parent_hash: str, index: int) -> optuna.Study:
-        # A fresh sampler seed per proposal: a resumed run must not replay the same suggestions.
+    def sampler(self, index: int) -> optuna.samplers.BaseSampler:
+        # A fresh seed per proposal: a resumed run must not replay the same suggestions. The samplers
+        # keep no state of their own between asks; what they learn from is the study's trials.
         seed = self.seed * 100_003 + index
-        sampler = (optuna.samplers.NSGAIISampler(seed=seed) if self.config.sampler == "nsga2"
-                   else optuna.samplers.TPESampler(seed=seed, n_startup_trials=4))
-        return optuna.create_study(storage=self.storage, study_name=f"{self.run_name}/{parent_hash[:16]}",
-                                   directions=["maximize", "minimize"], sampler=sampler, load_if_exists=True)
+        if self.config.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=self.config.population_size)
+        if self.config.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.config.startup_trials,
+                                          multivariate=True)
 
-    def _parent(self, context: ProposerContext) -> tuple[Candidate, Any, list] | None:
+    def study(self, structure: Structure, index: int) -> optuna.Study:
+        """The structure's study (opened with this structure's ranges as its search space if new)."""
+        study = optuna.create_study(storage=self.storage, study_name=f"{self.run_name}/{structure.key}",
+                                    directions=["maximize", "minimize"], sampler=self.sampler(index),
+                                    load_if_exists=True)
+        if "space" not in study.user_attrs:
+            study.set_user_attr("space", {p: list(r) for p, r in structure.space.items()})
+            study.set_user_attr("structure", structure.text)
+        return study
+
+    def _parent(self, context: ProposerContext) -> tuple[Candidate, Any] | None:
         order = list(context.front)
         context.rng.shuffle(order)
         for candidate in order + [c for c in context.population if c not in order]:
             ast = check_policy(candidate.text).ast
-            found = list(tunables(ast))
-            if found:
-                return candidate, ast, found
+            if tunables(ast):
+                return candidate, ast
         return None
 
     def ask(self, context: ProposerContext) -> Proposal:
@@ -55,21 +123,17 @@ class OptunaProposer(Proposer):
             parent = context.pick_parent()
             return Proposal(self.name, None, (parent.policy_id,), parent.generation + 1,
                             rejection_reason="optuna: no evaluated policy has a tunable range (`N in LO..HI`)")
-        parent, ast, found = chosen
-        parent_hash = check_policy(parent.text).hash
-        study = self._study(parent_hash, context.index)
+        parent, ast = chosen
+        structure = Structure.of(ast)
+        study = self.study(structure, context.index)
+        space: Space = {p: (int(r[0]), int(r[1])) for p, r in study.user_attrs["space"].items()}
+        added = add_population(study, structure.key, space, context.population)
         trial = study.ask()
-        values: dict[Any, Any] = {}
-        for t in found:
-            key = str(t.path)
-            if t.kind is int or t.kind == "int":
-                values[t.path] = trial.suggest_int(key, int(t.lo), int(t.hi))
-            else:
-                values[t.path] = trial.suggest_float(key, float(t.lo), float(t.hi))
-        meta = {"study": study.study_name, "trial": trial.number,
-                "params": {str(k): v for k, v in values.items()}}
+        values = {path: trial.suggest_int(path, lo, hi) for path, (lo, hi) in space.items()}
+        meta = {"study": study.study_name, "trial": trial.number, "params": dict(values),
+                "structure": structure.key, "population_trials": added}
         try:
-            checked = check_ast(with_tunables(ast, values))
+            checked = check_ast(with_tunables(with_space(ast, space), values))
         except PolicyError as err:
             study.tell(trial.number, state=TrialState.FAIL)
             return Proposal(self.name, None, (parent.policy_id,), parent.generation + 1,
@@ -82,11 +146,41 @@ class OptunaProposer(Proposer):
         if "study" not in meta or "trial" not in meta:
             return
         study = optuna.load_study(study_name=meta["study"], storage=self.storage)
-        if study.trials[meta["trial"]].state != TrialState.RUNNING:
+        number = meta["trial"]
+        if study.trials[number].state != TrialState.RUNNING:
             return  # told already (a resumed run re-tells nothing twice)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(
+            self.storage.get_study_id_from_name(meta["study"]), number)
+        self.storage.set_trial_user_attr(trial_id, "policy_id", policy_id)
         if outcome.status in ("evaluated", "duplicate") and outcome.score is not None:
-            study.tell(meta["trial"], values=[outcome.score, outcome.cost])
-        elif outcome.status == "pruned":
-            study.tell(meta["trial"], state=TrialState.PRUNED)
+            study.tell(number, values=[outcome.score, outcome.cost])
+        elif outcome.status == "pruned" and outcome.score is not None:
+            # The subset stage's means: the trial's intermediate result, kept with it.
+            self.storage.set_trial_user_attr(trial_id, "subset_score", outcome.score)
+            self.storage.set_trial_user_attr(trial_id, "subset_cost", outcome.cost)
+            study.tell(number, state=TrialState.PRUNED)
         else:
-            study.tell(meta["trial"], state=TrialState.FAIL)
+            study.tell(number, state=TrialState.FAIL)
+
+
+def add_population(study: optuna.Study, key: str, space: Space, population: Sequence[Candidate]) -> int:
+    """Enter every evaluated policy of the structure as a completed trial, once per point; returns how many."""
+    seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    seen_ids = {t.user_attrs.get("policy_id") for t in study.get_trials(deepcopy=False)}
+    distributions = {path: IntDistribution(lo, hi) for path, (lo, hi) in space.items()}
+    added = 0
+    for candidate in population:
+        ast = check_policy(candidate.text).ast
+        if candidate.policy_id in seen_ids or Structure.of(ast).key != key:
+            continue
+        params = {t.path: int(t.value) for t in tunables(ast)}
+        point = tuple(sorted(params.items()))
+        if point in seen or any(not space[p][0] <= v <= space[p][1] for p, v in params.items()):
+            continue
+        study.add_trial(create_trial(params=params, distributions=distributions,
+                                     values=[candidate.score, candidate.cost],
+                                     user_attrs={"policy_id": candidate.policy_id, "source": "population"}))
+        seen.add(point)
+        added += 1
+    return added

@@ -35,6 +35,13 @@ class LLMProposerConfig(Strict):
                                      "price, see docs/evolve.md).")
     price_output_per_m: float = Field(1.20, ge=0, description="USD per million completion tokens.")
     inspirations: int = Field(2, ge=0, description="Pareto-front policies shown besides the parent.")
+    context_tokens: int = Field(8192, ge=512, description="The model's context window: the request (system "
+                                "prompt, prompt, max_tokens) never exceeds it; the trajectory digests get what "
+                                "the rest leaves (8192: the embedded model; raise it for large models).")
+    digest_tasks: int = Field(2, ge=0, description="The parent's worst and (as many again) most expensive train "
+                              "tasks whose trajectory digests the prompt carries.")
+    diagnosis_chars: int = Field(600, ge=40, description="Longest diagnosis kept (characters): the answer's text "
+                                 "before its policy block.")
     repair: bool = Field(True, description="Send a parse or validation error back once for repair.")
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from evolve.pareto import Point, pareto_front
-from store.records import EvaluationRecord, PolicyInfo, TaskResult
+from store.records import EvaluationRecord, PolicyInfo, TaskResult, TimelineRecord
 
 TRAIN = "train"
 
@@ -30,6 +30,8 @@ class Candidate:
     score: float  # mean over the full train split
     cost: float
     results: tuple[TaskResult, ...]
+    # task id -> message timeline (evolve/reflection.py), train tasks only; empty unless the proposer reads them
+    timelines: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,22 @@ def build_context(
     train_task_ids: Sequence[str],
     rng: random.Random,
     index: int = 0,
+    timelines: Sequence[TimelineRecord] = (),
 ) -> ProposerContext:
-    """Assemble a proposer's view; raises HeldOutLeak if any evaluation is not from train."""
+    """Assemble a proposer's view; raises HeldOutLeak if any evaluation or timeline is not from train."""
     for record in evaluations:
         if record.result.split != TRAIN:
             raise HeldOutLeak(
                 f"evaluation of policy #{record.policy_id} on task {record.result.task_id!r} is from split "
                 f"{record.result.split!r}; proposers may only see {TRAIN!r}"
             )
+    for line in timelines:
+        if line.split != TRAIN or line.data.get("split") != TRAIN:
+            raise HeldOutLeak(f"timeline of policy #{line.policy_id} on task {line.task_id!r} is from split "
+                              f"{line.split!r}; proposers may only see {TRAIN!r}")
+    seen: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for line in timelines:
+        seen.setdefault(line.policy_id, {})[line.task_id] = line.data
     by_policy: dict[int, dict[str, TaskResult]] = {}
     for record in evaluations:
         by_policy.setdefault(record.policy_id, {})[record.result.task_id] = record.result
@@ -78,7 +88,7 @@ def build_context(
         rows = tuple(results[t] for t in wanted)
         population.append(Candidate(policy.id, policy.text, policy.generation,
                                     sum(r.score for r in rows) / len(rows), sum(r.cost_usd for r in rows) / len(rows),
-                                    rows))
+                                    rows, {t: d for t, d in seen.get(policy.id, {}).items() if t in wanted}))
     points = [Point(c.policy_id, c.score, c.cost) for c in population]
     front_ids = [p.policy_id for p in pareto_front(points)]
     by_id: Mapping[int, Candidate] = {c.policy_id: c for c in population}

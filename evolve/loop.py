@@ -123,16 +123,18 @@ class Evolution:
             if proposer is not None:
                 proposer.tell(_as_proposal(info), info.id, outcome)
 
-    def proposer_context(self, index: int) -> ProposerContext:
-        """What the `index`-th proposal may see: train results only (build_context enforces it)."""
+    def proposer_context(self, index: int, timelines: bool = False) -> ProposerContext:
+        """What the `index`-th proposal may see: train results only (build_context enforces it), with the
+        population's message timelines if asked for."""
         rng = random.Random(self.config.seed * 1_000_003 + index)  # resume-stable per proposal
         # Every stored policy with a text: pruned and duplicate ones count as known; only policies evaluated on
         # the whole train split enter the population (build_context checks their results).
         known = [p for p in self.store.policies(self.run.id) if p.text is not None]
-        return build_context(known, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index)
+        lines = self.store.timelines(self.run.id, [p.id for p in known if p.status == "evaluated"]) if timelines else ()
+        return build_context(known, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index, lines)
 
     def step(self, proposer: Proposer, index: int) -> None:
-        proposal = proposer.ask(self.proposer_context(index))
+        proposal = proposer.ask(self.proposer_context(index, proposer.reads_timelines))
         if proposal.text is not None and proposal.rejection_reason is None:
             identity = self.fingerprints().identity(proposal.text)
             proposal = replace(proposal, hash=identity.hash, structure_hash=identity.structure,

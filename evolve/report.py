@@ -287,6 +287,7 @@ def render_html(store: Store, run: RunInfo) -> str:
         "duplicate; hover for details.</p>",
         lineage_svg(policies, {v.policy_id for v in validations}),
         _per_task_table(store, run.id, validations),
+        _diagnoses(policies),
         _rejections(policies),
         "</body></html>",
     ])
@@ -318,6 +319,18 @@ def _per_task_table(store: Store, run_id: int, validations: Sequence[ValidationR
                    for t, c in sorted(cells.items()))
     return (f'<h2>Per-task held-out results (score / cost ¢)</h2><table id="per-task"><tr><th>task</th>{head}</tr>'
             f"{rows}</table>")
+
+
+def _diagnoses(policies: Sequence[PolicyInfo]) -> str:
+    """The model's proposals: what it diagnosed in the parent's trajectories, and how its policy fared."""
+    rows = "".join(f"<tr><td>{escape(p.label)}</td><td>{', '.join(f'#{i}' for i in p.parent_ids)}</td>"
+                   f"<td>{escape(p.status)}</td><td>{escape(p.meta.get('diagnosis') or '(none)')}</td>"
+                   f"<td>{escape(', '.join(p.meta.get('digests') or []))}</td></tr>"
+                   for p in policies if p.proposer == "llm")
+    if not rows:
+        return ""
+    return ("<h2>Model proposals and their diagnoses</h2><table id='diagnoses'><tr><th>policy</th><th>parent</th>"
+            f"<th>status</th><th>diagnosis</th><th>digested train tasks</th></tr>{rows}</table>")
 
 
 def _rejections(policies: Sequence[PolicyInfo]) -> str:

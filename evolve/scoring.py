@@ -4,8 +4,11 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from evolve.context import TRAIN
+from evolve.reflection import timeline_of
+from sandbox.backends.tokens import shared_tokenizer
 from sandbox.progress import TaskDisplay
 from store.records import TaskResult
 
@@ -19,7 +22,8 @@ class Evaluator(Protocol):
 
     def evaluate(self, policy_text: str, label: str, split: str, task_ids: Sequence[str],
                  on_result: OnResult) -> None:
-        """Run the tasks; `on_result` gets each result as soon as its task finishes."""
+        """Run the tasks; `on_result` gets each result as soon as its task finishes (train results with their
+        message timeline, evolve/reflection.py)."""
 
     def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
         """Per task, the histories the scripted agent sends under the policy on the replay backend."""
@@ -63,6 +67,7 @@ class HarnessEvaluator:
         except ValueError:
             self.backend.close()
             raise
+        self.counter = shared_tokenizer()  # the timelines' token sizes
 
     def _built_version(self, home: Path) -> str | None:
         from sandbox.suite_version import SuiteNotBuilt
@@ -77,14 +82,20 @@ class HarnessEvaluator:
 
     def evaluate(self, policy_text: str, label: str, split: str, task_ids: Sequence[str],
                  on_result: OnResult) -> None:
+        """Run the tasks in split order; a train result carries its message timeline (held-out ones never do)."""
         from policy_dsl import compile_policy, parse
         from sandbox.harness import run_tasks
 
         if not task_ids:
             return
         policy = compile_policy(parse(policy_text), name=label)
+
+        def heard(result: Any, trajectory: Any) -> None:
+            # Process lanes send no trajectory back: such a result carries no timeline.
+            timeline = timeline_of(trajectory, self.counter.count) if split == TRAIN and trajectory is not None else None
+            on_result(from_harness(result, timeline))
         run_tasks(self.suite, split, policy, agent=self.agent, task_ids=list(task_ids), seed=self.seed, build=False,
-                  progress=lambda r: on_result(from_harness(r)), lanes=self.lanes, display=self.display)
+                  traced=heard, lanes=self.lanes, display=self.display)
 
     def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
         from policy_dsl import compile_policy, parse
@@ -108,10 +119,11 @@ class HarnessEvaluator:
         self.backend.close()
 
 
-def from_harness(result) -> TaskResult:
+def from_harness(result, timeline: Mapping[str, Any] | None = None) -> TaskResult:
     tokens = result.tokens.to_dict() if hasattr(result.tokens, "to_dict") else dict(result.tokens)
     return TaskResult(result.task_id, result.split, result.status, float(result.score), float(result.cost_usd),
-                      int(result.n_requests), tokens, float(result.wall_s), getattr(result, "reason", None))
+                      int(result.n_requests), tokens, float(result.wall_s), getattr(result, "reason", None),
+                      timeline)
 
 
 def code_version() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.tree import Tree
 
 from evolve.cascade import train_points
@@ -19,7 +20,13 @@ def _line(p: PolicyInfo) -> str:
     why = f" — {p.rejection_reason}" if p.rejection_reason else ""
     edits = p.meta.get("edits") or p.meta.get("params")
     detail = f" {edits}" if edits else ""
-    return f"{p.label} gen {p.generation} {p.proposer} [{colour}]{p.status}[/]{detail}{why}"
+    diagnosis = p.meta.get("diagnosis")
+    said = f"\n  [italic]diagnosis: {escape(_short(diagnosis, 240))}[/]" if diagnosis else ""
+    return f"{p.label} gen {p.generation} {p.proposer} [{colour}]{p.status}[/]{detail}{escape(why)}{said}"
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def lineage_tree(store: Store, run_ref: str) -> Tree:

@@ -330,7 +330,8 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
               progress: Callable[[TaskResult], None] | None = None, *, model: str | None = None,
               prices: str | None = None, limits: RunLimits = RunLimits(), build: bool = True,
               on_start: Callable[[int], None] | None = None, concurrency: int = 1,
-              lanes: Lanes | None = None, display: TaskDisplay | None = None) -> RunReport:
+              lanes: Lanes | None = None, display: TaskDisplay | None = None,
+              traced: Callable[[TaskResult, Trajectory | None], None] | None = None) -> RunReport:
     """Run a split's tasks; ValueError (one line, naming what was expected) for bad arguments.
 
     `concurrency` tasks run at once (`sandbox/lanes.py`; `lanes` passes lanes kept open by the
@@ -338,6 +339,7 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
     order they finish in. With `out_dir`, each result is appended to `results.jsonl` and each
     trajectory written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
     `display` hears of every task as it starts and as it finishes (`sandbox/progress.py`).
+    `traced` gets each result with its trajectory, in task order (None from process lanes).
     """
     suite_obj = get_suite(suite) if isinstance(suite, str) else suite
     policy_obj = resolve_policy(policy)
@@ -370,12 +372,14 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
         jobs = [TaskJob(task, policy_obj, agent, seed, limits, table, out_dir) for task in tasks]
         results: list[TaskResult] = []
         heard = (display.started, display.finished) if display is not None else (None, None)
-        for result, _trajectory in lanes.run_jobs(jobs, suite_obj, *heard):
+        for result, trajectory in lanes.run_jobs(jobs, suite_obj, *heard):
             results.append(result)
             if out_dir is not None:
                 _append_result(out_dir, result)
             if progress is not None:
                 progress(result)
+            if traced is not None:
+                traced(result, trajectory)
     finally:
         if own_lanes and lanes is not None:
             lanes.close()

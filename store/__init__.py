@@ -4,11 +4,11 @@ SQLite (WAL) in the data folder by default, PostgreSQL by URL; the schema is ver
 (see `migrations`). Everything leaving the store is a frozen record.
 """
 from store.errors import DuplicateRunName, RunNotFound, StoreError
-from store.records import (EvaluationRecord, PolicyInfo, Proposal, RunInfo, TaskResult, ValidationRecord,
-                           ValidationRound)
+from store.records import (EvaluationRecord, PolicyInfo, Proposal, RunInfo, TaskResult, TimelineRecord,
+                           ValidationRecord, ValidationRound)
 from store.repository import Store
 
 __all__ = [
     "Store", "StoreError", "DuplicateRunName", "RunNotFound", "RunInfo", "PolicyInfo", "Proposal",
-    "TaskResult", "EvaluationRecord", "ValidationRecord", "ValidationRound",
+    "TaskResult", "TimelineRecord", "EvaluationRecord", "ValidationRecord", "ValidationRound",
 ]

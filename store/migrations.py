@@ -15,7 +15,7 @@ from alembic.operations import Operations
 from sqlalchemy import Column, Connection, Integer, String, inspect, select, text
 
 from store.errors import StoreError
-from store.schema import Base, Run, SchemaVersion, Validation, ValidationRound
+from store.schema import Base, Run, SchemaVersion, Timeline, Validation, ValidationRound
 
 Step = Callable[[Connection], None]
 
@@ -50,10 +50,16 @@ def _identities_and_validation_rounds(conn: Connection) -> None:
             settings=(run.config or {}).get("validation", {})))
 
 
+def _timelines(conn: Connection) -> None:
+    # Message timelines of train evaluations, for reflective proposers; earlier runs simply have none.
+    Timeline.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "runs, policies, lineage, evaluations, validations, baselines", _create_tables),
     (2, "index evaluations by run and split", _index_evaluations_by_split),
     (3, "policy structure, behaviour and duplicate_of; validation rounds", _identities_and_validation_rounds),
+    (4, "message timelines of train evaluations", _timelines),
 ]
 LATEST = MIGRATIONS[-1][0]
 

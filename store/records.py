@@ -86,12 +86,24 @@ class TaskResult:
     tokens: Mapping[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     error: str | None = None
+    # The message timeline (evolve/reflection.py); stored beside the result, read by `Store.timelines`.
+    timeline: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class EvaluationRecord:
     policy_id: int
     result: TaskResult
+
+
+@dataclass(frozen=True)
+class TimelineRecord:
+    """A stored timeline: the policy and the split and task of the evaluation it belongs to."""
+
+    policy_id: int
+    task_id: str
+    split: str
+    data: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

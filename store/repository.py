@@ -21,10 +21,11 @@ from store.records import (
     Proposal,
     RunInfo,
     TaskResult,
+    TimelineRecord,
     ValidationRecord,
     ValidationRound,
 )
-from store.schema import Baseline, Evaluation, Policy, PolicyParent, Run, Validation, utcnow
+from store.schema import Baseline, Evaluation, Policy, PolicyParent, Run, Timeline, Validation, utcnow
 from store.schema import ValidationRound as RoundRow
 
 
@@ -199,12 +200,17 @@ class Store:
         """Store one task result; False if that (policy, task, split) was already stored."""
         try:
             with self._tx() as s:
-                s.add(Evaluation(
+                row = Evaluation(
                     run_id=run_id, policy_id=policy_id, task_id=result.task_id, split=result.split,
                     status=result.status, score=result.score, cost_usd=result.cost_usd,
                     n_requests=result.n_requests, tokens=dict(result.tokens), wall_s=result.wall_s,
                     error=result.error,
-                ))
+                )
+                s.add(row)
+                if result.timeline is not None:
+                    s.flush()  # the row's id
+                    s.add(Timeline(evaluation_id=row.id, run_id=run_id, policy_id=policy_id,
+                                   data=dict(result.timeline)))
             return True
         except IntegrityError:
             return False
@@ -220,6 +226,15 @@ class Store:
             return [EvaluationRecord(e.policy_id, TaskResult(
                 e.task_id, e.split, e.status, e.score, e.cost_usd, e.n_requests, e.tokens or {}, e.wall_s, e.error,
             )) for e in s.scalars(query)]
+
+    def timelines(self, run_id: int, policy_ids: Sequence[int]) -> list[TimelineRecord]:
+        """The stored timelines of these policies' evaluations, in evaluation order."""
+        with self._tx() as s:
+            query = (select(Timeline, Evaluation.task_id, Evaluation.split)
+                     .join(Evaluation, Evaluation.id == Timeline.evaluation_id)
+                     .where(Timeline.run_id == run_id, Timeline.policy_id.in_(list(policy_ids)))
+                     .order_by(Timeline.evaluation_id))
+            return [TimelineRecord(t.policy_id, task, split, t.data) for t, task, split in s.execute(query)]
 
     # ---- baselines and validations ----------------------------------------------------
     def set_baseline(self, run_id: int, role: str, policy_id: int) -> None:

@@ -116,6 +116,20 @@ class Evaluation(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Timeline(Base):
+    """The message timeline of one train evaluation (evolve/reflection.py), for reflective proposers.
+
+    A few KB per task; held-out evaluations get none (proposers see train results only).
+    """
+
+    __tablename__ = "akv_timelines"
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("akv_evaluations.id", ondelete="CASCADE"),
+                                               primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"), index=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class ValidationRound(Base):
     """One held-out validation of a run: which code judged which suite build, with which settings.
 

@@ -13,7 +13,8 @@ from evolve.config import LLMProposerConfig, MutateProposerConfig, OptunaPropose
 from evolve.context import Candidate, HeldOutLeak, ProposerContext, build_context
 from evolve.library import library_texts, load_checked
 from evolve.proposers.base import BudgetExhausted, Outcome, ProposerUnavailable
-from evolve.proposers.llm import LLMProposer, build_prompt, extract_policy
+from evolve.proposers.llm import LLMProposer, extract_policy
+from evolve.proposers.prompt import build_prompt
 from evolve.proposers.mutate import MutateProposer
 from evolve.proposers.optuna_search import OptunaProposer, Structure
 from evolve.proposers.tree import get_at, set_at

@@ -227,7 +227,9 @@ def test_a_resumed_proposer_sees_train_results_only_although_held_out_ones_are_s
     from evolve.config import EvolveConfig
     from evolve.library import library_texts
     from evolve.loop import Evolution
+    from evolve.proposers.llm import language_reference
     from evolve.proposers.mutate import MutateProposer
+    from evolve.proposers.prompt import fit_prompt
     from evolve.scoring import HarnessEvaluator
     from store import Store
 
@@ -237,11 +239,20 @@ def test_a_resumed_proposer_sees_train_results_only_although_held_out_ones_are_s
     evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed)
     try:
         assert store.evaluations(run.id, "heldout")  # validation stored its results
-        context = Evolution(store, run, config, evaluator, {}).proposer_context(index=99)
+        held_out = {e.result.task_id for e in store.evaluations(run.id, "heldout")}
+        context = Evolution(store, run, config, evaluator, {}).proposer_context(index=99, timelines=True)
         seen = [r for c in context.population for r in c.results]
         assert seen and {r.split for r in seen} == {"train"}
         proposal = MutateProposer(config.mutate, library_texts()).ask(context)
         assert proposal.rejection_reason is None
+        # Timelines are kept for train evaluations only, and no held-out task reaches an llm prompt.
+        stored = store.timelines(run.id, [p.id for p in store.policies(run.id)])
+        assert stored and {t.split for t in stored} == {"train"}
+        assert all(set(c.timelines) <= {r.task_id for r in c.results} for c in context.population)
+        system = language_reference(library_texts()[:3])
+        for parent in context.front:
+            prompt = fit_prompt(system, parent, [], context.front, 8192, 1024, 2, lambda t: len(t) // 3)
+            assert prompt.digested and not [t for t in held_out if t in prompt.text]
     finally:
         evaluator.close()
         store.close()

@@ -73,7 +73,7 @@ V2_ROWS = [
 def _check_version_2_migrated(url: str) -> None:
     store = Store.open(url)
     try:
-        assert store.schema_version == LATEST == 3
+        assert store.schema_version == LATEST == 4
         run = store.run("old")
         [kept] = store.validations(run.id)
         assert kept.champion and kept.verdict.startswith("champion: saves") and kept.stats["cost"]["p_value"] == 0.01
@@ -96,7 +96,7 @@ def test_version_2_sqlite_database_gets_identities_and_validation_rounds(tmp_pat
         for statement in V2_ROWS:
             conn.execute(statement.replace("true", "1"))
     _check_version_2_migrated(f"sqlite:///{path}")
-    assert versions(path) == [1, 2, 3]
+    assert versions(path) == [1, 2, 3, 4]
 
 
 def test_version_2_postgresql_database_gets_identities_and_validation_rounds(postgres_url):

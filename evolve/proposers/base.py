@@ -20,6 +20,7 @@ class BudgetExhausted(Exception):
 
 class Proposer(ABC):
     name: str
+    reads_timelines: bool = False  # the context then carries the population's train message timelines
 
     @abstractmethod
     def ask(self, context: ProposerContext) -> Proposal:

@@ -1,10 +1,12 @@
-"""The llm proposer: a chat model rewrites a front parent, given its train results.
+"""The llm proposer: a chat model rewrites a front parent, given what happened in its trajectories.
 
-The prompt holds the language reference (grammar and built-in examples), the parent with its
-per-task train results and failure reasons, and a few inspirations from the Pareto front.
-The answer's last fenced block is the policy; a parse or validation error goes back once for
-repair. Transient endpoint failures are retried with backoff; token and USD budgets are
-enforced before every request.
+The system prompt holds the language reference (grammar and built-in examples); the prompt
+(evolve/proposers/prompt.py) holds the parent with its per-task train results, the digests of its
+worst and most expensive train tasks (evolve/reflection.py), and the Pareto front, fitted to
+`llm.context_tokens`. The model writes a short diagnosis, then the policy: the answer's last fenced
+block is the policy, the text before it the diagnosis (kept in the proposal's meta, shown by
+`akv lineage` and the report). A parse or validation error goes back once for repair. Transient
+endpoint failures are retried with backoff; token and USD budgets are enforced before every request.
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ import openai
 
 from evolve.candidate import check_policy, rejection
 from evolve.config import LLMProposerConfig
-from evolve.context import Candidate, ProposerContext
+from evolve.context import ProposerContext
 from evolve.proposers.base import BudgetExhausted, Proposer, ProposerUnavailable
+from evolve.proposers.prompt import MESSAGE_OVERHEAD, PromptTooLong, extract_diagnosis, fit_prompt
 from policy_dsl import PolicyError
+from sandbox.backends.tokens import shared_tokenizer
 from store.records import Proposal
 
 FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
-MAX_RESULT_ROWS = 12  # the worst tasks first; keeps the prompt inside a small model's context
 
 SYSTEM = """You design KV-cache policies for LLM agents in the AKV policy language.
 A policy decides which earlier messages' KV entries attention may still see (drop) and when the
@@ -55,24 +58,6 @@ def language_reference(examples: Sequence[str]) -> str:
     return SYSTEM.format(grammar=grammar.strip(), examples=shown)
 
 
-def describe(candidate: Candidate, rows: int = MAX_RESULT_ROWS) -> str:
-    worst = sorted(candidate.results, key=lambda r: (r.score, -r.cost_usd))[:rows]
-    lines = [f"- {r.task_id}: status={r.status} score={r.score:.2f} cost=${r.cost_usd:.5f}"
-             + (f" reason={r.error[:120]}" if r.error else "") for r in worst]
-    return (f"train mean score {candidate.score:.3f}, mean cost ${candidate.cost:.5f} per task "
-            f"over {len(candidate.results)} tasks; worst tasks:\n" + "\n".join(lines))
-
-
-def build_prompt(parent: Candidate, inspirations: Sequence[Candidate]) -> str:
-    parts = [f"Parent policy:\n```akvp\n{parent.text.strip()}\n```\nIts results: {describe(parent)}"]
-    for other in inspirations:
-        parts.append(f"Another policy on the Pareto front (score {other.score:.3f}, cost ${other.cost:.5f}):\n"
-                     f"```akvp\n{other.text.strip()}\n```")
-    parts.append("Write one new policy that costs less than the parent without losing score "
-                 "(or scores higher at the same cost). Reply with the policy in one fenced block.")
-    return "\n\n".join(parts)
-
-
 def endpoint_of(config: LLMProposerConfig) -> str | None:
     """The endpoint the proposer would use: llm.endpoint, else $AKV_PROPOSER_ENDPOINT, else $OPENAI_BASE_URL."""
     return config.endpoint or os.environ.get("AKV_PROPOSER_ENDPOINT") or os.environ.get("OPENAI_BASE_URL")
@@ -88,6 +73,7 @@ class Spend:
 
 class LLMProposer(Proposer):
     name = "llm"
+    reads_timelines = True
 
     def __init__(self, config: LLMProposerConfig, examples: Sequence[str], spent_tokens: int = 0,
                  spent_usd: float = 0.0, sleep=time.sleep) -> None:
@@ -102,32 +88,49 @@ class LLMProposer(Proposer):
         self.system = language_reference(examples)
         self.spent_tokens, self.spent_usd = spent_tokens, spent_usd
         self.sleep = sleep
+        tokenizer = shared_tokenizer()  # the embedded model's: exact for it, an estimate for others
+        self.count = lambda text: len(tokenizer.encode_text(text))
 
     def ask(self, context: ProposerContext) -> Proposal:
         parent = context.pick_parent()
         others = [c for c in context.front if c.policy_id != parent.policy_id][: self.config.inspirations]
-        prompt = build_prompt(parent, others)
-        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": prompt}]
+        config = self.config
+        try:
+            prompt = fit_prompt(self.system, parent, others, context.front, config.context_tokens, config.max_tokens,
+                                config.digest_tasks, self.count)
+        except PromptTooLong as err:  # never sent over the model's context
+            return Proposal(self.name, None, (parent.policy_id,), parent.generation + 1,
+                            rejection_reason=f"prompt too long: {err}; raise llm.context_tokens or lower "
+                            "llm.max_tokens")
+        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": prompt.text}]
         spend = Spend()
         answer = self._chat(messages, spend)
         transcript = [answer]
         reason, checked = self._check(answer)
-        if reason is not None and self.config.repair and "invalid policy" in reason:
-            messages += [{"role": "assistant", "content": answer},
-                         {"role": "user", "content": f"That policy is not valid: {reason}. "
-                          "Reply with the corrected policy in one fenced block."}]
-            answer = self._chat(messages, spend)
-            transcript.append(answer)
-            reason, checked = self._check(answer)
-            if reason is not None:
-                reason = f"after one repair: {reason}"
+        if reason is not None and config.repair and "invalid policy" in reason:
+            repair = [{"role": "assistant", "content": answer},
+                      {"role": "user", "content": f"That policy is not valid: {reason}. "
+                       "Reply with the corrected policy in one fenced block."}]
+            needed = prompt.tokens + sum(self.count(m["content"]) + MESSAGE_OVERHEAD for m in repair)
+            if needed + config.max_tokens > config.context_tokens:
+                reason += " (no repair: it would not fit llm.context_tokens)"
+            else:
+                messages += repair
+                answer = self._chat(messages, spend)
+                transcript.append(answer)
+                reason, checked = self._check(answer)
+                if reason is not None:
+                    reason = f"after one repair: {reason}"
+        diagnosis = next(filter(None, (extract_diagnosis(a, config.diagnosis_chars) for a in transcript)), None)
         return Proposal(
             self.name, raw_text=extract_policy(answer), parent_ids=(parent.policy_id,),
             generation=parent.generation + 1, text=checked.text if checked else None,
             hash=checked.hash if checked else None, rejection_reason=reason,
             prompt="\n\n".join(m["content"] for m in messages), response="\n\n---\n\n".join(transcript),
             prompt_tokens=spend.prompt_tokens, completion_tokens=spend.completion_tokens, cost_usd=spend.usd,
-            meta={"model": self.config.model, "endpoint": self.endpoint, "repaired": len(transcript) > 1},
+            meta={"model": self.config.model, "endpoint": self.endpoint, "repaired": len(transcript) > 1,
+                  "diagnosis": diagnosis, "digests": list(prompt.digested), "digests_shortened": prompt.shortened,
+                  "request_tokens": prompt.tokens},
         )
 
     def _check(self, answer: str):

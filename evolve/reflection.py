@@ -1,0 +1,232 @@
+"""Reflection: what happened in a policy's train trajectories, as a compact digest per task.
+
+GEPA's reflective mutation reads the parent's execution traces before rewriting it; a cache
+policy's traces are its message timelines. `timeline_of` reduces one task's trajectory to what a
+proposer needs (kept in the store with the train result, a few KB per task): for each message
+its role, tool, size, when it arrived, when the policy dropped it, which agent steps read it
+(the scripted agents' use records, `used`), and whether it is a re-fetch of an earlier result
+(the same tool called with the same arguments). `digest` renders that as text within a token
+budget: the failure reason, the re-fetches each drop caused, the visible tokens paid for and
+never used again, then the message lines that matter most. A digest over its budget is
+shortened, line by line, never sent whole.
+
+Only train trajectories are kept (the evaluator keeps none for held-out), and they reach a
+proposer only through `evolve.context.build_context`, which refuses anything else.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from sandbox.trajectory import Trajectory
+
+Timeline = dict[str, Any]  # JSON-ready: see timeline_of
+Count = Callable[[str], int]  # tokens of a text, with the proposer's model's tokenizer or an estimate
+
+
+def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int]) -> Timeline:
+    """The message timeline of one task run (kv or text mode), with its result and failure reason.
+
+    Steps are agent requests, numbered from 0. In text mode a summary rewrites the history; the
+    timeline then covers the steps after the last rewrite, and says where the rewrites were.
+    """
+    agent = [e for e in trajectory.exchanges if e.purpose == "agent"]
+    rewrites = [k for k in range(1, len(agent)) if not _extends(agent[k - 1].request.messages,
+                                                                   agent[k].request.messages)]
+    first = rewrites[-1] if rewrites else 0
+    steps = agent[first:]
+    messages = list(steps[-1].request.messages) if steps else []
+    calls = _calls(messages)
+    lines, seen_calls = [], {}
+    for index, message in enumerate(messages):
+        arrived = next(k for k, e in enumerate(steps, first) if index < len(e.request.messages))
+        dropped = next((k for k, e in enumerate(steps, first) if index in _dropped(e.request)), None)
+        uses = [k for k, e in enumerate(steps, first) if e.used is not None and index in e.used]
+        call = calls.get(message.get("tool_call_id")) if message.get("role") == "tool" else None
+        refetch_of = seen_calls.get(call) if call else None  # the latest earlier answer to the same call
+        if call:
+            seen_calls[call] = index
+        # Visible from its arrival until its drop: the requests after its last read paid for it in vain.
+        last_read = max(uses, default=arrived - 1)
+        end = dropped if dropped is not None else first + len(steps)
+        lines.append({"i": index, "role": message.get("role", "?"), "tool": _tool(message, call),
+                      "tokens": count(message), "arrived": arrived, "dropped": dropped, "uses": uses,
+                      "refetch_of": refetch_of, "idle": max(0, end - last_read - 1) if uses or steps[0].used is not None else 0})
+    result = next((n for n in reversed(trajectory.notes) if n.get("type") == "result"), {})
+    grade = next((n for n in reversed(trajectory.notes) if n.get("type") == "grade"), {})
+    return {"task_id": trajectory.header.get("task_id"), "split": trajectory.header.get("split"),
+            "status": result.get("status"), "score": result.get("score"), "cost_usd": result.get("cost_usd"),
+            "requests": result.get("n_requests", len(agent)), "steps": len(agent), "rewrites": rewrites,
+            "uses_recorded": bool(steps) and all(e.used is not None for e in steps),
+            "reason": result.get("reason") or grade.get("detail"), "messages": lines}
+
+
+def _extends(before: Sequence[Any], now: Sequence[Any]) -> bool:
+    return len(now) >= len(before) and all(a is b or a == b for a, b in zip(before, now))
+
+
+def _dropped(request: Any) -> set[int]:
+    """Indices a request hides (every drop it carries), as the harness's agent view counts them."""
+    operations = request.cache_operations()
+    return {int(i) for indices in (operations.drop_message or {}).values() for i in indices}
+
+
+def _calls(messages: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Tool call id -> (tool, canonical arguments), from the assistant messages."""
+    out = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            raw = function.get("arguments")
+            try:
+                args = json.dumps(json.loads(raw) if isinstance(raw, str) else raw, sort_keys=True)
+            except (TypeError, ValueError):
+                args = str(raw)
+            out[call.get("id")] = (str(function.get("name") or ""), args)
+    return out
+
+
+def _tool(message: Mapping[str, Any], call: tuple[str, str] | None) -> str | None:
+    if call is not None:
+        return f"{call[0]} {_short(call[1], 48)}"
+    names = [(c.get("function") or {}).get("name") for c in message.get("tool_calls") or ()]
+    return "calls " + ",".join(n for n in names if n) if names else None
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Digest:
+    task_id: str
+    text: str
+    tokens: int
+    shortened: bool  # lines were left out to fit the budget
+
+
+def digest(timeline: Timeline, budget: int, count: Count) -> Digest:
+    """One task's digest in at most `budget` tokens: essentials first, then the costliest messages.
+
+    Returns an empty digest when not even the task's header line fits.
+    """
+    head = _header(timeline)
+    body = _refetch_lines(timeline) + _waste_lines(timeline)
+    table = _message_lines(timeline)
+    out, used, shortened = [], 0, False
+    for kind, lines in (("head", head), ("body", body), ("table", table)):
+        for line in lines:
+            cost = count(line + "\n")
+            if used + cost > budget:
+                shortened = True
+                if kind == "head" and not out:
+                    return Digest(str(timeline["task_id"]), "", 0, True)
+                continue
+            out.append(line)
+            used += cost
+    if shortened and table and used + count(" (some lines left out to fit)\n") <= budget:
+        out.append(" (some lines left out to fit)")
+    text = "\n".join(out)
+    return Digest(str(timeline["task_id"]), text, count(text) if text else 0, shortened)
+
+
+def _header(t: Timeline) -> list[str]:
+    status = f"{t['status']}" + (f": {_short(str(t['reason']), 160)}" if t.get("reason") else "")
+    lines = [f"task {t['task_id']}: score {t['score']:.2f}, cost ${t['cost_usd']:.5f}, {t['requests']} requests "
+             f"({status})"]
+    if t["rewrites"]:
+        r = t["rewrites"]
+        lines.append(f" history rewritten by summaries {len(r)} times (steps {r[0]}..{r[-1]}); the lines below "
+                     f"cover the steps after the last rewrite")
+    if not t["uses_recorded"]:
+        lines.append(" (the agent records no use of messages here: unused tokens cannot be told)")
+    return lines
+
+
+def _refetch_lines(t: Timeline) -> list[str]:
+    """One line per call answered more than once: its fetches, the drops before them, the tokens paid again."""
+    by_index = {m["i"]: m for m in t["messages"]}
+    chains: dict[int, list[Mapping[str, Any]]] = {}  # first fetch -> every fetch of that call
+    for m in t["messages"]:
+        if m["refetch_of"] is not None:
+            first = m["refetch_of"]
+            while by_index[first]["refetch_of"] is not None:
+                first = by_index[first]["refetch_of"]
+            chains.setdefault(first, [by_index[first]]).append(m)
+    lines = []
+    for first, fetches in sorted(chains.items(), key=lambda c: -sum(m["tokens"] for m in c[1][1:])):
+        drops = [m["dropped"] for m in fetches[:-1] if m["dropped"] is not None]
+        why = f"dropped at steps {_steps(drops)} then needed again" if drops else "fetched again while visible"
+        lines.append(f" re-fetch: {fetches[0]['tool']} answered {len(fetches)} times "
+                     f"({', '.join('#' + str(m['i']) for m in fetches)}); {why}: "
+                     f"{sum(m['tokens'] for m in fetches[1:])} tokens paid again")
+    return lines
+
+
+def _waste_lines(t: Timeline) -> list[str]:
+    if not t["uses_recorded"]:
+        return []
+    wasted = sorted(((m["tokens"] * m["idle"], m) for m in t["messages"] if m["idle"] and m["i"] > 1),
+                    key=lambda x: -x[0])
+    total = sum(w for w, _m in wasted)
+    never = [m for m in t["messages"] if not m["uses"] and m["role"] == "tool"]
+    top = ", ".join(f"#{m['i']} {w}" for w, m in wasted[:5])
+    lines = [f" visible tokens paid for after their last use: {total} over the run's requests" +
+             (f" (most: {top})" if top else "")]
+    if never:
+        lines.append(f" tool results never read after arriving: {', '.join('#' + str(m['i']) for m in never[:12])}"
+                     + (" …" if len(never) > 12 else ""))
+    return lines
+
+
+def _message_lines(t: Timeline) -> list[str]:
+    """One line per message, the costliest (size times idle requests) first, then kept in index order."""
+    legend = " messages: #index role [tool] tokens, +arrival step, reads at steps, -dropped step, idle = " \
+             "requests visible after the last read"
+    shown = [m for m in t["messages"] if m["i"] > 1]  # the system prompt and the task are always kept
+    ranked = sorted(shown, key=lambda m: (-(m["tokens"] * max(m["idle"], 1)), m["i"]))
+    rows = [_message_line(m, t["uses_recorded"]) for m in ranked]
+    return [legend] + rows if rows else []
+
+
+def _message_line(m: Mapping[str, Any], uses_recorded: bool) -> str:
+    tool = f" [{m['tool']}]" if m["tool"] else ""
+    reads = (f" reads {_steps(m['uses'])}" if m["uses"] else " never read") if uses_recorded else ""
+    drop = f" -{m['dropped']}" if m["dropped"] is not None else " kept"
+    idle = f" idle {m['idle']}" if uses_recorded else ""
+    again = f" (re-fetch of #{m['refetch_of']})" if m["refetch_of"] is not None else ""
+    return f"  #{m['i']} {m['role']}{tool} {m['tokens']}t +{m['arrived']}{reads}{drop}{idle}{again}"
+
+
+def _steps(steps: Sequence[int]) -> str:
+    """'3-5,9' for [3, 4, 5, 9]."""
+    parts, start = [], None
+    for a, b in zip(steps, list(steps[1:]) + [None]):
+        start = a if start is None else start
+        if b != a + 1:
+            parts.append(str(a) if start == a else f"{start}-{a}")
+            start = None
+    return ",".join(parts)
+
+
+def pick_tasks(timelines: Mapping[str, Timeline], worst: int, expensive: int) -> list[str]:
+    """Task ids to digest: the `worst` lowest-scoring (costliest first among equals), then the
+    `expensive` costliest of the rest."""
+    by_worst = sorted(timelines, key=lambda t: (timelines[t]["score"], -timelines[t]["cost_usd"], t))
+    chosen = by_worst[:worst]
+    rest = sorted((t for t in timelines if t not in chosen), key=lambda t: (-timelines[t]["cost_usd"], t))
+    return chosen + rest[:expensive]
+
+
+def digests(timelines: Mapping[str, Timeline], task_ids: Sequence[str], budget: int, count: Count) -> list[Digest]:
+    """Digests of `task_ids` sharing `budget` tokens; each gets an equal share of what is left."""
+    out: list[Digest] = []
+    left = budget
+    for n, task in enumerate(task_ids):
+        share = left // (len(task_ids) - n)
+        made = digest(timelines[task], share, count)
+        if made.text:
+            out.append(made)
+            left -= made.tokens + 1
+    return out

@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|headroom|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
 
 The benchmarks ship with the source checkout (they are not part of the installed packages), so
 they are imported from the checkout this command was installed from.
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -89,6 +89,59 @@ def headroom(
     settings = module.Settings(_names(suites), _names(splits, "--splits"), limit or None, swe_limit or None, chosen,
                                margin, alpha)
     _report(module, settings, as_json)
+
+
+@bench.command()
+def search(
+    suite: str = typer.Option("localcomp", help="Suite whose train split is searched."),
+    tasks: int = typer.Option(6, min=1, help="The first N train tasks score every policy."),
+    budget: int = typer.Option(16, min=1, help="Proposals per search run (duplicates and rejections count)."),
+    repeats: int = typer.Option(8, min=1, help="Search runs per mix, with seeds 0, 1, ..."),
+    mixes: str = typer.Option("random,tpe,nsga2,mutate+tpe", help="Comma-separated proposer mixes: random, tpe, "
+                              "nsga2, mutate, mutate+tpe, llm+mutate+tpe (needs --proposer-endpoint)."),
+    structure: Optional[Path] = typer.Option(None, help="A .akvp policy whose tunable ranges span the grid "
+                                             "(default: a two-tunable window with a search-result age)."),
+    margin: float = typer.Option(0.02, min=0.0, help="A policy counts when its mean score is within this of the "
+                                 "grid's best."),
+    proposer_endpoint: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL for the llm mix "
+                                                    "(default: $AKV_PROPOSER_ENDPOINT, then $OPENAI_BASE_URL)."),
+    proposer_model: Optional[str] = typer.Option(None, help="Model name for the llm mix (default: llm.model's "
+                                                 "default)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Regret curves of proposer mixes against the optimum of an exhaustive grid over a structure's tunables."""
+    from evolve.search import MIXES, Searcher
+
+    module = _benchmark("search")
+    names = _names(mixes, "--mixes")
+    unknown = [m for m in names if m not in MIXES]
+    if unknown:
+        fail(f"--mixes: unknown mix {unknown[0]!r}; expected one of {', '.join(MIXES)}")
+    text = module.STRUCTURE
+    if structure is not None:
+        try:
+            text = structure.read_text(encoding="utf-8")
+        except OSError as err:
+            fail(f"--structure: cannot read {structure}: {err.strerror}")
+    llm = {k: v for k, v in (("endpoint", proposer_endpoint), ("model", proposer_model)) if v}
+    if any(m.startswith("llm") for m in names) and not (llm.get("endpoint") or _proposer_env()):
+        fail("--mixes: the llm mix needs --proposer-endpoint (or AKV_PROPOSER_ENDPOINT)")
+    settings = module.Settings(suite, tasks, budget, repeats, margin, text, names)
+
+    def measure() -> Any:
+        searcher = Searcher(suite, tasks, llm)
+        try:
+            return module.measure(settings, searcher, progress=lambda line: typer.echo(line, err=True))
+        finally:
+            searcher.close()
+    figures = _guarded(measure)
+    typer.echo(json.dumps(figures) if as_json else module.render(figures))
+
+
+def _proposer_env() -> str | None:
+    import os
+
+    return os.environ.get("AKV_PROPOSER_ENDPOINT") or os.environ.get("OPENAI_BASE_URL")
 
 
 @bench.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

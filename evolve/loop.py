@@ -69,21 +69,25 @@ class Evolution:
 
     def run_all(self) -> EvolutionResult:
         baselines = self.seed_population()
-        self.finish_pending()
-        stop_reason = None
-        while (n := self.n_proposed()) < self.config.max_candidates:
-            name = self.config.proposers[n % len(self.config.proposers)]
-            try:
-                self.step(self.proposers[name], n)
-            except BudgetExhausted as err:
-                stop_reason = str(err)
-                break
+        stop_reason = self.propose()
         self.progress("validating the front and the baselines on the held-out split", self.cascade.front())
         finalists = pick_finalists(self.cascade.train_points(), set(baselines.values()), self.config.validation.top_k)
         records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
                            self.config.validation, self.config.seed, code_version(), self.evaluator.suite_version)
         self.store.set_run_status(self.run.id, "finished", stop_reason)
         return EvolutionResult(records, stop_reason)
+
+    def propose(self) -> str | None:
+        """Finish pending candidates, then ask the proposers in turn until the run's candidate budget is
+        reached; returns why proposing stopped early (a proposer's budget), or None."""
+        self.finish_pending()
+        while (n := self.n_proposed()) < self.config.max_candidates:
+            name = self.config.proposers[n % len(self.config.proposers)]
+            try:
+                self.step(self.proposers[name], n)
+            except BudgetExhausted as err:
+                return str(err)
+        return None
 
     def seed_population(self) -> dict[str, int]:
         """Store and evaluate the seed policies and the baselines (idempotent on resume)."""

@@ -63,6 +63,9 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
         return selector.text in view.texts[j]
     if isinstance(selector, n.Requested):
         return j in view.requests.get(b.i, ())
+    if isinstance(selector, n.Superseded):  # the same call answered again at or before the boundary
+        again = view.answered_again[j]
+        return again is not None and again <= b.i
     if isinstance(selector, n.Not):
         return not matches(selector.part, j, b)
     if isinstance(selector, n.And):
@@ -78,6 +81,8 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
     """
     if isinstance(selector, (n.Role, n.ToolName, n.Size, n.Contains)):
         return [_static_matches(selector, j, view) for j in range(len(view))]
+    if isinstance(selector, n.Superseded):  # answered again somewhere in the history: necessary
+        return [again is not None for again in view.answered_again]
     if isinstance(selector, n.Not) and _is_static(selector.part):
         return [not _static_matches(selector.part, j, view) for j in range(len(view))]
     if isinstance(selector, (n.And, n.Or)):
@@ -91,7 +96,7 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
 
 
 def _is_static(selector: n.Selector) -> bool:
-    if isinstance(selector, (n.Age, n.Requested)):
+    if isinstance(selector, (n.Age, n.Requested, n.Superseded)):
         return False
     if isinstance(selector, n.Not):
         return _is_static(selector.part)

@@ -33,6 +33,9 @@ class HistoryView:
     tool_calls: tuple[int, ...]           # completed tool batches in 0..i
     protected: frozenset[int]             # system prompt and first user message (the latest is added per boundary)
     requests: Mapping[int, tuple[int, ...]]  # tool message -> ids its drop_context call asked to drop
+    # tool message -> the next tool message answering the same call (tool and arguments), if any.
+    # Rules compare it with the boundary, so a fact about message i still depends on 0..i only.
+    answered_again: tuple[int | None, ...]
 
     def __len__(self) -> int:
         return len(self.roles)
@@ -60,7 +63,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
             raise HistoryError(f"message {i}: expected an object with a string 'role'")
         roles.append(m["role"])
     tokens = tuple(_token_count(counter, m, i) for i, m in enumerate(messages))
-    tool_names, batch_end, requests = _tool_facts(messages, roles)
+    tool_names, batch_end, requests, call_keys = _tool_facts(messages, roles)
     return HistoryView(
         roles=tuple(roles),
         tokens=tokens,
@@ -73,6 +76,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
         tool_calls=_running_count(batch_end),
         protected=_protected(roles),
         requests=requests,
+        answered_again=_answered_again(call_keys),
     )
 
 
@@ -118,6 +122,7 @@ def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
     tool_names: list[str | None] = []
     batch_end: list[bool] = []
     requests: dict[int, tuple[int, ...]] = {}
+    call_keys: list[str | None] = []
     parent: int | None = None  # the assistant message the current run of tool messages answers
     answered = 0
     for i, m in enumerate(messages):
@@ -125,6 +130,7 @@ def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
             parent, answered = (i, 0) if roles[i] == "assistant" else (None, 0)
             tool_names.append(None)
             batch_end.append(False)
+            call_keys.append(None)
             continue
         answered += 1
         calls = _calls_of(messages[parent]) if parent is not None else []
@@ -135,7 +141,36 @@ def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
         batch_end.append(answered >= len(calls))
         if name == DROP_CONTEXT_TOOL:
             requests[i] = _requested_ids(call)
-    return tool_names, batch_end, requests
+        call_keys.append(_call_key(name, call))
+    return tool_names, batch_end, requests, call_keys
+
+
+def _call_key(name: str | None, call: Mapping[str, Any] | None) -> str | None:
+    """What a call asked (its tool and arguments, canonical JSON when they parse); None without a call."""
+    function = call.get("function") if call else None
+    if name is None or not isinstance(function, Mapping):
+        return None
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and len(arguments) <= MAX_ARGUMENT_CHARS:
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            pass
+    try:
+        text = json.dumps(arguments, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(arguments)
+    return f"{name}\0{text}"
+
+
+def _answered_again(keys: Sequence[str | None]) -> tuple[int | None, ...]:
+    later: dict[str, int] = {}
+    again: list[int | None] = [None] * len(keys)
+    for i in range(len(keys) - 1, -1, -1):
+        if keys[i] is not None:
+            again[i] = later.get(keys[i])
+            later[keys[i]] = i
+    return tuple(again)
 
 
 def _requested_ids(call: Mapping[str, Any] | None) -> tuple[int, ...]:

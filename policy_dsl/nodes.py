@@ -17,6 +17,7 @@ Actions (what a rule does) and their targets:
 
 Selectors (which messages; protected messages are never selected):
     AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
+    Superseded()                           a tool response whose call was made again since
     Not(part) And(parts) Or(parts)
 
 Reposition rules:
@@ -148,6 +149,11 @@ class Requested:
 
 
 @dataclass(frozen=True)
+class Superseded:
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class Not:
     part: "Selector"
     loc: Loc | None = _loc()
@@ -165,7 +171,7 @@ class Or:
     loc: Loc | None = _loc()
 
 
-Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, Requested, Not, And, Or]
+Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, Requested, Superseded, Not, And, Or]
 
 
 # ---- targets and actions -----------------------------------------------------------------------

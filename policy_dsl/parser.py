@@ -258,6 +258,8 @@ class _Builder:
             return n.Contains(self.string(kids[0]), loc=loc)
         if kind == "requested":
             return n.Requested(loc=loc)
+        if kind == "superseded":
+            return n.Superseded(loc=loc)
         raise self.fail(f"unexpected selector {kind}", item)
 
     # ---- reposition ----

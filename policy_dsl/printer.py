@@ -88,6 +88,8 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
         return f"tokens {selector.op} {format_num(selector.n)}"
     if isinstance(selector, n.Contains):
         return f"contains {json.dumps(selector.text)}"
+    if isinstance(selector, n.Superseded):
+        return "superseded"
     return "requested"
 
 

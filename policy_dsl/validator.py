@@ -103,7 +103,7 @@ class _Checker:
 
     def selector_structure(self, selector: object) -> None:
         expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.Requested,
-                                n.Not, n.And, n.Or), "a selector")
+                                n.Superseded, n.Not, n.And, n.Or), "a selector")
         for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
             self.selector_structure(part)
 

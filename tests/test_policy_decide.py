@@ -131,6 +131,18 @@ def test_selectors_by_tool_name_content_and_size() -> None:
     assert decide(source, history).drop_message == {"4": [2]}
 
 
+def test_superseded_picks_older_answers_to_a_call_made_again() -> None:
+    source = "mode kv\non each tool_response: drop superseded\nreposition never\n"
+    history = [{"role": "user", "content": "Fix it."}]
+    for n, (name, arguments) in enumerate([("run", {"s": "a"}), ("run", {"s": "b"}), ("open", {"s": "b"}),
+                                           ("run", {"s": "b"}), ("run", {"s": "a"}), ("run", {"s": "b"})]):
+        history += [{"role": "assistant", "content": None, "tool_calls": [call(f"c{n}", name, arguments)]},
+                    {"role": "tool", "tool_call_id": f"c{n}", "name": name, "content": "out"}]
+    # run(b) at 4 is answered again at 8, run(a) at 2 at 10, run(b) at 8 at 12; open(b) never.
+    assert decide(source, history).drop_message == {"8": [4], "10": [2], "12": [8]}
+    assert decide(source, history[:9]).drop_message == {"8": [4]}  # a prefix decides the same
+
+
 def test_reposition_every_n_drops_and_by_gap() -> None:
     history = agent_history(8, response="r" * 100, system=False)
     rolling = "mode kv\non each tool_response: drop role tool keep last 2\n"

@@ -33,8 +33,8 @@ def test_every_construct_parses_to_its_node() -> None:
     ast = parse('mode kv\non (every 3 tool_calls or after 2 turns) and visible_tokens > 900: '
                 'drop not role user and (age >= 4 tool_responses or tokens < 10 or contains "x\\"y") '
                 'keep last 1 until visible_tokens <= 50\non drop_context: drop requested or tool_name "run"\n'
-                'reposition when gap > 100\n')
-    first, second = ast.rules
+                'on each tool_response: drop superseded\nreposition when gap > 100\n')
+    first, second, third = ast.rules
     assert first.trigger == n.AllOf((n.AnyOf((n.Every(n.Num(3), "tool_calls"), n.After(n.Num(2), "turns"))),
                                      n.TokensAbove("visible", n.Num(900))))
     assert first.action == n.Drop(n.Messages(
@@ -42,6 +42,7 @@ def test_every_construct_parses_to_its_node() -> None:
                                              n.Contains('x"y'))))),
         keep_last=n.Num(1), until_visible=n.Num(50)))
     assert second == n.Rule(n.DropContextCalled(), n.Drop(n.Messages(n.Or((n.Requested(), n.ToolName("run"))))))
+    assert third == n.Rule(n.Every(n.Num(1), "tool_responses"), n.Drop(n.Messages(n.Superseded())))
     assert ast.reposition == n.RepositionGap(n.Num(100))
     assert parse(format_policy(ast)) == ast
 

@@ -56,7 +56,8 @@ def histories(draw: st.DrawFn, max_rounds: int = 14) -> list[Message]:
                 ids = draw(st.lists(st.integers(-2, len(history) + 6), max_size=4))
                 calls.append(call(f"c{r}_{k}", "drop_context", {"message_ids": ids}))
             else:
-                calls.append(call(f"c{r}_{k}", draw(st.sampled_from(["search", "open", "run"]))))
+                arguments = draw(st.sampled_from([None, {"q": 1}, {"q": 2}]))
+                calls.append(call(f"c{r}_{k}", draw(st.sampled_from(["search", "open", "run"])), arguments))
         assistant: Message = {"role": "assistant", "content": "a" * draw(st.integers(0, 20)) or None}
         if calls:
             assistant["tool_calls"] = calls

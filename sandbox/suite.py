@@ -102,8 +102,11 @@ class Agent(Protocol):
 class Suite(Protocol):
     name: str
 
-    def build(self, home: Path, seed: int = 0) -> None:
-        """Create the suite's data under `home` (idempotent; fast when already built)."""
+    def build(self, home: Path, seed: int = 0, edition: int | None = None) -> None:
+        """Create the suite's data under `home` (idempotent; fast when already built).
+
+        `edition` picks the design of the suite's generator; None keeps the edition already built
+        there with the same parameters, else builds the newest."""
 
     def version(self, home: Path) -> str:
         """A short stable id of the data built under `home` and its build parameters, e.g.

@@ -34,7 +34,9 @@ def _suite(name: str) -> Any:
 
 @tasks_app.command("build")
 def build(suite: Optional[str] = typer.Option(None, help="Suite to build (default: every suite)."),
-          seed: int = typer.Option(0, help="Seed of the generated tasks.")) -> None:
+          seed: int = typer.Option(0, help="Seed of the generated tasks."),
+          edition: Optional[int] = typer.Option(None, min=1, help="Edition of the suite's design (default: the "
+                                                "edition built there already, else the newest).")) -> None:
     """Create a suite's data under the data folder (idempotent)."""
     from akv_core.home import akv_home
     from sandbox.suites import SuiteLoadError, get_suite, suite_names
@@ -49,7 +51,7 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
             failed.append(name)
             continue
         try:
-            suite_obj.build(akv_home(), seed)
+            suite_obj.build(akv_home(), seed, **({"edition": edition} if edition is not None else {}))
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "

@@ -6,8 +6,12 @@ folder and reused from there (verified by sha256 either way).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from sandbox.isolation import Limits, containment, containments
 from sandbox.suite import ToolError
 from sandbox.suites import get_suite
 from sandbox.suites.localswe import LocalSWE
+from sandbox.suites.localswe.bugs import VALIDATION_VERSION
 from sandbox.suites.localswe.hosts import fetch, load_hosts
 
 HOSTILE_LIMITS = Limits(cpu_s=10, wall_s=4.0, memory_bytes=2 << 30, processes=32)
@@ -78,6 +83,56 @@ def test_a_second_build_reuses_the_first(suite: LocalSWE, tmp_path_factory) -> N
     again = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
     again.build(tmp_path_factory.getbasetemp() / "localswe-home", seed=0)
     assert [t.id for t in again.tasks("train")] == before
+
+
+def test_editions_are_a_build_parameter(suite: LocalSWE, tmp_path) -> None:
+    # Another data folder with the same archive and validated bugs: no test runs again.
+    for folder in ("archives", "bugs"):
+        shutil.copytree(suite._root() / folder, tmp_path / "localswe" / folder)
+    older = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
+    older.build(tmp_path, seed=0, edition=1)
+    manifest = json.loads((tmp_path / "localswe" / "manifest.json").read_text())
+    assert manifest["config"] == {"edition": 1, "seed": 0, "hosts": ["isodate-0.7.2"], "bugs_per_host": 3,
+                                  "max_tries": 12, "validation": VALIDATION_VERSION}
+    assert [t.id for t in older.tasks("train")] == [t.id for t in suite.tasks("train")]
+    assert {t.meta["edition"] for t in older.tasks("train")} == {1} and suite.edition == 2
+    again = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
+    again.build(tmp_path, seed=0)  # no edition asked: the one built stays
+    assert again.edition == 1
+    again.build(tmp_path, seed=0, edition=2)
+    assert again.edition == 2 and again.tasks("heldout")[0].meta["edition"] == 2
+    with pytest.raises(ValueError, match="unknown localswe edition 3: expected one of 1, 2"):
+        again.build(tmp_path, seed=0, edition=3)
+
+
+def test_tool_outputs_follow_the_edition(suite: LocalSWE, task) -> None:
+    selector = {"selector": task.meta["bug"]["fail_to_pass"][0]}
+    quiet, verbose = (suite.open(make_task_of(task, edition)) for edition in (1, 2))
+    try:
+        short, long = quiet.call_tool("run_tests", selector), verbose.call_tool("run_tests", selector)
+    finally:
+        quiet.close()
+        verbose.close()
+    assert " FAILED" not in short and f"{selector['selector']} FAILED" in long  # -v names every test
+    assert len(long) > 2 * len(short)  # long tracebacks show every frame's whole function
+    assert not re.search(r" in \d+\.\d+s", short + long)  # no run time: the same run reads the same
+
+
+def test_test_runs_share_nothing_of_the_machine(env) -> None:
+    # Each run gets its own temporary folder (one left by another command uid would refuse it),
+    # and tracebacks through Python's own files name them where Python keeps its library.
+    body = "import json\n\ndef test_tmp(tmp_path):\n    (tmp_path / 'x').write_text('x')\n\n" \
+           "def test_json():\n    json.loads('not json')\n"
+    env.call_tool("edit", {"path": "tests/test_machine.py", "old": "", "new": body})
+    for _ in range(2):
+        output = env.call_tool("run_tests", {"selector": "tests/test_machine.py"})
+        assert "1 failed, 1 passed" in output and "/usr/lib/python3.11/json/" in output
+    assert sys.base_prefix not in output and str(env.sandbox.root) not in output
+    assert ".pytest-tmp" not in env.call_tool("list_files", {})
+
+
+def make_task_of(task, edition: int):
+    return dataclasses.replace(task, meta={**task.meta, "edition": edition})
 
 
 def test_bad_names_get_clear_errors(suite: LocalSWE) -> None:

@@ -2,274 +2,235 @@
 
 It works like a methodical developer without insight:
 
-1. run the failing tests named in the issue (or the whole suite if the issue is not visible);
-2. localize: the library frames of the tracebacks (deepest first), then the rest of those
-   functions, then the library functions the failing test calls (found with grep);
-3. at each suspect line, try every single-line repair (`mutate.repairs_of_line`: flipped
-   operators and conditions, indices moved by one, arguments swapped): edit, rerun the
-   failing tests, keep the edit if they pass and the rest of their modules still pass,
-   undo it otherwise;
-4. submit when a repair holds or the attempt budget is spent.
+1. (edition 2) list the repository's files; run the failing tests' modules; read the test;
+   (edition 1) run the failing tests named in the issue;
+2. localize (`search.py`): the library frames of the tracebacks (deepest first), then the
+   rest of those functions, then the functions the failing test calls and theirs;
+3. at each suspect line, try every single-line repair (`mutate.repairs_of_line`): edit and
+   rerun the failing tests in one turn, then run their modules when they pass, and undo the
+   edit otherwise;
+4. submit when a repair holds, or give up when the search is done or its step budget spent.
 
-It decides from what is visible only (AgentView.visible): every fact it uses, a traceback
-or a file view, is read from a visible tool message, and a call is made again when the
-message holding its answer was dropped or summarized away. What it keeps to itself is its
-plan: where it has looked and what it has tried. It cannot repair a deleted statement
-(nothing on screen says what was there), so its score is a floor, not a measure of models.
+It keeps nothing between steps: each action is decided from the messages visible under the
+policy at that step (AgentView.visible) and the step number. Facts (test output, traceback
+frames, file lines, grep hits) come from visible tool results; what it has already done comes
+from the notes in its own visible messages (`notes.py`). When a fact it needs was dropped it
+makes the call again and pays for it; an attempt needs the failing output and the code in
+view together. It records the messages each step read in AgentAction.used (`recall.py`).
+It cannot repair a deleted statement (nothing on screen says what was there), so its score
+is a floor, not a measure of models.
 """
 from __future__ import annotations
 
 import json
 import re
 import shlex
-from typing import Any, Callable, Generator, Iterator
+from typing import Any
 
-from sandbox.suite import AgentAction, AgentView, Task
-from sandbox.suites.localswe.mutate import repairs_of_line
+from sandbox.suite import AgentAction, AgentView, Message, Task
+from sandbox.suites.localswe.notes import START, Cursor, Note
+from sandbox.suites.localswe.recall import Call, Recall, View
+from sandbox.suites.localswe.search import Attempt, Need, Search, tests_passed
 
-DEFAULT_MAX_ATTEMPTS = 24
-DEFAULT_MAX_CALLS = 90  # it submits before the harness's default budget of 100 steps runs out
-MAX_FUNCTION_LINES = 150
-CALLEE_DEPTH = 2  # the test's callees, then theirs
-_BRANCH = re.compile(r"^\s*(if|elif|while)\b|[<>=!]=|[<>]| (not )?in | is ")
-_FRAME = re.compile(r"^([\w./-]+\.py):(\d+): (?:in (\w+)|\w)", re.M)
-_PYTEST_TALLY = re.compile(r"\d+ (passed|failed|errors?)\b|no tests ran")
-_VIEW_LINE = re.compile(r"^ *(\d+)\t(.*)$", re.M)
-_CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
-_NOT_LIBRARY = {"assert", "print", "len", "str", "int", "float", "list", "dict", "set", "tuple", "isinstance",
-                "range", "sorted", "type", "repr", "getattr", "hasattr", "super", "raises", "parametrize",
-                "approx", "mark", "if", "for", "while", "return", "not", "and", "or", "in", "lambda", "def"}
-
-Call = tuple[str, dict[str, Any]]
-Script = Generator[Call | str, str | None, None]
-
-
-def is_test_path(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name.startswith("test_") or name == "conftest.py" or "/tests/" in f"/{path}" or "/test/" in f"/{path}"
-
-
-def tests_passed(output: str) -> bool:
-    """Whether a pytest run passed: something passed and nothing failed or errored."""
-    tail = output.strip().splitlines()[-1:] or [""]
-    return " passed" in tail[0] and not re.search(r"\d+ (failed|errors?)\b", tail[0])
+DEFAULT_MAX_CALLS = 90  # steps it may start work in; the harness's default budget is 100
+WIDTHS = ((0, 0), (1, 0), (1, 1), (2, 2))
+LOOP_CALLS = 2  # the same call for the same place made this often already: it gives up  # lines of context above and below an edited line
+_PROSE = {"orient": "Listing the repository's files.", "reproduce": "Running the failing tests.",
+          "read": "Reading the code.", "grep": "Searching for a definition."}
 
 
 class ScriptedRepairAgent:
-    """Agent protocol implementation; one instance per task run."""
+    """Agent protocol implementation; it holds no state between steps."""
 
     name = "scripted"
 
-    def __init__(self, task: Task, max_attempts: int = DEFAULT_MAX_ATTEMPTS, max_calls: int = DEFAULT_MAX_CALLS):
-        self.task, self.max_attempts, self.max_calls = task, max_attempts, max_calls
-        self._script = self._plan()
-        self._view: AgentView | None = None
-        self._pending: str | None = None
-        self._calls: dict[str, Call] = {}
-        self._state = 0  # 0: files as given; k: attempt k's edit is in place
-        self._state_of: dict[str, int] = {}  # call id -> the state the call saw
-        self._applied = 0
-        self._started = False
-
-    # -- the Agent protocol --------------------------------------------------------------
+    def __init__(self, task: Task, edition: int = 1, max_calls: int = DEFAULT_MAX_CALLS) -> None:
+        self.task, self.edition, self.max_calls = task, edition, max_calls
 
     def act(self, view: AgentView) -> AgentAction:
-        self._view = view
-        try:
-            if not self._started:
-                self._started, request = True, next(self._script)
-            else:
-                request = self._script.send(self._result_of(self._pending))
-        except StopIteration:  # asked again after its final answer: it has nothing to add
-            request = "Submitted."
-        if isinstance(request, str):
-            return AgentAction({"role": "assistant", "content": request}, final_answer=request)
-        name, args = request
-        call_id = f"call_{view.step}_{len(self._calls)}"
-        self._calls[call_id] = request
-        self._state_of[call_id] = self._state
-        self._pending = call_id
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+        recall = Recall(view)
+        action = _Step(self, recall).decide()
+        return AgentAction(action.message, action.final_answer, action.gave_up, tuple(sorted(recall.used)))
+
+
+class _Step:
+    """One decision, from what `recall` shows."""
+
+    def __init__(self, agent: ScriptedRepairAgent, recall: Recall) -> None:
+        self.agent, self.recall = agent, recall
+        issue = recall.issue()
+        self.failing = re.findall(r"^- (\S+::\S.*)$", issue, re.M)
+        self.modules = sorted({t.split("::")[0] for t in self.failing})
+        listed = re.search(r"^Other tests in (.+) pass and must keep passing\.$", issue, re.M)
+        self.verify_modules = sorted(set(self.modules) | set(listed[1].split(", ") if listed else ()))
+        self.check_args = {"selector": shlex.join(self.failing[:3])}
+        self.reproduce_args = {"selector": shlex.join(self.modules)} if agent.edition >= 2 else self.check_args
+        self.search = Search(recall, self.reproduce_args)
+
+    def decide(self) -> AgentAction:
+        index, latest = self.recall.latest()
+        if latest.get("role") != "tool":
+            if self.recall.step == 0:
+                return self.explore(START)
+            return self.give_up("I can no longer see what my last call answered")
+        call = self.recall.call_answered_by(index)
+        if (latest.get("content") or "").startswith("Submitted."):
+            return self.final(call)
+        if call is None or call.note is None:
+            return self.give_up("I have lost track of my work")
+        kind = call.note.kind
+        if kind == "attempt":
+            return self.after_attempt(call)
+        if kind == "verify":
+            return self.after_verify(call)
+        if kind == "undo":
+            return self.after_undo(call)
+        return self.explore(self._cursor())
+
+    # -- searching -----------------------------------------------------------------------------
+
+    def _cursor(self) -> Cursor:
+        note = self.recall.latest_note(lambda n: n.cursor is not None and bool(n.cursor.node))
+        return note.cursor if note is not None else START
+
+    def explore(self, cursor: Cursor) -> AgentAction:
+        if self.recall.step + 3 > self.agent.max_calls:
+            return self.give_up("my step budget is spent")
+        if cursor == START and self.agent.edition >= 2:
+            if not self.recall.some_note(lambda n: n.kind == "orient"):
+                return self.call(Note("orient"), "list_files", {})
+            need = self.search.opening()
+            if need is not None:
+                return self.fetch(need)
+        found = self.search.advance(cursor)
+        if isinstance(found, Attempt):  # width 0: the line alone, which the view always shows
+            edit = _edit(found.view, found.cursor.site, found.repair.before, found.repair.after, 0)
+            return self.attempt(found.cursor, found.n, 0, edit)
+        if isinstance(found, Need):
+            return self.fetch(found)
+        return self.give_up("no repair found")
+
+    def fetch(self, need: Need) -> AgentAction:
+        """Make the call for a fact, unless it made it twice from the same place already (a loop:
+        what it needs never stays in view together)."""
+        def same(c: Call) -> bool:
+            return c.same(need.name, need.args) and c.note is not None and c.note.kind == need.note.kind \
+                and (c.note.cursor or START) == need.note.cursor
+
+        if self.recall.count_calls(same, at_least=LOOP_CALLS):
+            return self.give_up("I keep losing sight of what I need")
+        return self.call(need.note, need.name, need.args)
+
+    # -- an attempt: edit and rerun the failing tests in one turn, then verify or undo ---------
+
+    def attempt(self, cursor: Cursor, n: int, width: int, edit: dict[str, str]) -> AgentAction:
+        path, line = cursor.site
+        prose = f"Trying repair {cursor.k} of {n} at {path}:{line} and rerunning the failing tests."
+        return self.message(Note("attempt", cursor, n=n, width=width).line(prose),
+                            [("edit", edit), ("run_tests", self.check_args)])
+
+    def after_attempt(self, call: Call) -> AgentAction:
+        edit = self.recall.latest_call(lambda c: c.index == call.index and c.name == "edit")
+        if edit is None:
+            return self.give_up("I cannot see whether my edit went in")
+        if not (edit.result or "").startswith("Edited "):
+            return self.widen(edit)
+        if tests_passed(call.result or ""):
+            return self.call(Note("verify", call.note.cursor), "run_tests",
+                             {"selector": shlex.join(self.verify_modules)},
+                             "The failing tests pass; running their modules.")
+        return self.undo(edit)
+
+    def widen(self, edit: Call) -> AgentAction:
+        """The edit's old text was not unique: the same repair with more context, when a view shows it."""
+        note = edit.note
+        width = (note.width or 0) + 1
+        before, after = _edited_line(edit.args, note.width or 0)
+        view = self._context(note.cursor.site)
+        change = _edit(view, note.cursor.site, before, after, width) if view and width < len(WIDTHS) else None
+        if change is None:
+            return self.explore(note.cursor)  # the repair counts as tried
+        return self.attempt(note.cursor, note.n or 0, width, change)
+
+    def undo(self, edit: Call) -> AgentAction:
+        args = {"path": edit.args["path"], "old": edit.args["new"], "new": edit.args["old"]}
+        return self.call(Note("undo", edit.note.cursor, width=edit.note.width), "edit", args,
+                         "The repair does not hold; undoing it.")
+
+    def after_verify(self, call: Call) -> AgentAction:
+        if tests_passed(call.result or ""):
+            return self.submit_fixed(call.note.cursor)
+        edit = self._attempt_edit()
+        return self.undo(edit) if edit is not None else self.give_up("I can no longer see the edit to undo")
+
+    def after_undo(self, call: Call) -> AgentAction:
+        if (call.result or "").startswith("Edited "):
+            return self.explore(call.note.cursor)
+        edit = self._attempt_edit()
+        width = (call.note.width or 0) + 1
+        view = self._context(call.note.cursor.site)
+        if edit is None or view is None or width >= len(WIDTHS):
+            return self.give_up("my undo did not apply")
+        before, after = _edited_line(edit.args, edit.note.width or 0)
+        change = _edit(view, call.note.cursor.site, after, before, width)
+        if change is None:
+            return self.give_up("my undo did not apply")
+        return self.call(Note("undo", call.note.cursor, width=width), "edit", change,
+                         "The repair does not hold; undoing it.")
+
+    def _attempt_edit(self) -> Call | None:
+        return self.recall.latest_call(lambda c: c.name == "edit" and c.note is not None
+                                       and c.note.kind == "attempt", answered=False)
+
+    def _context(self, site: tuple[str, int]) -> View | None:
+        above, below = WIDTHS[-1]
+        return self.recall.file_view(site[0], max(1, site[1] - above), site[1] + below)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def submit_fixed(self, cursor: Cursor) -> AgentAction:
+        path, line = cursor.site
+        return self.message(Note("submit", word="fixed").line(f"Fixed {path} line {line}; the failing tests pass."),
+                            [("submit", {})])
+
+    def give_up(self, reason: str) -> AgentAction:
+        prose = f"Giving up: {reason}; submitted." if reason != "no repair found" else "No repair found; submitted."
+        return self.message(Note("submit", word="gave_up").line(prose), [("submit", {})])
+
+    def final(self, call: Call | None) -> AgentAction:
+        if call is None or call.note is None:
+            answer, gave_up = "Submitted.", True
+        else:
+            answer = (self.recall.view.messages[call.index].get("content") or "").rsplit(" [", 1)[0]
+            gave_up = call.note.word != "fixed"
+        return AgentAction({"role": "assistant", "content": answer}, final_answer=answer, gave_up=gave_up)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def call(self, note: Note, name: str, args: dict[str, Any], prose: str | None = None) -> AgentAction:
+        return self.message(note.line(prose or _PROSE.get(note.kind, "Reading the code.")), [(name, args)])
+
+    def message(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> AgentAction:
+        step = self.recall.step
+        message: Message = {"role": "assistant", "content": content, "tool_calls": [
+            {"id": f"call_{step}_{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            for n, (name, args) in enumerate(calls)]}
         return AgentAction(message)
 
-    # -- reading the visible history ---------------------------------------------------------
 
-    def _visible_tool_messages(self) -> Iterator[tuple[str, str]]:
-        for message, visible in zip(self._view.messages, self._view.visible):
-            if visible and message.get("role") == "tool" and isinstance(message.get("content"), str):
-                yield message.get("tool_call_id", ""), message["content"]
-
-    def _result_of(self, call_id: str | None) -> str | None:
-        return next((text for cid, text in self._visible_tool_messages() if cid == call_id), None)
-
-    def _recall(self, call: Call) -> str | None:
-        """A visible answer to the same call made while the files were as they are now."""
-        for cid, text in reversed(list(self._visible_tool_messages())):
-            if self._calls.get(cid) == call and self._state_of.get(cid) == self._state:
-                return text
+def _edit(view: View, site: tuple[str, int], before: str, after: str, width: int) -> dict[str, str] | None:
+    """An edit of line `site` from `before` to `after` with `width`'s context lines from the view."""
+    path, line = site
+    above, below = WIDTHS[width]
+    numbers = range(line - above, line + below + 1)
+    if any(n not in view.lines for n in numbers):
         return None
-
-    def _visible_issue(self) -> str | None:
-        for message, visible in zip(self._view.messages, self._view.visible):
-            if visible and message.get("role") == "user" and isinstance(message.get("content"), str):
-                return message["content"]
-        return None
-
-    # -- the plan ------------------------------------------------------------------------
-
-    def _ask(self, name: str, args: dict[str, Any], fresh: bool = False,
-             valid: Callable[[str], bool] = lambda text: True) -> Script:
-        """The answer to a tool call: recalled when visible and still valid, else (re)made.
-
-        `valid` rejects an answer that is visible but no longer says what the tool said (a
-        text-mode policy may have replaced it with a summary or a placeholder).
-        """
-        call = (name, args)
-        for _ in range(3):
-            known = None if fresh else self._recall(call)
-            if known is not None and valid(known):
-                return known
-            if len(self._calls) + 2 > self.max_calls:  # keep the last calls for undo and submit
-                return ""
-            answer = yield call
-            if answer is not None and valid(answer):
-                return answer
-        return ""
-
-    def _plan(self) -> Script:
-        failing = _failing_ids(self._visible_issue() or "")
-        first = yield from self._ask("run_tests", {"selector": shlex.join(failing[:3])}, fresh=True,
-                                     valid=lambda text: bool(_PYTEST_TALLY.search(text)))
-        failing = failing or re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", first, re.M)
-        frames = [(p, int(n), fn or "") for p, n, fn in _FRAME.findall(first)]
-        library = [f for f in reversed(frames) if not is_test_path(f[0])]  # deepest first
-        tests = [f for f in frames if is_test_path(f[0]) and f[2]]
-        stages = [("frames", [(p, n) for p, n, _ in library]), ("functions", library), ("callees", tests)]
-        tried: set[tuple[str, int]] = set()
-        attempts = 0
-        for stage, items in stages:
-            for item in items:
-                suspects = [item] if stage == "frames" else (yield from self._stage_lines(stage, item))
-                for path, line in suspects:
-                    if (path, line) in tried or self._spent(attempts):
-                        continue
-                    tried.add((path, line))
-                    window = yield from self._window(path, line)
-                    for repair in repairs_of_line(window.get(line, ""), path, line) if line in window else []:
-                        if self._spent(attempts):
-                            break
-                        attempts += 1
-                        if (yield from self._attempt(path, line, repair.before, repair.after, window, failing)):
-                            yield ("submit", {})  # its answer changes nothing: no need to see it
-                            yield f"Fixed {path} line {line}; the failing tests pass."
-                            return
-        yield ("submit", {})  # its answer changes nothing: no need to see it
-        yield f"No repair found in {attempts} attempts; submitted."
-
-    def _spent(self, attempts: int) -> bool:
-        # An attempt takes up to four calls (edit, two test runs, undo) and submit one more.
-        return attempts >= self.max_attempts or len(self._calls) + 5 > self.max_calls
-
-    def _stage_lines(self, stage: str, frame: tuple[str, int, str]) -> Script:
-        if stage == "functions":
-            body = yield from self._function_lines(*frame)
-            return [(frame[0], n) for n in body]
-        return (yield from self._callee_lines(*frame))
-
-    # The helpers below are generators: they yield tool calls and return what they found.
-
-    def _function_lines(self, path: str, line: int, function: str) -> Script:
-        """The body of `function` (the definition at or above `line`), branch lines first."""
-        hits = yield from self._ask("grep", {"pattern": rf"def {function}\(", "path": path})
-        starts = [int(n) for n in re.findall(r"^(?:[\w./-]+:)?(\d+):", hits, re.M) if int(n) <= line]
-        if not starts:
-            return []
-        window = yield from self._window(path, max(starts), before=0, after=MAX_FUNCTION_LINES)
-        body = _block(window, max(starts)) if max(starts) in window else []
-        return sorted(body, key=lambda n: (n != line, not _BRANCH.search(window[n]), abs(n - line)))
-
-    def _callee_lines(self, path: str, line: int, test: str) -> Script:
-        """Lines of the library functions the test calls, and of the library functions they call."""
-        window = yield from self._window(path, line, before=60, after=2)
-        start = max((n for n, t in window.items() if n <= line and re.match(rf"\s*def {test}\b", t)), default=line)
-        names = _called_names(window.get(n, "") for n in range(start, line + 1))
-        lines, seen = [], set()
-        for depth in range(CALLEE_DEPTH):
-            next_names = []
-            for name in names:
-                if name in seen:
-                    continue
-                seen.add(name)
-                hits = yield from self._ask("grep", {"pattern": rf"def {name}\("})
-                for hit_path, hit_line in re.findall(r"^([\w./-]+\.py):(\d+):", hits, re.M):
-                    if not is_test_path(hit_path):
-                        body = yield from self._function_lines(hit_path, int(hit_line), name)
-                        lines += [(hit_path, n) for n in body]
-                        view = yield from self._window(hit_path, int(hit_line), before=0, after=MAX_FUNCTION_LINES)
-                        next_names += _called_names(view.get(n, "") for n in body)
-            names = next_names
-        return lines
-
-    def _window(self, path: str, line: int, before: int = 12, after: int = 12) -> Script:
-        """Lines around `line` as {number: text}, from a visible view or a new read_file."""
-        view = yield from self._ask("read_file", {"path": path, "start": max(1, line - before), "end": line + after},
-                                    valid=lambda text: bool(_VIEW_LINE.search(text)))
-        return {int(n): text for n, text in _VIEW_LINE.findall(view)}
-
-    def _attempt(self, path: str, line: int, before: str, after: str, window: dict[int, str],
-                 failing: list[str]) -> Script:
-        if not (yield from self._replace(path, line, before, after, window)):
-            return False
-        self._applied += 1
-        self._state = self._applied
-        quick = yield from self._ask("run_tests", {"selector": shlex.join(failing[:3])}, fresh=True)
-        if tests_passed(quick):
-            modules = sorted({t.split("::")[0] for t in failing})
-            full = yield from self._ask("run_tests", {"selector": shlex.join(modules)}, fresh=True)
-            if tests_passed(full):
-                return True
-        if (yield from self._replace(path, line, after, before, {**window, line: after})):
-            self._state = 0
-        return False
-
-    def _replace(self, path: str, line: int, before: str, after: str, window: dict[int, str]) -> Script:
-        """Edit one line, widening the context until the old text is unique; False if it never is."""
-        for above, below in ((0, 0), (1, 0), (1, 1), (2, 2)):
-            numbers = range(line - above, line + below + 1)
-            if any(n not in window for n in numbers):
-                continue
-            old = "\n".join(before if n == line else window[n] for n in numbers)
-            new = "\n".join(after if n == line else window[n] for n in numbers)
-            answer = yield from self._ask("edit", {"path": path, "old": old, "new": new}, fresh=True)
-            if answer.startswith("Edited "):
-                return True
-        return False
+    old = "\n".join(before if n == line else view.lines[n] for n in numbers)
+    new = "\n".join(after if n == line else view.lines[n] for n in numbers)
+    return {"path": path, "old": old, "new": new}
 
 
-def _failing_ids(issue: str) -> list[str]:
-    return re.findall(r"^- (\S+::\S.*)$", issue, re.M)
-
-
-def _called_names(lines: Iterator[str]) -> list[str]:
-    names: list[str] = []
-    for text in lines:
-        for name in _CALLED.findall(text):
-            if name not in _NOT_LIBRARY and not name.startswith("test") and name not in names:
-                names.append(name)
-    return names
-
-
-def _block(window: dict[int, str], start: int) -> list[int]:
-    """Line numbers of the body of the block whose header is at `start` (by indentation)."""
-    indent = len(window[start]) - len(window[start].lstrip())
-    body = []
-    for n in range(start + 1, max(window) + 1):
-        text = window.get(n)
-        if text is None:
-            break
-        if text.strip() and len(text) - len(text.lstrip()) <= indent:
-            break
-        if text.strip() and not text.strip().startswith("#"):
-            body.append(n)
-    return body
+def _edited_line(args: dict[str, Any], width: int) -> tuple[str, str]:
+    """The edited line's text before and after, out of an edit made with `width`'s context."""
+    above = WIDTHS[width][0]
+    return args["old"].split("\n")[above], args["new"].split("\n")[above]

@@ -7,8 +7,8 @@ that pass before and after. "Relevant" modules are the test files that mention t
 module or a name it defines (so validation runs a fraction of the suite); a module no test
 file mentions falls back to the whole suite.
 
-Validation runs tests, so it is the slow part of a build: results are cached per host and
-seed in the data folder and reused by later builds.
+Validation runs tests, so it is the slow part of a build: verdicts are cached per host, seed
+and candidate in the data folder and reused by later builds of any size.
 """
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ from sandbox.suites.localswe.testrun import run_pytest
 
 # CPU time, not wall time, ends a runaway candidate: on a loaded machine a wall limit would
 # reject a slow but good bug in one build and keep it in the next.
-VALIDATION_LIMITS = Limits(cpu_s=120, wall_s=900)
+VALIDATION_LIMITS = Limits(cpu_s=120, wall_s=900, output_bytes=4 << 20)  # the -rA summary is at the end
+# Bumped whenever how a candidate is judged changes (the test runs' setup included): cached
+# verdicts of another version are not reused. 2: each run's own pytest temporary folder.
+VALIDATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -52,25 +55,63 @@ class Bug:
 
 
 def validated_bugs(host: Host, tree: Path, cache: Path, seed: int, count: int, max_tries: int) -> list[Bug]:
-    """`count` validated bugs of `host` (fewer if `max_tries` candidates run out), cached."""
-    cached = cache / f"{host.key}-seed{seed}-n{count}-t{max_tries}.json"
-    if cached.exists():
-        return [Bug.from_json(b) for b in json.loads(cached.read_text())]
-    with Sandbox.copy_of(tree, VALIDATION_LIMITS) as sandbox:
-        baseline = run_pytest(sandbox, host, list(host.tests))
-        if not baseline.usable or not baseline.passed():
-            raise BuildError(f"{host.key}: its own test suite does not pass ({baseline.result.summary()})")
-        modules = _test_modules(host, tree)
-        bugs: list[Bug] = []
-        for mutation in candidate_bugs(host, tree, seed)[:max_tries]:
-            bug = _validate(sandbox, host, mutation, modules, baseline.passed())
-            if bug is not None:
-                bugs.append(bug)
+    """The first `count` bugs among the first `max_tries` candidates of `host` (fewer if they run out).
+
+    Verdicts are cached per candidate, in candidate order, so builds of any size for a seed
+    share the work and a rebuild validates nothing it has validated before.
+    """
+    candidates = candidate_bugs(host, tree, seed)[:max_tries]
+    path = cache / f"{host.key}-seed{seed}-v{VALIDATION_VERSION}.json"
+    verdicts = _cached_verdicts(path, candidates)
+    bugs: list[Bug] = []
+    with _Validator(host, tree) as validator:
+        for index, mutation in enumerate(candidates):
             if len(bugs) == count:
                 break
+            if index == len(verdicts):
+                verdicts.append(validator.check(mutation))
+            if verdicts[index] is not None:
+                bugs.append(verdicts[index])
     cache.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps([b.to_json() for b in bugs], indent=1))
+    entries = [{"mutation": asdict(m), "bug": v.to_json() if v else None} for m, v in zip(candidates, verdicts)]
+    path.write_text(json.dumps(entries, indent=1))
     return bugs
+
+
+def _cached_verdicts(path: Path, candidates: list[Mutation]) -> list[Bug | None]:
+    """The cached verdicts that still belong to these candidates, in order."""
+    if not path.exists():
+        return []
+    verdicts: list[Bug | None] = []
+    for entry, mutation in zip(json.loads(path.read_text()), candidates):
+        if Mutation(**entry["mutation"]) != mutation:
+            break
+        verdicts.append(Bug.from_json(entry["bug"]) if entry["bug"] else None)
+    return verdicts
+
+
+class _Validator:
+    """A sandboxed copy of the tree and the baseline run, made on the first candidate that needs them."""
+
+    def __init__(self, host: Host, tree: Path) -> None:
+        self.host, self.tree = host, tree
+        self.sandbox: Sandbox | None = None
+
+    def __enter__(self) -> "_Validator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+    def check(self, mutation: Mutation) -> Bug | None:
+        if self.sandbox is None:
+            self.sandbox = Sandbox.copy_of(self.tree, VALIDATION_LIMITS)
+            baseline = run_pytest(self.sandbox, self.host, list(self.host.tests))
+            if not baseline.usable or not baseline.passed():
+                raise BuildError(f"{self.host.key}: its own test suite does not pass ({baseline.result.summary()})")
+            self.modules, self.passed_before = _test_modules(self.host, self.tree), baseline.passed()
+        return _validate(self.sandbox, self.host, mutation, self.modules, self.passed_before)
 
 
 def validate(host: Host, tree: Path, mutation: Mutation) -> Bug | None:

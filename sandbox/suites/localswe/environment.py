@@ -8,7 +8,11 @@ task is resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test 
 """
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -16,15 +20,21 @@ from sandbox.isolation import Limits, PathEscape, Sandbox
 from sandbox.suite import Grade, Task, ToolError
 from sandbox.suites.localswe.bugs import Bug
 from sandbox.suites.localswe.hosts import Host
-from sandbox.suites.localswe.testrun import run_pytest
+from sandbox.suites.localswe.testrun import TEMP_FOLDER, run_pytest
 
-TOOL_LIMITS = Limits(cpu_s=60, wall_s=120)
+# Output kept up to 4 MiB, so that a long test log still ends with its tally when run_tests
+# cuts it to its head and tail.
+TOOL_LIMITS = Limits(cpu_s=60, wall_s=120, output_bytes=4 << 20)
+# How run_tests reports, per edition: edition 1 pytest's quiet dots and short tracebacks;
+# edition 2 one line per test and long tracebacks (every frame's whole function), the long,
+# mostly irrelevant logs of a real session.
+TEST_REPORTS = {1: {"traceback": "short", "verbose": False}, 2: {"traceback": "long", "verbose": True}}
 MAX_VIEW_LINES = 400
 MAX_GREP_LINES = 200
 MAX_LISTED_FILES = 1000
 MAX_TEST_OUTPUT = 24_000  # characters kept from a test run: the head and the tail
 MAX_EDIT_BYTES = 1 << 20
-_HIDDEN = {"__pycache__", ".git", ".tox", ".venv", ".pytest_cache"}
+_HIDDEN = {"__pycache__", ".git", ".tox", ".venv", ".pytest_cache", TEMP_FOLDER}
 
 
 def _params(required: dict[str, str], optional: dict[str, str] | None = None) -> dict[str, Any]:
@@ -54,8 +64,9 @@ TOOLS = (
 class RepairEnv:
     """The TaskEnv of one localswe task run."""
 
-    def __init__(self, task: Task, host: Host, tree: Path, limits: Limits = TOOL_LIMITS):
+    def __init__(self, task: Task, host: Host, tree: Path, limits: Limits = TOOL_LIMITS, edition: int = 1):
         self.task, self.host, self.tree = task, host, tree
+        self.report = TEST_REPORTS[edition]
         self.bug = Bug.from_json(task.meta["bug"])
         self.sandbox = Sandbox.copy_of(tree, limits)
         mutation = self.bug.mutation
@@ -131,7 +142,8 @@ class RepairEnv:
     def grep(self, pattern: str, path: str = ".") -> str:
         target = "." if path in ("", ".") else self.sandbox.resolve(path).relative_to(self.sandbox.root).as_posix()
         # GNU grep runs in the sandbox: no regular expression can stall the harness.
-        result = self.sandbox.run(["grep", "-rnIE", "--exclude-dir=__pycache__", "-e", pattern, "--", target],
+        result = self.sandbox.run(["grep", "-rnIE", "--exclude-dir=__pycache__", f"--exclude-dir={TEMP_FOLDER}",
+                                   "-e", pattern, "--", target],
                                   wall_s=30)
         if result.returncode == 1:
             return f"no matches for {pattern!r}"
@@ -150,10 +162,16 @@ class RepairEnv:
             if item.startswith("-"):
                 raise ToolError(f"run_tests: {item!r} is an option; give test files or test ids only")
             self.sandbox.resolve(item.split("::")[0])
-        run = run_pytest(self.sandbox, self.host, selectors or list(self.host.tests), report="fE")
-        output = _cut(run.result.output, MAX_TEST_OUTPUT)
+        key = (self.host.key, tuple(selectors), tuple(sorted(self.report.items())), _tree_digest(self.sandbox.root))
+        known = _TEST_OUTPUTS.get(key)
+        if known is not None:
+            return known
+        run = run_pytest(self.sandbox, self.host, selectors or list(self.host.tests), report="fE", **self.report)
+        output = _cut(_without_timing(run.result.output), MAX_TEST_OUTPUT)
         if run.result.timed_out or run.result.signal_name:
             raise ToolError(f"run_tests: the test run was {run.result.summary()}\n{output}")
+        if _tree_digest(self.sandbox.root) == key[-1]:  # a run that changed the tree is not replayable
+            _TEST_OUTPUTS.put(key, output)
         return output
 
     def edit(self, path: str, old: str, new: str) -> str:
@@ -197,6 +215,49 @@ def _check_arguments(name: str, spec: Mapping[str, Any], arguments: Mapping[str,
         ok = isinstance(value, str) if kind == "string" else (isinstance(value, int) and not isinstance(value, bool))
         if not ok and not (value is None and param not in spec["required"]):
             raise ToolError(f"{name}: argument {param!r} must be a{'n' if kind == 'integer' else ''} {kind}")
+
+
+class _Outputs:
+    """Test outputs by what determines them: the host, the selection, the report and the tree.
+
+    Tests are deterministic on a given tree (hash seed fixed, ASLR off, timings removed), so a
+    run on a tree seen before answers from here: another policy's run of the same task, or
+    the same agent re-running the failing tests after an undo, costs no test run.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.items = capacity, OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> str | None:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+            return self.items.get(key)
+
+    def put(self, key: tuple, output: str) -> None:
+        with self.lock:
+            self.items[key] = output
+            while len(self.items) > self.capacity:
+                self.items.popitem(last=False)
+
+
+_TEST_OUTPUTS = _Outputs(capacity=2048)
+_TIMING = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= =| *$)", re.M)
+
+
+def _without_timing(output: str) -> str:
+    """pytest's report without its run time (`3 passed in 0.14s` -> `3 passed`): the same run reads the same."""
+    return _TIMING.sub("", output)
+
+
+def _tree_digest(root: Path) -> str:
+    """A digest of every file's path and bytes under `root`."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not _HIDDEN & set(p.relative_to(root).parts)):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _cut(text: str, limit: int) -> str:

@@ -57,7 +57,7 @@ def split_of(hosts: Sequence[Host], bugs: dict[str, list[Bug]], seed: int) -> di
     return split
 
 
-def make_task(host: Host, bug: Bug, split: str) -> Task:
+def make_task(host: Host, bug: Bug, split: str, edition: int = 1) -> Task:
     return Task(id=f"localswe/{bug.id}", suite="localswe", split=split, system=SYSTEM,
                 prompt=issue_text(host, bug), tools=TOOLS,
-                meta={"host": host.key, "bug": bug.to_json()})
+                meta={"host": host.key, "bug": bug.to_json(), "edition": edition})

@@ -7,6 +7,7 @@ outcomes: every test it should have run counts as not passing.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -40,13 +41,22 @@ class TestRun:
         return {t for t, o in self.outcomes.items() if o in ("FAILED", "ERROR")}
 
 
-def pytest_argv(selectors: Sequence[str], report: str = "A", traceback: str = "short") -> list[str]:
+TEMP_FOLDER = ".pytest-tmp"  # in the repository copy: tmp_path and friends of each run, made afresh
+# Our interpreter's library folders (the checkout's virtual environment, the base install) as
+# tracebacks show them, and the one conventional place they are shown at instead.
+_PYTHON_LIB = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/"
+_PYTHON_PATHS = sorted({f"{p}/{_PYTHON_LIB}" for p in (sys.prefix, sys.base_prefix)}, key=len, reverse=True)
+
+
+def pytest_argv(selectors: Sequence[str], report: str = "A", traceback: str = "short",
+                verbose: bool = False) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"-r{report}", f"--tb={traceback}",
-            "-q", "-o", "console_output_style=classic", *selectors]
+            "-v" if verbose else "-q", "-o", "console_output_style=classic", f"--basetemp={TEMP_FOLDER}/run",
+            *selectors]
 
 
 def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: float | None = None,
-               report: str = "A", traceback: str = "short") -> TestRun:
+               report: str = "A", traceback: str = "short", verbose: bool = False) -> TestRun:
     """Run pytest on `selectors` (test files or ids) in the sandbox's copy of `host`."""
     env = {
         "PYTHONPATH": str(sandbox.root / host.pythonpath),
@@ -58,10 +68,20 @@ def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: f
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "COLUMNS": "160",  # wide enough that summary messages are not cut to "..."
     }
-    result = sandbox.run(pytest_argv(selectors, report, traceback), env=env, wall_s=wall_s)
-    # Paths relative to the repository: the temporary folder's name would make every run's
-    # output (and an issue's text) different.
-    result = replace(result, output=result.output.replace(f"{sandbox.root}/", ""))
+    # pytest's own temporary root (/tmp/pytest-of-USER) belongs to whichever command uid made
+    # it first and refuses every later one: each run gets a fresh one inside the copy instead.
+    temp = sandbox.root / TEMP_FOLDER
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir()
+    temp.chmod(0o2775)  # the sandbox's group writes here, whichever uid runs the command
+    result = sandbox.run(pytest_argv(selectors, report, traceback, verbose), env=env, wall_s=wall_s)
+    # Paths relative to the repository, and our interpreter's files by their place in it: the
+    # temporary folder's and the checkout's names would make outputs (and issue texts) differ.
+    output = result.output.replace(f"{sandbox.root}/", "").replace(str(sandbox.root), ".")
+    output = output.replace(sys.executable, f"/usr/bin/python{sys.version_info[0]}")
+    for prefix in _PYTHON_PATHS:
+        output = output.replace(prefix, f"/usr/{_PYTHON_LIB}")
+    result = replace(result, output=output)
     outcomes, messages = {}, {}
     for line in result.output.splitlines():
         match = _SUMMARY.match(line)

@@ -33,8 +33,8 @@ from sandbox.suites.localswe.recall import Call, Recall, View
 from sandbox.suites.localswe.search import Attempt, Need, Search, tests_passed
 
 DEFAULT_MAX_CALLS = 90  # steps it may start work in; the harness's default budget is 100
-WIDTHS = ((0, 0), (1, 0), (1, 1), (2, 2))
-LOOP_CALLS = 2  # the same call for the same place made this often already: it gives up  # lines of context above and below an edited line
+WIDTHS = ((0, 0), (1, 0), (1, 1), (2, 2))  # lines of context above and below an edited line
+LOOP_CALLS = 2  # the same call for the same place made this often already: it gives up
 _PROSE = {"orient": "Listing the repository's files.", "reproduce": "Running the failing tests.",
           "read": "Reading the code.", "grep": "Searching for a definition."}
 

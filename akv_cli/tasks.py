@@ -35,12 +35,17 @@ def _suite(name: str) -> Any:
 @tasks_app.command("build")
 def build(suite: Optional[str] = typer.Option(None, help="Suite to build (default: every suite)."),
           seed: int = typer.Option(0, help="Seed of the generated tasks."),
-          edition: Optional[int] = typer.Option(None, min=1, help="Edition of the suite's design (default: the "
-                                                "edition built there already, else the newest).")) -> None:
+          edition: Optional[int] = typer.Option(
+              None, min=1, help="Generator edition (needs --suite); default: the edition already built, else the "
+                                "newest.")) -> None:
     """Create a suite's data under the data folder (idempotent)."""
+    import inspect
+
     from akv_core.home import akv_home
     from sandbox.suites import SuiteLoadError, get_suite, suite_names
 
+    if edition is not None and not suite:
+        fail("--edition needs --suite: editions are per suite")
     failed = []
     for name in [suite] if suite else suite_names():
         started = time.perf_counter()
@@ -50,8 +55,11 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
             typer.echo(f"error: {err}", err=True)
             failed.append(name)
             continue
+        options = {} if edition is None else {"edition": edition}
+        if options and "edition" not in inspect.signature(suite_obj.build).parameters:
+            fail(f"{name} has a single edition: drop --edition")
         try:
-            suite_obj.build(akv_home(), seed, **({"edition": edition} if edition is not None else {}))
+            suite_obj.build(akv_home(), seed, **options)
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             fail(f"{name}: {err}")
         typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "

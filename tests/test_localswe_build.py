@@ -53,3 +53,17 @@ def test_candidates_are_a_function_of_the_seed(tmp_path_factory) -> None:
     assert len({(m.path, m.line) for m in first}) == len(first)  # one bug per line
     assert {m.kind for m in first[:5]} == {"flip_operator", "invert_condition", "off_by_one",
                                            "remove_statement", "swap_arguments"}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--edition", "2"], "--edition needs --suite: editions are per suite"),
+    (["--suite", "localcomp", "--edition", "2"], "localcomp has a single edition: drop --edition"),
+])
+def test_tasks_build_edition_errors_name_what_was_expected(tmp_path, args: list[str], expected: str) -> None:
+    from typer.testing import CliRunner
+
+    from akv_cli.main import app
+
+    result = CliRunner().invoke(app, ["tasks", "build", *args], env={"AKV_HOME": str(tmp_path)})
+    assert result.exit_code == 2 and expected in result.output
+    assert not any(tmp_path.iterdir())  # nothing was built

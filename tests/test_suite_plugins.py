@@ -78,7 +78,7 @@ def test_suites_list_shows_sources_and_a_broken_plugin_beside_the_others(install
     rows = {r["name"]: r for r in json.loads(result.stdout)["suites"]}
     assert rows["ledger"] == {"name": "ledger", "target": "akv_ledger_suite:LedgerSuite",
                               "distribution": f"{PACKAGE} 0.1.0", "error": None}
-    assert rows["localcomp"]["error"] is None and rows["localcomp"]["distribution"].startswith("akv ")
+    assert rows["localcomp"]["error"] is None and rows["localcomp"]["distribution"].startswith("akv-agents ")
     broken = rows["ledger-broken"]["error"]
     assert "'ledger-broken'" in broken and "ModuleNotFoundError" in broken and "akv_ledger_suite_missing" in broken
     table = akv(installed, "tasks", "list", "--suites")

@@ -4,7 +4,7 @@
 (about 100K of them), which costs seconds on a small machine. Loading weights
 needs none of them, so this reader skips arrays of strings by their lengths and
 maps tensor data straight from the file; `gguf.quants` still does the
-dequantization.
+dequantization. 4-bit tensors can also be read as they are stored (`int4_groups`).
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ _MAGIC = b"GGUF"
 # GGUF value types -> struct format (strings and arrays are handled apart).
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+# ggml's 4-bit types: 32 weights per block, a fp16 scale d (Q4_1: and a fp16 minimum m), 16 bytes of
+# nibbles; weight j of a block is the low nibble of byte j (j < 16) or the high one of byte j - 16.
+_Q4_0, _Q4_1, _Q4_BLOCK = 2, 3, 32
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,20 @@ class GGUFFile:
         row_bytes = info.shape[-1] // block * block_bytes
         raw = raw.reshape(*info.shape[:-1], row_bytes)
         return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(info.shape)
+
+    def int4_groups(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A Q4_0 or Q4_1 tensor as stored, not dequantized: the 4-bit values q (uint8 in 0..15,
+        shaped like the tensor) and, per group of 32 along a row, fp32 `scale` and `offset` with
+        weight = scale * q + offset (Q4_0: offset = -8 * scale). None for any other type."""
+        info = self.tensors[name]
+        if info.ggml_type not in (_Q4_0, _Q4_1) or len(info.shape) != 2:
+            return None
+        minimum = info.ggml_type == _Q4_1
+        blocks = self._data[info.offset:info.offset + info.nbytes].reshape(-1, 20 if minimum else 18)
+        scale = blocks[:, 0:2].view(np.float16).astype(np.float32)
+        offset = blocks[:, 2:4].view(np.float16).astype(np.float32) if minimum else -8.0 * scale
+        nibbles = blocks[:, 4:20] if minimum else blocks[:, 2:18]
+        q = np.concatenate([nibbles & 15, nibbles >> 4], axis=1)
+        rows, cols = info.shape
+        groups = (rows, cols // _Q4_BLOCK)
+        return q.reshape(rows, cols), scale.reshape(groups), offset.reshape(groups)

@@ -4,13 +4,13 @@ One forward pass serves prefill, decode and restore alike: every new token is
 embedded, its K/V is written into the pool slot the engine chose, and each
 sequence attends to exactly the slots it lists (drops are slots left out; a
 restore's segment visibility is an explicit mask). Weights are plain tensors
-behind a small `Linear` (fp32, fp16 or mixed precision), q/k/v and gate/up
-fused, so a decode step is a few large matmuls per layer and no module
-machinery. Logits are computed only for the rows asked for.
+behind small projections (`linear.Linear`: fp32, fp16 or mixed precision;
+`quantized`: int8 or int4), q/k/v and gate/up fused, so a decode step is a
+few large matmuls per layer and no module machinery. Logits are computed
+only for the rows asked for.
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,12 +21,8 @@ from torch import Tensor
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.config import ModelConfig
 from akv_core.model.kv_buffers import KVBuffers
+from akv_core.model.linear import Projection
 from akv_core.model.rope import Rope
-
-# In "mixed" precision, matmuls with at most this many rows (decode steps) use fp16 weights,
-# larger ones (prefill) bf16 weights.
-GEMV_ROWS = 16
-PRECISIONS = ("float32", "fp16", "mixed")
 
 # Queries per attention call in a long prefill: each chunk sees only the keys up to its own
 # end, so the causal upper triangle is mostly skipped instead of computed and masked.
@@ -35,67 +31,18 @@ PREFILL_CHUNK = 512
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
 
 
-class Linear:
-    """y = x W^T + b, with activations in fp32 whatever the weights are stored in.
-
-    "float32" multiplies the fp32 weight as loaded (exact). "fp16" stores it in fp16 and uses fbgemm's
-    fp16-weight / fp32-activation kernel: half the bytes of a memory-bound decode step, a tuned kernel,
-    logits within a few hundredths of fp32. "mixed" adds a bf16 copy for prefill-sized inputs, whose
-    matmuls run faster in bf16 than in fp32 on AVX2 CPUs, at a coarser rounding (logits within ~0.5).
-    """
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, precision: str = "float32") -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.bias = bias
-        self.out_features = weight.shape[0]
-        self.weight = weight if precision == "float32" else None
-        self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None
-        self.brain = weight.bfloat16() if precision == "mixed" else None
-
-    def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
-        """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
-        if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        if self.brain is not None and x.shape[0] > GEMV_ROWS:
-            y = F.linear(x.to(torch.bfloat16), self.brain)
-            y = y if out_dtype == torch.bfloat16 and self.bias is None else y.float()
-        else:
-            y = _fp16_linear(x, self.packed)
-        return y if self.bias is None else y + self.bias
-
-
-# fbgemm's fp16 ops are marked deprecated but present; `_pack_fp16` falls back when they go away.
-warnings.filterwarnings("ignore", message=r"fbgemm_.* is deprecated")
-
-
-def _pack_fp16(weight: Tensor) -> Tensor:
-    """fbgemm's packed fp16 weight where this torch has the kernel (x86 CPU), else a plain fp16 copy."""
-    if weight.device.type == "cpu" and hasattr(torch, "fbgemm_linear_fp16_weight_fp32_activation"):
-        with warnings.catch_warnings():  # at load time only; the filter above covers the calls
-            warnings.simplefilter("ignore")
-            return torch.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
-    return weight.half()
-
-
-def _fp16_linear(x: Tensor, packed: Tensor) -> Tensor:
-    if packed.dtype == torch.float16:
-        return F.linear(x.half(), packed).to(x.dtype)
-    return torch.fbgemm_linear_fp16_weight_fp32_activation(x.float().contiguous(), packed, None).to(x.dtype)
-
-
 @dataclass
 class LayerWeights:
     """One transformer block; q/k/v rows are in Hugging Face order (rotate-half RoPE)."""
 
     attn_norm: Tensor
-    qkv: Linear                 # [(H + 2*Hkv) * D, hidden], Qwen2 with a bias
+    qkv: Projection             # [(H + 2*Hkv) * D, hidden], Qwen2 with a bias
     q_norm: Tensor | None       # Qwen3, [D]
     k_norm: Tensor | None
-    o: Linear                   # [hidden, H * D]
+    o: Projection               # [hidden, H * D]
     mlp_norm: Tensor
-    gate_up: Linear             # [2 * intermediate, hidden]
-    down: Linear                # [hidden, intermediate]
+    gate_up: Projection         # [2 * intermediate, hidden]
+    down: Projection            # [hidden, intermediate]
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -122,7 +69,7 @@ class CausalLM:
     """A loaded model: `forward(batch, kv)` returns fp32 logits for `batch.logits_rows`."""
 
     def __init__(self, config: ModelConfig, embed: Tensor, layers: list[LayerWeights], final_norm: Tensor,
-                 lm_head: Linear, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 lm_head: Projection, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.embed = embed
         self.layers = layers

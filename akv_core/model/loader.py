@@ -1,4 +1,5 @@
-"""Loading weights into a `CausalLM`: GGUF files (dequantized once) and Hugging Face safetensors folders.
+"""Loading weights into a `CausalLM`: GGUF files (dequantized once, or 4-bit tensors kept as stored for
+int4) and Hugging Face safetensors folders.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so that
 its interleaved RoPE applies; we permute them back, so GGUF and safetensors
@@ -16,10 +17,13 @@ from torch import Tensor
 
 from akv_core.model.config import ModelConfig, config_from_gguf, config_from_hf
 from akv_core.model.gguf_file import GGUFFile
-from akv_core.model.llama import PRECISIONS, CausalLM, LayerWeights, Linear
+from akv_core.model.linear import PRECISIONS, Linear, Projection
+from akv_core.model.llama import CausalLM, LayerWeights
 from akv_core.model.locate import EMBEDDED_NAME, locate
+from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear
 
 Fetch = Callable[[str], Tensor | None]
+FetchInt4 = Callable[[str], Int4Groups | None]
 
 
 def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -27,20 +31,26 @@ def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: to
     """Load `smollm2`, a `.gguf` file or a safetensors folder.
 
     `dtype` is the activations' and the KV pool's; `precision` the matmul weights': "float32" (exact, the
-    reference), "fp16" (fp16 weights; about twice as fast a decode on a CPU) or "mixed" (fp16 weights
-    for decode, bf16 for prefill; also a faster prefill). See docs/engine-model.md.
+    reference), "fp16" (fp16 weights; about twice as fast a decode on a CPU), "mixed" (fp16 weights for
+    decode, bf16 for prefill where the CPU has native bf16), "int8" (int8 per row) or "int4" (4-bit in
+    groups of 32, a GGUF's Q4_0 / Q4_1 tensors as stored; the output projection int8). int8 and int4 run
+    on the CPU only. See docs/engine-model.md.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision in ("int8", "int4") and torch.device(device).type != "cpu":
+        raise ValueError(f"precision {precision!r} runs on the CPU only (torch's int8 / int4 CPU kernels); "
+                         f"on {device} use float32, fp16 or mixed")
     files = locate(name_or_path)
     if files.kind == "gguf":
-        config, fetch = _open_gguf(files.path)
+        config, fetch, fetch_int4 = _open_gguf(files.path)
     else:
-        config, fetch = _open_hf(files.path)
-    return _assemble(config, fetch, device, dtype, precision)
+        (config, fetch), fetch_int4 = _open_hf(files.path), None
+    return _assemble(config, fetch, fetch_int4, device, dtype, precision)
 
 
-def _assemble(config: ModelConfig, fetch: Fetch, device: str, dtype: torch.dtype, precision: str) -> CausalLM:
+def _assemble(config: ModelConfig, fetch: Fetch, fetch_int4: FetchInt4 | None, device: str, dtype: torch.dtype,
+              precision: str) -> CausalLM:
     def need(name: str) -> Tensor:
         tensor = fetch(name)
         if tensor is None:
@@ -51,21 +61,32 @@ def _assemble(config: ModelConfig, fetch: Fetch, device: str, dtype: torch.dtype
         tensor = fetch(name)
         return None if tensor is None else tensor.to(device=device, dtype=dtype).contiguous()
 
+    def projection(names: list[str], bias: Tensor | None = None) -> Projection:
+        """One (fused) projection in the chosen precision; int4 keeps a file's 4-bit groups as stored."""
+        if precision == "int4":
+            stored = [fetch_int4(name) for name in names] if fetch_int4 is not None else [None]
+            if all(groups is not None for groups in stored):
+                return Int4Linear(Int4Groups.cat(stored), bias)
+            return Int4Linear(Int4Groups.quantize(torch.cat([need(name) for name in names])), bias)
+        weight = torch.cat([need(name) for name in names])
+        return Int8Linear(weight, bias) if precision == "int8" else Linear(weight, bias, precision)
+
     layers = []
     for i in range(config.num_layers):
         p = f"layers.{i}."
         bias = [maybe(p + n + ".bias") for n in ("q", "k", "v")]
         layers.append(LayerWeights(
             attn_norm=need(p + "attn_norm"),
-            qkv=Linear(torch.cat([need(p + n) for n in ("q", "k", "v")]),
-                       torch.cat(bias) if all(b is not None for b in bias) else None, precision),
+            qkv=projection([p + n for n in ("q", "k", "v")],
+                           torch.cat(bias) if all(b is not None for b in bias) else None),
             q_norm=maybe(p + "q_norm") if config.qk_norm else None,
             k_norm=maybe(p + "k_norm") if config.qk_norm else None,
-            o=Linear(need(p + "o"), None, precision), mlp_norm=need(p + "mlp_norm"),
-            gate_up=Linear(torch.cat([need(p + "gate"), need(p + "up")]), None, precision),
-            down=Linear(need(p + "down"), None, precision)))
+            o=projection([p + "o"]), mlp_norm=need(p + "mlp_norm"),
+            gate_up=projection([p + "gate", p + "up"]), down=projection([p + "down"])))
     embed = need("embed")
-    lm_head = Linear(embed if config.tie_embeddings else need("lm_head"), None, precision)
+    head = embed if config.tie_embeddings else need("lm_head")
+    # The output projection stays 8-bit in int4, as llama.cpp's files keep it (Q8_0 or better).
+    lm_head = Int8Linear(head) if precision in ("int8", "int4") else Linear(head, None, precision)
     return CausalLM(config, embed, layers, need("final_norm"), lm_head, dtype=dtype, device=device)
 
 
@@ -84,25 +105,35 @@ def _unpermute(w: Tensor, heads: int) -> Tensor:
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _open_gguf(path: Path) -> tuple[ModelConfig, Fetch]:
+def _open_gguf(path: Path) -> tuple[ModelConfig, Fetch, FetchInt4]:
     gguf = GGUFFile(path)
     config = config_from_gguf(gguf.meta, has_output_weight="output.weight" in gguf.tensors)
 
-    def fetch(name: str) -> Tensor | None:
+    def gguf_name(name: str) -> str:
         if name.startswith("layers."):
             _, layer, part = name.split(".", 2)
-            gguf_name = f"blk.{layer}.{_GGUF_LAYER[part]}"
-        else:
-            gguf_name = _GGUF_NAMES[name]
-        if gguf_name not in gguf.tensors:
-            return None
-        tensor = torch.from_numpy(np.array(gguf.array(gguf_name)))  # a copy: the file is mapped read-only
+            return f"blk.{layer}.{_GGUF_LAYER[part]}"
+        return _GGUF_NAMES[name]
+
+    def in_hf_order(tensor: Tensor, name: str) -> Tensor:
+        """Rows of Llama's q/k back in Hugging Face order (per-row group scales move with their rows)."""
         if config.architecture == "llama" and name.endswith((".q", ".k")):
-            heads = config.num_heads if name.endswith(".q") else config.num_kv_heads
-            tensor = _unpermute(tensor, heads)
+            return _unpermute(tensor, config.num_heads if name.endswith(".q") else config.num_kv_heads)
         return tensor
 
-    return config, fetch
+    def fetch(name: str) -> Tensor | None:
+        if gguf_name(name) not in gguf.tensors:
+            return None
+        return in_hf_order(torch.from_numpy(np.array(gguf.array(gguf_name(name)))), name)  # a copy: mapped read-only
+
+    def fetch_int4(name: str) -> Int4Groups | None:
+        stored = gguf.int4_groups(gguf_name(name)) if gguf_name(name) in gguf.tensors else None
+        if stored is None:
+            return None
+        q, scale, offset = (in_hf_order(torch.from_numpy(np.array(a)), name) for a in stored)
+        return Int4Groups.from_values(q, scale, offset)
+
+    return config, fetch, fetch_int4
 
 
 # -- Hugging Face safetensors -------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from akv_cli.errors import fail
+from akv_cli.serve import Precision
 
 DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
 
@@ -24,6 +25,8 @@ def register(app: typer.Typer) -> None:
         agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm (default scripted)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL "
                                                "(default replay)."),
+        precision: Optional[Precision] = typer.Option(None, "--precision", help="The embedded model's weight "
+                                                      "precision (--backend embedded only; default float32)."),
         max_candidates: Optional[int] = typer.Option(None, "--max-candidates", help="Candidates to propose "
                                                     "(default 20)."),
         db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
@@ -45,7 +48,8 @@ def register(app: typer.Typer) -> None:
         from evolve.command import EvolveError, run_command
 
         overrides = {"proposers": [proposer] if proposer else None, "suite": suite, "agent": agent,
-                     "backend": backend, "max_candidates": max_candidates, "db": db, "run_name": run_name,
+                     "backend": backend, "precision": precision.value if precision else None,
+                     "max_candidates": max_candidates, "db": db, "run_name": run_name,
                      "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed,
                      "evaluation.concurrency": concurrency}
         try:

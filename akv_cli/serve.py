@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from akv_cli.errors import fail
+from akv_core.model.precisions import PRECISIONS
 
 
 class Device(str, Enum):
@@ -22,14 +23,12 @@ class LogLevel(str, Enum):
     error = "error"
 
 
-class Precision(str, Enum):
-    """The matmul weights' precision; activations and the KV pool stay float32."""
-
-    float32 = "float32"  # exact
-    fp16 = "fp16"        # about 3x faster decode on the CPU, logits within ~0.05
-    mixed = "mixed"      # fp16 decode, bf16 prefill weights where the CPU has native bf16
-    int8 = "int8"        # int8 weights per row (CPU only)
-    int4 = "int4"        # 4-bit weights in groups of 32, a GGUF's Q4_0 / Q4_1 as stored (CPU only)
+# The matmul weights' precision (activations and the KV pool stay float32): float32 exact; fp16 about
+# 3x faster decode on the CPU; mixed adds bf16 prefill weights where the CPU has native bf16; int8
+# per row and int4 in groups of 32 (a GGUF's Q4_0 / Q4_1 as stored) on the CPU only.
+Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
+PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 (faster on the CPU; "
+                  "docs/engine-model.md).")
 
 
 def register(app: typer.Typer) -> None:
@@ -44,8 +43,7 @@ def serve(
     kv_tokens: int | None = typer.Option(None, min=1, help="KV pool size in tokens (default: the engine's)."),
     max_running: int | None = typer.Option(None, min=1, help="Requests decoded together at most (default 8)."),
     device: Device = typer.Option(Device.auto, help="Where the model runs."),
-    precision: Precision = typer.Option(Precision.float32, help="Weight precision: float32 (exact), fp16, "
-                                        "mixed, int8 or int4 (faster on the CPU; docs/engine-model.md)."),
+    precision: Precision = typer.Option(Precision.float32, help=PRECISION_HELP),
     prefill_chunk: int | None = typer.Option(None, min=0, help="Prompt tokens computed per engine step, shared "
                                              "by the prompts in progress (default: the engine's; 0: whole "
                                              "prompts)."),

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from akv_cli.errors import USAGE, fail
+from akv_cli.serve import Precision
 
 tasks_app = typer.Typer(help="Build and list the task suites.", no_args_is_help=True)
 
@@ -170,6 +171,9 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
                                     help="replay, embedded, or an OpenAI-compatible URL."),
         model: Optional[str] = typer.Option(None, help="Model name (URL backend; default: the "
                                             "server's first model) or smollm2|PATH (embedded; default smollm2)."),
+        precision: Optional[Precision] = typer.Option(None, help="The embedded model's weight precision: float32 "
+                                                      "(default, exact), fp16, mixed, int8 or int4 (--backend "
+                                                      "embedded only; docs/engine-model.md)."),
         limit: Optional[int] = typer.Option(None, min=1, help="Run only the first N tasks (default: all)."),
         task: Optional[list[str]] = typer.Option(None, help="Run only this task id (repeatable; default: all)."),
         prices: Optional[str] = typer.Option(None, help="Price table (default: the model's, else gpt-oss-120b)."),
@@ -196,7 +200,8 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
             report = run_tasks(suite_obj, split, policy, agent=agent, backend=backend, limit=limit,
                                task_ids=task, seed=seed, out_dir=out_dir, model=model, prices=prices,
                                limits=RunLimits(max_steps=max_steps, max_tokens=max_tokens),
-                               concurrency=concurrency, display=display)
+                               concurrency=concurrency, display=display,
+                               precision=precision.value if precision else None)
         except ValueError as err:
             display.close()
             fail(str(err))

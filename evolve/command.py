@@ -168,7 +168,8 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
                                      recorded_version=run.suite_version if run is not None else None,
-                                     concurrency=config.evaluation.concurrency, display=display)
+                                     concurrency=config.evaluation.concurrency, display=display,
+                                     precision=config.precision)
     except ValueError as err:
         display.close()
         message = str(err)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from akv_core.model.precisions import PRECISIONS
 
 
 class Strict(BaseModel):
@@ -103,6 +105,9 @@ class EvolveConfig(Strict):
     suite: str = Field("localcomp", description="Task suite.")
     agent: str = Field("scripted", description="Agent that runs each task (scripted or llm).")
     backend: str = Field("replay", description="Backend: replay, embedded or an AKV server URL.")
+    precision: Optional[Literal[PRECISIONS]] = Field(
+        None, description="The embedded backend's weight precision: float32 (the default, exact), fp16, mixed, "
+        "int8 or int4 (docs/engine-model.md); only with backend: embedded.")
     proposers: list[Literal["llm", "optuna", "mutate"]] = Field(
         default_factory=lambda: ["mutate", "optuna"], min_length=1,
         description="Proposers asked in turn for new candidates.")
@@ -119,6 +124,16 @@ class EvolveConfig(Strict):
     llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig, description="The llm proposer.")
     optuna: OptunaProposerConfig = Field(default_factory=OptunaProposerConfig, description="The optuna proposer.")
     mutate: MutateProposerConfig = Field(default_factory=MutateProposerConfig, description="The mutate proposer.")
+
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_needs_the_embedded_backend(cls, precision: str | None, info: ValidationInfo) -> str | None:
+        backend = info.data.get("backend")   # validated before precision (field order)
+        if precision is not None and backend != "embedded":
+            raise ValueError(f"applies to backend: embedded only, not {backend!r} (replay has no model; a "
+                             "server's precision is `akv serve --precision`)")
+        return precision
 
 
 class ConfigError(Exception):

@@ -41,7 +41,7 @@ class HarnessEvaluator:
     """
 
     def __init__(self, suite: str, agent: str, backend: str, seed: int, recorded_version: str | None = None,
-                 concurrency: int = 1, display: TaskDisplay | None = None) -> None:
+                 concurrency: int = 1, display: TaskDisplay | None = None, precision: str | None = None) -> None:
         from akv_core.home import akv_home
         from sandbox.backends import check_backend_spec, open_backend
         from sandbox.lanes import Lanes
@@ -61,7 +61,7 @@ class HarnessEvaluator:
         self.display = display
         if display is not None and backend == "embedded":
             display.phase("loading the model smollm2 (embedded backend)")
-        self.backend = open_backend(backend, None)
+        self.backend = open_backend(backend, None, precision)
         try:
             self.lanes = Lanes(self.backend, concurrency)
         except ValueError:

@@ -331,7 +331,8 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
               prices: str | None = None, limits: RunLimits = RunLimits(), build: bool = True,
               on_start: Callable[[int], None] | None = None, concurrency: int = 1,
               lanes: Lanes | None = None, display: TaskDisplay | None = None,
-              traced: Callable[[TaskResult, Trajectory | None], None] | None = None) -> RunReport:
+              traced: Callable[[TaskResult, Trajectory | None], None] | None = None,
+              precision: str | None = None) -> RunReport:
     """Run a split's tasks; ValueError (one line, naming what was expected) for bad arguments.
 
     `concurrency` tasks run at once (`sandbox/lanes.py`; `lanes` passes lanes kept open by the
@@ -340,6 +341,7 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
     trajectory written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
     `display` hears of every task as it starts and as it finishes (`sandbox/progress.py`).
     `traced` gets each result with its trajectory, in task order (None from process lanes).
+    `precision` is the embedded backend's weight precision (`open_backend`), when `backend` is a name.
     """
     suite_obj = get_suite(suite) if isinstance(suite, str) else suite
     policy_obj = resolve_policy(policy)
@@ -356,7 +358,7 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
     if isinstance(backend, str) and display is not None and backend == "embedded":
         display.phase(f"loading the model {model or 'smollm2'} (embedded backend)")
     backend_obj = lanes.backend if lanes is not None else (
-        open_backend(backend, model) if isinstance(backend, str) else backend)
+        open_backend(backend, model, precision) if isinstance(backend, str) else backend)
     own_lanes = lanes is None
     try:
         if agent == "llm" and not backend_obj.generates:

@@ -25,6 +25,18 @@ def test_unknown_field_and_wrong_type_are_located(tmp_path):
     assert lines[1] == f"{path}:4: llm.modle: unknown field"
 
 
+def test_a_precision_is_for_the_embedded_backend_and_is_located(tmp_path):
+    assert load_config(None, {"backend": "embedded", "precision": "int4"}).precision == "int4"
+    assert load_config().precision is None   # float32, the engine's default
+    path = tmp_path / "precision.yaml"
+    path.write_text("backend: replay\nprecision: int8\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: precision: .*embedded only, not 'replay'"):
+        load_config(path)
+    path.write_text("backend: embedded\nprecision: int3\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: precision: .*'int8' or 'int4'"):
+        load_config(path)
+
+
 def test_a_negative_margin_and_an_alpha_outside_0_1_are_located(tmp_path):
     path = tmp_path / "rule.yaml"
     path.write_text("seed: 1\nvalidation:\n  alpha: 1.5\n  margin: -0.01\n")

@@ -87,3 +87,18 @@ def test_thinking_drop_on_the_embedded_engine_accounts_as_replay() -> None:
         assert served.usage.drop_skipped_tokens > 0 and served.usage.repos_tokens > 0
     finally:
         backend.close()
+
+
+def test_an_int4_embedded_backend_serves_a_task_on_int4_weights_and_accounts_as_replay() -> None:
+    from akv_core.model.quantized import Int4Linear
+
+    backend = open_backend("embedded", precision="int4")
+    replay = ReplayBackend(kv_tokens=backend.kv_tokens)
+    try:
+        assert isinstance(backend._engine.model.layers[0].gate_up, Int4Linear)
+        served, replayed = (run_tasks("localcomp", "train", "expert-8k", backend=b, limit=1,
+                                      limits=RunLimits(max_steps=1)) for b in (backend, replay))
+    finally:
+        backend.close()
+    assert served.summary["errors"] == {} and [r.status for r in served.results] == ["max_steps"]
+    assert [r.tokens for r in served.results] == [r.tokens for r in replayed.results]

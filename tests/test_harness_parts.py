@@ -155,6 +155,16 @@ def test_unknown_backend_names_what_is_expected() -> None:
         open_backend("gpu")
 
 
+def test_a_precision_is_checked_before_any_model_loads_and_only_for_the_embedded_backend() -> None:
+    from sandbox.backends import open_backend
+
+    with pytest.raises(ValueError, match="precision: expected one of float32, fp16, mixed, int8, int4, got 'int3'"):
+        open_backend("embedded", precision="int3")
+    for spec in ("replay", "http://127.0.0.1:9/v1"):
+        with pytest.raises(ValueError, match="precision: applies to the embedded backend only"):
+            open_backend(spec, precision="int4")
+
+
 def test_request_fields_leave_empty_operations_out_and_prefer_drop_rule() -> None:
     assert BackendRequest(messages=()).api_fields() == {}
     request = BackendRequest(messages=(), drop_message={"3": [1]}, reposition=(3,),

@@ -34,6 +34,7 @@ def test_run_prints_rows_and_a_summary_without_json() -> None:
     (["--suite", "localcomp", "--policy", "nopolicy"], "nopolicy"),
     (["--suite", "localcomp", "--policy", "expert", "--agent", "llm"], "needs a model"),
     (["--suite", "localcomp", "--policy", "expert", "--backend", "gpu"], "expected replay, embedded"),
+    (["--suite", "localcomp", "--policy", "expert", "--precision", "int4"], "embedded backend only"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
     result = runner.invoke(app, ["run", *args, "--json"])

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from akv_core.model.precisions import DENSE_PRECISIONS, PRECISIONS  # noqa: F401  (PRECISIONS: re-exported)
+
 # Matmuls with at most this many rows are decode steps (one row per running sequence); larger
 # ones are prefill. Reduced precisions pick their kernel by this.
 GEMV_ROWS = 16
-PRECISIONS = ("float32", "fp16", "mixed", "int8", "int4")
-DENSE_PRECISIONS = ("float32", "fp16", "mixed")
 
 
 class Projection(Protocol):

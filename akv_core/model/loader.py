@@ -17,10 +17,11 @@ from torch import Tensor
 
 from akv_core.model.config import ModelConfig, config_from_gguf, config_from_hf
 from akv_core.model.gguf_file import GGUFFile
-from akv_core.model.linear import PRECISIONS, Linear, Projection
+from akv_core.model.linear import Linear, Projection
 from akv_core.model.llama import CausalLM, LayerWeights
 from akv_core.model.locate import EMBEDDED_NAME, locate
-from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear
+from akv_core.model.precisions import CPU_ONLY_PRECISIONS, check_precision
+from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear, require_kernel
 
 Fetch = Callable[[str], Tensor | None]
 FetchInt4 = Callable[[str], Int4Groups | None]
@@ -36,11 +37,12 @@ def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: to
     groups of 32, a GGUF's Q4_0 / Q4_1 tensors as stored; the output projection int8). int8 and int4 run
     on the CPU only. See docs/engine-model.md.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision in ("int8", "int4") and torch.device(device).type != "cpu":
-        raise ValueError(f"precision {precision!r} runs on the CPU only (torch's int8 / int4 CPU kernels); "
-                         f"on {device} use float32, fp16 or mixed")
+    check_precision(precision)
+    if precision in CPU_ONLY_PRECISIONS:
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"precision {precision!r} runs on the CPU only (torch's int8 / int4 CPU kernels); "
+                             f"on {device} use float32, fp16 or mixed")
+        require_kernel(precision)
     files = locate(name_or_path)
     if files.kind == "gguf":
         config, fetch, fetch_int4 = _open_gguf(files.path)

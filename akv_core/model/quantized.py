@@ -27,6 +27,16 @@ from torch import Tensor
 from akv_core.model.linear import GEMV_ROWS, PrefillWeights
 
 INT4_GROUP = 32
+# The weight-only kernel of each precision, looked up in the running torch (never assumed at install).
+KERNELS = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}
+
+
+def require_kernel(precision: str) -> None:
+    """A ValueError naming the missing operator when this torch lacks `precision`'s CPU kernel."""
+    name = KERNELS[precision]
+    if not hasattr(torch.ops.aten, name):
+        raise ValueError(f"precision {precision!r} needs torch's aten::{name} CPU kernel, which torch "
+                         f"{torch.__version__} does not have; use float32, fp16 or mixed")
 
 
 def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -137,9 +137,20 @@ def check_backend_spec(spec: str, concurrency: int = 1) -> None:
     check_concurrency(kind, concurrency)
 
 
-def open_backend(spec: str, model: str | None = None) -> Backend:
+def open_backend(spec: str, model: str | None = None, precision: str | None = None) -> Backend:
     """`replay`, `embedded`, an http(s) URL or several, comma-separated; ValueError names what was expected
-    otherwise."""
+    otherwise.
+
+    `precision` is the embedded model's weight precision (default float32); the other backends have no
+    model of their own here (a server's is `akv serve --precision`), so it is an error with them.
+    """
+    if precision is not None:
+        from akv_core.model.precisions import check_precision
+
+        check_precision(precision)
+        if spec != "embedded":
+            raise ValueError(f"precision: applies to the embedded backend only, not {spec!r} (replay has no model; "
+                             "a server's precision is `akv serve --precision`)")
     if spec == "replay":
         from sandbox.backends.replay import ReplayBackend
 
@@ -147,7 +158,7 @@ def open_backend(spec: str, model: str | None = None) -> Backend:
     if spec == "embedded":
         from sandbox.backends.embedded import EmbeddedBackend
 
-        return EmbeddedBackend(model or "smollm2")
+        return EmbeddedBackend(model or "smollm2", precision=precision or "float32")
     from sandbox.backends.servers import ServerPool, server_urls
 
     urls = server_urls(spec)

@@ -18,12 +18,13 @@ class EmbeddedBackend:
     parallel = "none"  # each task clears the engine's cache: tasks beside each other would clear it under one another
 
     def __init__(self, model: str = "smollm2", kv_tokens: int | None = None,
-                 fresh_cache_per_task: bool = True) -> None:
+                 fresh_cache_per_task: bool = True, precision: str = "float32") -> None:
+        """`precision`: the weights' (`akv_core.model.loader.load_model`); float32 is exact."""
         from akv_core import Engine  # torch loads only when this backend is chosen
 
         self._fresh = fresh_cache_per_task
         try:
-            self._engine: Any = Engine.from_pretrained(model, kv_tokens=kv_tokens)
+            self._engine: Any = Engine.from_pretrained(model, kv_tokens=kv_tokens, precision=precision)
         except (FileNotFoundError, ValueError) as err:
             raise ValueError(f"cannot load model {model!r}: {err}") from err
 

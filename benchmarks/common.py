@@ -1,7 +1,9 @@
 """What the benchmarks share: recorded scripted-agent runs, ratios and a text table (statistics: sandbox.stats)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,21 @@ def verdict(value: float | None, target: float) -> str:
     if value is None:
         return "-"
     return "met" if value >= target else "missed"
+
+
+def at_once(tasks: Sequence[Callable[[], None]], name: str = "worker") -> float:
+    """Run every task on a thread of its own, all released together; wall seconds until the last one ends."""
+    start = threading.Barrier(len(tasks) + 1)
+
+    def body(task: Callable[[], None]) -> None:
+        start.wait()
+        task()
+
+    threads = [threading.Thread(target=body, args=(task,), name=f"{name}-{i}") for i, task in enumerate(tasks)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - began

@@ -1,30 +1,65 @@
-"""The engine's model side against transformers on the same GGUF file, side by side in one run.
+"""The engine's model side against transformers (and llama.cpp) on the same GGUF file, side by side in one run.
 
-    python benchmarks/engine.py [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
+    python benchmarks/engine.py [--precisions float32,fp16,mixed,int8,int4] [--peer llama-cpp]
+                                [--serve fp16,int4] [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
 
 Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our forward in
-each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill; activations
-and KV always fp32), then decode attention time per step over a 6K-token history with 70%
-of it dropped against nothing dropped. Contenders take turns (decode in short bursts,
-prefill once per round), so that load from other processes falls on all of them alike.
-Ratios compare process CPU time (steady on a shared machine, where wall time mostly
-measures the wait for a core); wall times are printed too. A ratio is the median over
-rounds of the per-round ratio. Both sides run under the same per-phase thread policy
-(akv_core.threads).
+each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill where the CPU
+has native bf16; int8 per row; int4 in groups of 32, the GGUF's Q4_1 tensors as stored;
+activations and KV always fp32), each reduced precision's accuracy against float32 (greedy
+next-token agreement and KL divergence on a fixed prompt set, `akv_core.model.accuracy`),
+then decode attention time per step over a 6K-token history with 70% of it dropped against
+nothing dropped.
+
+`--peer llama-cpp` adds llama-cpp-python on the very same GGUF file (built from source, never
+a dependency: docs/benchmarks.md), decoding single-stream at 1 and 2 threads beside our
+precisions at the same thread counts, and prefilling beside us. `--serve P,...` starts `akv
+serve --precision P` (for each P in turn) and times 8 concurrent requests of 64 completion
+tokens decoding together (completion tokens over the batch's wall time, its prefill and HTTP
+included) against llama.cpp's single stream at the same thread count (1), the two
+interleaved round by round.
+
+Contenders take turns (decode in short bursts, prefill once per round), so that load from
+other processes falls on all of them alike. When every contender runs on one thread, ratios
+compare process CPU time (steady on a shared machine, where wall time mostly measures the wait
+for a core); with more threads they compare wall time (CPU time then counts every thread, and
+llama.cpp's threads spin while they wait). A ratio is the median over rounds of the per-round
+ratio. Both sides run under the same per-phase thread policy (akv_core.threads).
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
+import copy
+import dataclasses
+import functools
+import json
+import os
 import statistics
+import tempfile
 import time
+import urllib.request
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import torch
 
+from akv_core.model.accuracy import Accuracy, accuracy, float32_probes, logits_along, prompt_ids
 from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.model.linear import PRECISIONS, cpu_summary
 from akv_core.model.loader import load_model
+from akv_core.model.locate import embedded_gguf
 from akv_core.model.reference import transformers_reference
 from akv_core.threads import phase_threads
+
+PEER = "llama.cpp"
 
 
 class Clock:
@@ -38,6 +73,10 @@ class Clock:
 
     def __exit__(self, *exc) -> None:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+class Decoder(Protocol):
+    def step(self) -> None: ...
 
 
 class ReferenceDecoder:
@@ -75,6 +114,88 @@ class OurDecoder:
         self.token, self.length = logits[0].argmax(), i + 1
 
 
+class LlamaCppDecoder:
+    """llama-cpp-python's greedy decoding on its own context, one token per `step()` (the argmax of the
+    last row's logits, which llama.cpp's own greedy sampler reads)."""
+
+    def __init__(self, llm: Any, prompt: torch.Tensor) -> None:
+        import llama_cpp as api
+        import numpy as np
+
+        self.llm, self.api, self.np, self.vocab = llm, api, np, llm.n_vocab()
+        llm.reset()
+        llm.eval(prompt.tolist())
+        self.token = self._greedy()
+
+    def _greedy(self) -> int:
+        row = self.api.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(self.np.ctypeslib.as_array(row, shape=(self.vocab,)).argmax())
+
+    def step(self) -> None:
+        self.llm.eval([self.token])
+        self.token = self._greedy()
+
+
+# Where llama-cpp-python lives when it is not in this environment: a virtual environment (or its
+# site-packages folder) of the same Python, given by --llama-cpp or this variable.
+LLAMA_CPP_ENV = "AKV_LLAMA_CPP"
+LLAMA_CPP_BUILD = ("python3.11 -m venv VENV && CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON\" VENV/bin/pip install "
+                   "--no-binary llama-cpp-python llama-cpp-python (add -DGGML_AVX512=ON where the CPU has AVX-512; "
+                   "about 10 minutes on 2 cores), then pass --llama-cpp VENV")
+
+
+def site_packages(where: Path) -> list[Path]:
+    """`where` itself if it holds llama_cpp, else a virtual environment's site-packages of this Python."""
+    if (where / "llama_cpp").is_dir():
+        return [where]
+    return sorted(where.glob(f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"))
+
+
+def import_llama_cpp(where: str | None) -> Any:
+    """llama_cpp from this environment, else from `where` (a venv or site-packages folder), else a clear exit."""
+    try:
+        import llama_cpp
+        return llama_cpp
+    except ImportError:
+        pass
+    # Appended, not prepended: this environment's numpy stays the one in use.
+    found = site_packages(Path(where).expanduser()) if where else []
+    sys.path.extend(str(path) for path in found)
+    try:
+        import llama_cpp
+        return llama_cpp
+    except ImportError as err:
+        looked = (f"in {where} (no llama_cpp package for Python {sys.version_info.major}.{sys.version_info.minor} "
+                  f"there: {err})" if where else f"in this environment, and neither --llama-cpp nor ${LLAMA_CPP_ENV} "
+                  "names another")
+        raise SystemExit(f"--peer llama-cpp: llama-cpp-python was not found {looked}. It is a benchmark peer, never "
+                         f"a dependency of this project; build it from source once: {LLAMA_CPP_BUILD} "
+                         "(docs/benchmarks.md, Engine)") from None
+
+
+def llama_cpp(threads: int, n_ctx: int, n_batch: int, where: str | None = None) -> Any:
+    """llama-cpp-python on the embedded GGUF with `threads` for decode and prefill; a clear exit without it."""
+    api = import_llama_cpp(where)
+    return api.Llama(model_path=str(embedded_gguf()), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                     n_threads_batch=threads, verbose=False)
+
+
+def llama_cpp_threads(llm: Any, threads: int) -> None:
+    import llama_cpp
+
+    llama_cpp.llama_set_n_threads(llm.ctx, threads, threads)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[int]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(previous)
+
+
 @torch.inference_mode()
 def reference_prefill(hf, prompt: torch.Tensor) -> Clock:
     """Logits of the last row only, as transformers' generate() asks for."""
@@ -89,6 +210,14 @@ def our_prefill(model, prompt: torch.Tensor) -> Clock:
     slots = torch.arange(n)
     with Clock() as clock:
         model.forward(ForwardBatch(prompt, slots, slots, [SeqAttention(0, n, slots)], torch.tensor([n - 1])), kv)
+    return clock
+
+
+def peer_prefill(llm: Any, prompt: torch.Tensor) -> Clock:
+    ids = prompt.tolist()
+    llm.reset()
+    with Clock() as clock:
+        llm.eval(ids)
     return clock
 
 
@@ -111,20 +240,198 @@ def attention_ms(model, history: int, kept_fraction: float, steps: int) -> float
     return statistics.median(times) * 1e3
 
 
-def summary(title: str, unit: str, clocks: dict[str, list[Clock]], scale: float, per_second) -> None:
-    """Median CPU and wall time per contender, and the median of per-round CPU-time ratios."""
-    print(title)
-    base = clocks["transformers"]
+def decode_bursts(decoders: dict[str, Decoder], bursts: int, steps: int) -> dict[str, list[Clock]]:
+    """Every decoder in turn, `steps` tokens per burst, `bursts` times."""
+    clocks: dict[str, list[Clock]] = {name: [] for name in decoders}
+    for _ in range(bursts):
+        for name, decoder in decoders.items():
+            with Clock() as clock:
+                for _ in range(steps):
+                    decoder.step()
+            clocks[name].append(clock)
+    return clocks
+
+
+def summary(title: str, unit: str, clocks: dict[str, list[Clock]], scale: float, per_second: Callable[[float], float],
+            threads: int) -> None:
+    """Median CPU and wall time per contender and the median per-round ratio against each baseline present
+    (CPU time on one thread, wall time on more: see the module docstring)."""
+    measure = "cpu" if threads == 1 else "wall"
+    print(f"{title}; ratios by {measure} time")
+    baselines = [name for name in ("transformers", PEER) if name in clocks]
     for name, values in clocks.items():
         cpu = statistics.median(c.cpu for c in values) * scale
         wall = statistics.median(c.wall for c in values) * scale
-        ratio = statistics.median(b.cpu / v.cpu for b, v in zip(base, values))
-        print(f"  {name:13s} {cpu:9.2f} {unit} cpu  {wall:9.2f} {unit} wall  {per_second(cpu):8.1f} tok/s"
-              f"  {ratio:5.2f}x transformers")
+        ratios = "".join(f"  {statistics.median(getattr(b, measure) / getattr(v, measure) for b, v in zip(clocks[base], values)):5.2f}x {base}"
+                         for base in baselines)
+        rate = per_second(cpu if threads == 1 else wall)
+        print(f"  {name:13s} {cpu:9.2f} {unit} cpu  {wall:9.2f} {unit} wall  {rate:8.1f} tok/s{ratios}")
 
 
-def main() -> None:
+def print_accuracy(name: str, result: Accuracy) -> None:
+    for phase in ("prefill", "decode"):
+        a = getattr(result, phase)
+        print(f"  {name:8s} {phase:7s} {a.positions:4d} positions  greedy token = float32's {a.top1 * 100:6.2f}%"
+              f"  KL mean {a.kl_mean:.5f}  max {a.kl_max:.4f} nats")
+
+
+def serve_rounds(precision: str, llm: Any | None, prompt: torch.Tensor, rounds: int, streams: int,
+                 max_tokens: int) -> None:
+    """`akv serve --precision P`: `streams` requests at once, decoding together, against llama.cpp's single
+    stream of `max_tokens` tokens on 1 thread, in turn per round."""
+    from benchmarks.serving import akv_server
+
+    kv_tokens = streams * (256 + max_tokens)
+    env = dict(os.environ, AKV_DECODE_THREADS="1", AKV_PREFILL_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp, _environment(env), \
+            akv_server(kv_tokens, streams, Path(tmp), ["--precision", precision]) as url:
+        _chat(url, "Say hello.", 2, 0)  # warm-up: the first request pays for lazy initialisation
+        ours, theirs = [], []
+        for round_index in range(rounds):
+            tokens, wall = _concurrent(url, streams, max_tokens, salt=round_index)
+            ours.append(tokens / wall)
+            if llm is not None:
+                llama_cpp_threads(llm, 1)
+                decoder = LlamaCppDecoder(llm, prompt)
+                with Clock() as clock:
+                    for _ in range(max_tokens):
+                        decoder.step()
+                theirs.append(max_tokens / clock.wall)
+            print(f"serve round {round_index + 1}/{rounds}: akv serve {streams} streams {ours[-1]:.1f} tok/s"
+                  + (f", {PEER} 1 stream {theirs[-1]:.1f} tok/s" if theirs else ""), flush=True)
+    line = (f"akv serve --precision {precision}, {streams} concurrent requests, 1 decode thread: "
+            f"{statistics.median(ours):.1f} completion tok/s (wall)")
+    if theirs:
+        ratio = statistics.median(o / t for o, t in zip(ours, theirs))
+        line += f"; {PEER} single stream, 1 thread: {statistics.median(theirs):.1f} tok/s; {ratio:.2f}x {PEER}"
+    print(line)
+
+
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """The server subprocess inherits os.environ: set it for the duration."""
+    previous = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)
+
+
+def _chat(url: str, text: str, max_tokens: int, seed: int) -> int:
+    body = {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0.8, "seed": seed,
+            "messages": [{"role": "user", "content": text}]}
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return int(json.load(response)["usage"]["completion_tokens"])
+
+
+def _concurrent(url: str, streams: int, max_tokens: int, salt: int) -> tuple[int, float]:
+    """(completion tokens, wall seconds) of `streams` long-answer requests sent at once."""
+    from benchmarks.common import at_once
+
+    counts = [0] * streams
+
+    def worker(i: int) -> None:
+        counts[i] = _chat(url, f"Write a long story about a lighthouse keeper, chapter {salt * streams + i + 1}.",
+                          max_tokens, seed=salt * streams + i)
+
+    wall = at_once([functools.partial(worker, i) for i in range(streams)], name="request")
+    return sum(counts), wall
+
+
+class DynamicInt8:
+    """fbgemm's dynamically quantized int8 GEMM: int8 weights per row, each call's input quantized to 7-bit
+    uint8 per tensor. The fastest CPU product here, measured for its accuracy and never used by the engine."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        from akv_core.model.quantized import quantize_int8_rows
+
+        q, scale = quantize_int8_rows(weight)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are marked deprecated; the kernel is not
+            quantized = torch._make_per_channel_quantized_tensor(q, scale.double(),
+                                                                torch.zeros(q.shape[0], dtype=torch.long), 0)
+        self.packed, self.bias, self.out_features = torch.ops.quantized.linear_prepack(quantized, None), bias, q.shape[0]
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, True)
+        return y if self.bias is None else y + self.bias
+
+
+def dynamic_int8_model(exact: Any) -> Any:
+    """The float32 model with every projection, the output one included, on `DynamicInt8`."""
+    model = copy.copy(exact)
+    model.layers = [dataclasses.replace(layer, **{name: DynamicInt8(getattr(layer, name).weight, getattr(layer, name).bias)
+                                                  for name in ("qkv", "o", "gate_up", "down")})
+                    for layer in exact.layers]
+    model.lm_head = DynamicInt8(exact.lm_head.weight)
+    return model
+
+
+KERNEL_SHAPES = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+
+
+def kernel_table(repeats: int = 20) -> None:
+    """Every CPU matmul kernel torch offers for these precisions, on SmolLM2's projection shapes, one thread:
+    median CPU microseconds per product (weights stay in cache except lm_head's)."""
+    from akv_core.model.linear import Linear
+    from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear
+
+    kernels = {"fp32 (MKL)": lambda w: Linear(w), "fp16 (fbgemm)": lambda w: Linear(w, None, "fp16"),
+               "bf16": lambda w: (lambda x, b=w.bfloat16(): torch.nn.functional.linear(x.bfloat16(), b)),
+               "int8 weight-only": lambda w: (lambda x, l=Int8Linear(w): torch.ops.aten._weight_int8pack_mm(
+                   x.bfloat16(), l.q, l.scale_bf16)),
+               "int4 weight-only": lambda w: (lambda x, l=Int4Linear(Int4Groups.quantize(w)):
+                                              torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), l.packed, 32,
+                                                                                         l.scale_zeros)),
+               "int8 dynamic (fbgemm)": DynamicInt8}
+    rows_tried = (1, 8, 512)
+    print(f"kernels, 1 thread, median CPU us per product ({', '.join(f'{r} rows' for r in rows_tried)}):")
+    generator = torch.Generator().manual_seed(0)
+    with torch_threads(1):
+        for shape_name, (n, k) in KERNEL_SHAPES.items():
+            weight = torch.randn(n, k, generator=generator) * 0.05
+            for kernel_name, make in kernels.items():
+                product = make(weight)
+                cells = []
+                for rows in rows_tried if shape_name != "lm_head" else rows_tried[:2]:
+                    x = torch.randn(rows, k, generator=generator)
+                    product(x)
+                    times = []
+                    for _ in range(repeats if rows < 512 else 3):
+                        with Clock() as clock:
+                            product(x)
+                        times.append(clock.cpu)
+                    cells.append(f"{statistics.median(times) * 1e6:10.1f}")
+                print(f"  {shape_name:8s} {n:5d}x{k:<5d} {kernel_name:22s}" + "".join(cells), flush=True)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="ours, comma-separated")
+    parser.add_argument("--kernels", action="store_true", help="only time each matmul kernel on the model's shapes")
+    parser.add_argument("--peer", choices=("llama-cpp",), help="also measure llama-cpp-python on the same GGUF")
+    parser.add_argument("--llama-cpp", default=os.environ.get(LLAMA_CPP_ENV), metavar="VENV",
+                        help=f"a virtual environment (or site-packages folder) holding llama-cpp-python, when this "
+                        f"one has none (default ${LLAMA_CPP_ENV})")
+    parser.add_argument("--serve", default="", help="precisions (comma-separated) to also time 8 concurrent "
+                        "requests on akv serve with")
+    parser.add_argument("--serve-streams", type=int, default=8)
+    parser.add_argument("--serve-tokens", type=int, default=64, help="completion tokens per request")
+    parser.add_argument("--serve-rounds", type=int, default=3)
     parser.add_argument("--decode-prompt", type=int, default=128)
     parser.add_argument("--bursts", type=int, default=8, help="decode rounds; each runs every contender")
     parser.add_argument("--burst-steps", type=int, default=4)
@@ -132,43 +439,83 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="prefill rounds")
     parser.add_argument("--history", type=int, default=6144)
     args = parser.parse_args()
+    for option in ("precisions", "serve"):
+        chosen = [p.strip() for p in getattr(args, option).split(",") if p.strip()]
+        unknown = [p for p in chosen if p not in PRECISIONS]
+        if unknown:
+            parser.error(f"--{option}: unknown {', '.join(unknown)} (expected some of {', '.join(PRECISIONS)})")
+        setattr(args, option, chosen)
+    return args
 
+
+def main() -> None:
+    args = parse_args()
+    print(f"{cpu_model()} ({cpu_summary()}), {os.cpu_count()} cores, torch {torch.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+    if args.kernels:
+        kernel_table()
+        return
+    if args.peer:
+        import_llama_cpp(args.llama_cpp)  # before minutes of loading: its absence is explained at once
     hf = transformers_reference()
-    ours = {name: load_model("smollm2", precision=name) for name in ("float32", "fp16", "mixed")}
+    ours = {name: load_model("smollm2", precision=name) for name in args.precisions}
+    n_ctx = max(args.prefill_tokens, args.decode_prompt + args.bursts * args.burst_steps + 1,
+                args.decode_prompt + args.serve_tokens + 1)
+    llm = llama_cpp(1, n_ctx, args.prefill_tokens, args.llama_cpp) if args.peer else None
     generator = torch.Generator().manual_seed(0)
     decode_prompt = torch.randint(100, 40000, (args.decode_prompt,), generator=generator)
     prefill_prompt = torch.randint(100, 40000, (args.prefill_tokens,), generator=generator)
+    steps = args.bursts * args.burst_steps
 
     # Decode: short bursts in turn, so that load from other processes falls on every contender alike.
-    with phase_threads("decode") as decode_threads:
-        decoders = {"transformers": ReferenceDecoder(hf, decode_prompt)}
-        decoders.update({name: OurDecoder(model, decode_prompt, args.bursts * args.burst_steps)
-                         for name, model in ours.items()})
-        decode = {name: [] for name in decoders}
-        for _ in range(args.bursts):
-            for name, decoder in decoders.items():
-                with Clock() as clock:
-                    for _ in range(args.burst_steps):
-                        decoder.step()
-                decode[name].append(clock)
-    prefill = {name: [] for name in ("transformers", *ours)}
+    for threads in (1, 2) if llm is not None else (1,):
+        with torch_threads(threads):
+            decoders: dict[str, Decoder] = {"transformers": ReferenceDecoder(hf, decode_prompt)} if threads == 1 else {}
+            decoders.update({name: OurDecoder(model, decode_prompt, steps) for name, model in ours.items()})
+            if llm is not None:
+                llama_cpp_threads(llm, threads)
+                decoders[PEER] = LlamaCppDecoder(llm, decode_prompt)
+            decode = decode_bursts(decoders, args.bursts, args.burst_steps)
+        summary(f"decode ({threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
+                f"{args.burst_steps} steps)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms, threads)
+
+    prefill: dict[str, list[Clock]] = {name: [] for name in ("transformers", *ours, *([PEER] if llm else []))}
     for round_index in range(args.rounds):
         with phase_threads("prefill", args.prefill_tokens) as prefill_threads:
             prefill["transformers"].append(reference_prefill(hf, prefill_prompt))
             for name, model in ours.items():
                 prefill[name].append(our_prefill(model, prefill_prompt))
-        print(f"prefill round {round_index + 1}/{args.rounds} (cpu s): "
-              + ", ".join(f"{k} {v[-1].cpu:.2f}" for k, v in prefill.items()), flush=True)
-
-    summary(f"decode ({decode_threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
-            f"{args.burst_steps} steps)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms)
+            if llm is not None:
+                llama_cpp_threads(llm, prefill_threads)
+                prefill[PEER].append(peer_prefill(llm, prefill_prompt))
+        print(f"prefill round {round_index + 1}/{args.rounds} ({prefill_threads} thread(s); cpu s / wall s): "
+              + ", ".join(f"{k} {v[-1].cpu:.2f} / {v[-1].wall:.2f}" for k, v in prefill.items()), flush=True)
     summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s",
-            prefill, 1.0, lambda seconds: args.prefill_tokens / seconds)
+            prefill, 1.0, lambda seconds: args.prefill_tokens / seconds, prefill_threads)
+
+    reduced = [name for name in ours if name != "float32"]
+    if reduced:
+        exact = ours.get("float32") or load_model("smollm2")
+        with phase_threads("decode"):
+            probes = float32_probes(exact, prompt_ids())
+            reference_logits = [logits_along(exact, probe) for probe in probes]
+            print(f"accuracy against float32: {len(probes)} chat prompts, each with float32's greedy continuation")
+            for name in reduced:
+                print_accuracy(name, accuracy(ours[name], probes, reference_logits))
+            # fbgemm's dynamic int8 GEMM, the fastest CPU product: why no precision uses it.
+            print_accuracy("int8-dyn", accuracy(dynamic_int8_model(exact), probes, reference_logits))
+            print("  (int8-dyn: fbgemm's dynamically quantized int8 GEMM, 7-bit activations; measured, not used)")
+
     with phase_threads("decode"):
-        full = attention_ms(ours["float32"], args.history, 1.0, 10)
-        dropped = attention_ms(ours["float32"], args.history, 0.3, 10)
+        attention_model = next(iter(ours.values()))
+        full = attention_ms(attention_model, args.history, 1.0, 10)
+        dropped = attention_ms(attention_model, args.history, 0.3, 10)
     print(f"decode attention over {args.history} slots, all layers, per step: none dropped {full:.2f} ms, "
           f"70% dropped {dropped:.2f} ms, {full / dropped:.2f}x faster")
+
+    for precision in args.serve:
+        serve_rounds(precision, llm, decode_prompt, args.serve_rounds, args.serve_streams, args.serve_tokens)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import functools
 import json
 import re
 import signal
@@ -40,8 +41,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from benchmarks.common import (AKV, STANDARD, SUITES, TEXT_ENGINEERING, format_table, percentile, present_suites,
-                               ratio, run_split, verdict)
+from benchmarks.common import (AKV, STANDARD, SUITES, TEXT_ENGINEERING, at_once, format_table, percentile,
+                               present_suites, ratio, run_split, verdict)
 
 POLICIES = (AKV, STANDARD, TEXT_ENGINEERING)
 # The paper's serving ratios (GPT-OSS-120B, 80 long SWE-bench Verified tasks), AKV over Standard.
@@ -220,11 +221,12 @@ def attention_per_step_ms(streams: dict[str, list[Stream]], repeats: int = 5, gr
 
 
 @contextmanager
-def akv_server(kv_tokens: int, max_running: int, log_dir: Path) -> Iterator[str]:
-    """`akv serve` on a free loopback port with a pool of `kv_tokens`; yields its URL, stops it on exit."""
+def akv_server(kv_tokens: int, max_running: int, log_dir: Path, options: Sequence[str] = ()) -> Iterator[str]:
+    """`akv serve` on a free loopback port with a pool of `kv_tokens` (and `options`, e.g. a precision);
+    yields its URL, stops it on exit."""
     log = log_dir / "server.log"
     command = [sys.executable, "-m", "akv_cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--kv-tokens", str(kv_tokens), "--max-running", str(max_running), "--device", "cpu"]
+               "--kv-tokens", str(kv_tokens), "--max-running", str(max_running), "--device", "cpu", *options]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                    cwd=Path(__file__).resolve().parents[1])
@@ -279,23 +281,15 @@ def replay_streams(url: str, model: str, streams: Sequence[Stream], salt: str, m
 
     sent = [salted(s, f"{salt}-{i}", max_tokens) for i, s in enumerate(streams)]
     outcomes: list[list[Outcome]] = [[] for _ in streams]
-    start = threading.Barrier(len(streams) + 1)
+    backends = [HttpBackend(url, model) for _ in streams]
 
     def worker(index: int) -> None:
-        backend = HttpBackend(url, model)
-        start.wait()
         for request, purpose in zip(sent[index], streams[index].purposes):
-            outcomes[index].append(_send(backend, request, purpose))
-        backend.close()
+            outcomes[index].append(_send(backends[index], request, purpose))
+        backends[index].close()
 
-    threads = [threading.Thread(target=worker, args=(i,), name=f"stream-{i}") for i in range(len(streams))]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return outcomes, time.perf_counter() - began, sent
+    wall = at_once([functools.partial(worker, i) for i in range(len(streams))], name="stream")
+    return outcomes, wall, sent
 
 
 def _send(backend: Any, request: Any, purpose: str) -> Outcome:

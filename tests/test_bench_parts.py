@@ -193,3 +193,20 @@ def test_headroom_runs_each_suites_own_hand_written_built_ins_unless_told() -> N
     assert headroom.Settings().handwritten("localswe") == ("drop-stale",)
     assert headroom.Settings(policies=("a.akvp",)).handwritten("localswe") == ("a.akvp",)
     assert headroom.Settings().handwritten("another") == ()
+
+
+def test_the_llama_cpp_peer_is_found_in_another_venv_or_its_absence_explained(tmp_path) -> None:
+    import importlib.util
+    import sys
+
+    from benchmarks.engine import import_llama_cpp, site_packages
+
+    venv_site = tmp_path / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    venv_site.mkdir(parents=True)
+    assert site_packages(tmp_path) == [venv_site]
+    (venv_site / "llama_cpp").mkdir()
+    assert site_packages(venv_site) == [venv_site]   # a site-packages folder given directly
+    if importlib.util.find_spec("llama_cpp") is not None:
+        pytest.skip("llama-cpp-python is installed in this environment")
+    with pytest.raises(SystemExit, match=r"not found in .*nowhere.*never a dependency.*--llama-cpp VENV"):
+        import_llama_cpp(str(tmp_path / "nowhere"))

@@ -24,7 +24,7 @@ class LogLevel(str, Enum):
 
 
 # The matmul weights' precision (activations and the KV pool stay float32): float32 exact; fp16 about
-# 3x faster decode on the CPU; mixed adds bf16 prefill weights where the CPU has native bf16; int8
+# 1.8x faster decode on an AVX2 CPU; mixed adds bf16 prefill weights where the CPU has native bf16; int8
 # per row and int4 in groups of 32 (a GGUF's Q4_0 / Q4_1 as stored) on the CPU only.
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 (faster on the CPU; "

@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|headroom|search|replay`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|replay|scale`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
 
 The benchmarks ship with the source checkout (they are not part of the installed packages), so
 they are imported from the checkout this command was installed from.
@@ -150,6 +150,15 @@ def replay(ctx: typer.Context) -> None:
     """Requests per second of the replay accounting (the per-candidate work of evolution); --help for options."""
     module = _benchmark("replay")
     _guarded(lambda: module.main(list(ctx.args), prog="akv bench replay"))
+
+
+@bench.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+               add_help_option=False)
+def scale(ctx: typer.Context) -> None:
+    """Replay evaluations/s with 1 and 2 workers sharing a run (PostgreSQL), llm tasks/s against akv serve at
+    concurrency 1, 4, 8; --help for options."""
+    module = _benchmark("scale")
+    _guarded(lambda: module.main(list(ctx.args)))
 
 
 def _report(module: ModuleType, settings: Any, as_json: bool) -> None:

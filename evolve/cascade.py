@@ -16,6 +16,7 @@ from evolve.config import CascadeConfig
 from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
 from evolve.scoring import Evaluator
+from evolve.workers import SharedEvaluation
 from store import Store, TaskResult
 
 
@@ -55,8 +56,9 @@ def _dominates(other: Summary, own: Summary, margin: float) -> bool:
 
 class Cascade:
     def __init__(self, store: Store, run_id: int, evaluator: Evaluator, train_ids: Sequence[str],
-                 config: CascadeConfig) -> None:
+                 config: CascadeConfig, shared: SharedEvaluation | None = None) -> None:
         self.store, self.run_id, self.evaluator = store, run_id, evaluator
+        self.shared = shared  # set: tasks go through the run's work queue (evolve/workers.py)
         self.train_ids = list(train_ids)
         self.subset_ids = self.train_ids[: config.subset_size]
         self.margin = config.promote_margin
@@ -69,9 +71,19 @@ class Cascade:
         """Run the tasks not yet stored for this policy, committing each result as it comes."""
         done = self.stored(policy_id, split)
         missing = [t for t in task_ids if t not in done]
-        self.evaluator.evaluate(text, label, split, missing,
-                                lambda r: self.store.add_evaluation(self.run_id, policy_id, r))
+        if self.shared is not None:
+            if missing:
+                self.shared.run(policy_id, label, split, missing)
+        else:
+            self.evaluator.evaluate(text, label, split, missing,
+                                    lambda r: self.store.add_evaluation(self.run_id, policy_id, r))
         return self.stored(policy_id, split)
+
+    def enqueue(self, policy_id: int, task_ids: Sequence[str], split: str = TRAIN) -> None:
+        """Queue the tasks not yet stored, ahead of running them (other workers may take them meanwhile)."""
+        if self.shared is not None:
+            done = self.stored(policy_id, split)
+            self.shared.enqueue(policy_id, split, [t for t in task_ids if t not in done])
 
     def evaluate(self, policy_id: int, text: str, label: str, gate: bool = True) -> Outcome:
         subset = self.run_missing(policy_id, text, label, self.subset_ids)

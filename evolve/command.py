@@ -165,11 +165,12 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             raise EvolveError(f"{field}: {err}") from None
     check_proposers(config)
     display = TaskDisplay(console, task_lines=False)
+    if config.backend == "embedded":
+        display.phase("loading the model smollm2 (embedded backend)")
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
                                      recorded_version=run.suite_version if run is not None else None,
-                                     concurrency=config.evaluation.concurrency, display=display,
-                                     precision=config.precision)
+                                     concurrency=config.evaluation.concurrency, precision=config.precision)
     except ValueError as err:
         display.close()
         message = str(err)
@@ -184,8 +185,10 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
                       f"({'resumed' if resume else 'new'}; proposers {', '.join(config.proposers)}; "
                       f"{config.max_candidates} candidate{'s' if config.max_candidates != 1 else ''})")
         try:
-            proposers = make_proposers(config, store, run)
-            result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run)).run_all()
+            with store.work.proposer_lock(run.id, run.name):
+                proposers = make_proposers(config, store, run)
+                result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run),
+                                   display).run_all()
         except ProposerUnavailable as err:
             store.set_run_status(run.id, "stopped", str(err))
             raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None

@@ -23,7 +23,9 @@ from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
 from evolve.scoring import Evaluator, code_version
 from evolve.validation import HELDOUT, pick_finalists, validate
+from evolve.workers import SharedEvaluation, Worker
 from sandbox.cost import cents
+from sandbox.progress import TaskDisplay
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
 PROPOSED_BY = ("llm", "optuna", "mutate")
@@ -42,7 +44,8 @@ class EvolutionResult:
 
 class Evolution:
     def __init__(self, store: Store, run: RunInfo, config: EvolveConfig, evaluator: Evaluator,
-                 proposers: Mapping[str, Proposer], progress: Progress | None = None) -> None:
+                 proposers: Mapping[str, Proposer], progress: Progress | None = None,
+                 display: TaskDisplay | None = None) -> None:
         self.store, self.run, self.config = store, run, config
         self.evaluator, self.proposers = evaluator, proposers
         self.progress = progress or (lambda _msg, _front: None)
@@ -51,7 +54,11 @@ class Evolution:
         heldout = evaluator.task_ids(HELDOUT)
         limit = config.validation.heldout_limit
         self.heldout_ids = heldout[:limit] if limit else heldout
-        self.cascade = Cascade(store, run.id, evaluator, self.train_ids, config.cascade)
+        evaluation = config.evaluation
+        # Every task goes through the run's work queue, which `akv worker` processes may share (evolve/workers.py).
+        self.shared = SharedEvaluation(lambda: Worker(store, run, evaluator, "evolve", evaluation.concurrency,
+                                                      evaluation.lease_s, config.backend), display)
+        self.cascade = Cascade(store, run.id, evaluator, self.train_ids, config.cascade, self.shared)
         self._fingerprints: Fingerprints | None = None
 
     def fingerprints(self) -> Fingerprints:
@@ -68,6 +75,12 @@ class Evolution:
         return sum(1 for p in self.store.policies(self.run.id) if p.proposer in PROPOSED_BY)
 
     def run_all(self) -> EvolutionResult:
+        try:
+            return self._run_all()
+        finally:
+            self.shared.close()
+
+    def _run_all(self) -> EvolutionResult:
         baselines = self.seed_population()
         stop_reason = self.propose()
         self.progress("validating the front and the baselines on the held-out split", self.cascade.front())
@@ -95,6 +108,7 @@ class Evolution:
         entries = [(name, "seed", None) for name in self.config.seed_policies]
         entries += [(name, "baseline", role) for role, name in roles.items()]
         baselines: dict[str, int] = {}
+        pending: dict[int, tuple[str, str, str]] = {}  # policy id -> (kind, name, text), in order
         for name, kind, role in entries:
             checked = load_checked(name)
             identity = self.fingerprints().identity(checked.text)
@@ -105,10 +119,13 @@ class Evolution:
             if role is not None:
                 self.store.set_baseline(self.run.id, role, pid)
                 baselines[role] = pid
-            info = self.store.policy(pid)
-            if info.status == "proposed":
-                self.progress(f"evaluating {kind} {name} on the train split", self.cascade.front())
-                self.cascade.evaluate(pid, checked.text, name, gate=False)
+            if self.store.policy(pid).status == "proposed":
+                pending.setdefault(pid, (kind, name, checked.text))
+        for pid in pending:  # all queued first: workers of a shared run take them side by side
+            self.cascade.enqueue(pid, self.train_ids)
+        for pid, (kind, name, text) in pending.items():
+            self.progress(f"evaluating {kind} {name} on the train split", self.cascade.front())
+            self.cascade.evaluate(pid, text, name, gate=False)
         self.backfill_identities()
         return baselines
 

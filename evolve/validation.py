@@ -48,6 +48,8 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
     entries: list[tuple[PolicyInfo, str, str]] = [(store.policy(pid), "baseline", role) for role, pid in
                                                   baselines.items()]
     entries += [(info, "candidate", info.label) for info in map(store.policy, finalists)]
+    for info, _role, _label in entries:  # all queued first: workers of a shared run take them side by side
+        cascade.enqueue(info.id, heldout_ids, split=HELDOUT)
     runs: dict[int, list[TaskResult]] = {}
     for info, _role, label in entries:
         results = cascade.run_missing(info.id, info.text or "", label, heldout_ids, split=HELDOUT)

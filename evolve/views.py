@@ -68,6 +68,13 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
     console.print("train front:")
     for point in front:
         console.print(f"  {by_id[point.policy_id].label}: score {point.score:.3f}, cost {cents(point.cost)}¢/task")
+    workers = store.work.workers(run.id)
+    if workers:
+        console.print("workers:")
+        for w in workers:
+            console.print(f"  {w.name} ({w.role}, concurrency {w.concurrency}, backend {w.backend}): "
+                          f"{w.n_evaluations} tasks, {w.started_at:%Y-%m-%d %H:%M:%S} to {w.last_seen:%H:%M:%S}",
+                          markup=False, highlight=False)
     reasons = Counter((p.rejection_reason or "").split(":")[0] for p in policies if p.status == "rejected")
     if reasons:
         console.print("rejections: " + "; ".join(f"{n}× {r}" for r, n in reasons.most_common(5)))

@@ -91,7 +91,7 @@ class TaskDisplay:
             self.done, self.running, self.failed = done, running, failed
             if self.live:
                 self._refresh()
-            elif changed:
+            elif changed and (self.task_lines or done >= self.total):
                 self.console.print(f"{self.label}: {self.done}/{self.total} ({self.status()})", markup=False,
                                    highlight=False, soft_wrap=True)
 

@@ -7,8 +7,10 @@ from store.errors import DuplicateRunName, RunNotFound, StoreError
 from store.records import (EvaluationRecord, PolicyInfo, Proposal, RunInfo, TaskResult, TimelineRecord,
                            ValidationRecord, ValidationRound)
 from store.repository import Store
+from store.work import BatchCounts, Lease, WorkerInfo, WorkQueue
 
 __all__ = [
     "Store", "StoreError", "DuplicateRunName", "RunNotFound", "RunInfo", "PolicyInfo", "Proposal",
-    "TaskResult", "TimelineRecord", "EvaluationRecord", "ValidationRecord", "ValidationRound",
+    "TaskResult", "TimelineRecord", "EvaluationRecord", "ValidationRecord", "ValidationRound", "WorkQueue", "Lease",
+    "WorkerInfo", "BatchCounts",
 ]

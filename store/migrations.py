@@ -15,7 +15,7 @@ from alembic.operations import Operations
 from sqlalchemy import Column, Connection, Integer, String, inspect, select, text
 
 from store.errors import StoreError
-from store.schema import Base, Run, SchemaVersion, Timeline, Validation, ValidationRound
+from store.schema import Base, Run, SchemaVersion, Timeline, Validation, ValidationRound, WorkItem, Worker
 
 Step = Callable[[Connection], None]
 
@@ -55,11 +55,22 @@ def _timelines(conn: Connection) -> None:
     Timeline.__table__.create(conn, checkfirst=True)
 
 
+def _work_leases_and_workers(conn: Connection) -> None:
+    # A fresh database is created at the latest schema (migrate runs this step there too).
+    if "worker_id" in {c["name"] for c in inspect(conn).get_columns("akv_evaluations")}:
+        return
+    Operations(MigrationContext.configure(conn)).add_column(
+        "akv_evaluations", Column("worker_id", Integer, nullable=True))
+    Worker.__table__.create(conn)
+    WorkItem.__table__.create(conn)
+
+
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "runs, policies, lineage, evaluations, validations, baselines", _create_tables),
     (2, "index evaluations by run and split", _index_evaluations_by_split),
     (3, "policy structure, behaviour and duplicate_of; validation rounds", _identities_and_validation_rounds),
     (4, "message timelines of train evaluations", _timelines),
+    (5, "work leases, workers, and the worker of each evaluation", _work_leases_and_workers),
 ]
 LATEST = MIGRATIONS[-1][0]
 

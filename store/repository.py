@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from store.database import default_url, open_engine
 from store.errors import DuplicateRunName, RunNotFound, StoreError
 from store.migrations import migrate
+from store.work import WorkQueue
 from store.records import (
     EvaluationRecord,
     PolicyInfo,
@@ -46,6 +47,11 @@ class Store:
         """Open (and migrate) the database at `url`, `AKV_DB`, or the data folder's SQLite file."""
         url = url or default_url()
         return cls(open_engine(url), url)
+
+    @property
+    def work(self) -> WorkQueue:
+        """The run's shared work queue: leases, workers (`store/work.py`)."""
+        return WorkQueue(self)
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -94,6 +100,11 @@ class Store:
         n_eval = s.scalar(select(func.count(Evaluation.id)).where(Evaluation.run_id == run.id)) or 0
         return RunInfo(run.id, run.name, run.config, run.seed, run.status, run.status_detail,
                        run.code_version, run.suite_version, run.created_at, run.finished_at, n_pol, n_eval)
+
+    def run_status(self, run_id: int) -> str:
+        """Just the run's status (running, finished, stopped): what a waiting worker polls."""
+        with self._tx() as s:
+            return s.scalar(select(Run.status).where(Run.id == run_id)) or "deleted"
 
     def runs(self) -> list[RunInfo]:
         with self._tx() as s:

@@ -114,6 +114,41 @@ class Evaluation(Base):
     wall_s: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    worker_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the process that evaluated it
+
+
+class Worker(Base):
+    """A process that took part in a run: its `akv evolve` process (role evolve) or an `akv worker`."""
+
+    __tablename__ = "akv_workers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))  # host:pid
+    role: Mapped[str] = mapped_column(String(20))  # evolve | worker
+    concurrency: Mapped[int] = mapped_column(Integer, default=1)
+    backend: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkItem(Base):
+    """One task of one policy on one split, queued for whichever worker leases it first.
+
+    pending -> leased (worker_id, lease_until on the database's clock, in epoch seconds) -> done.
+    A lease not renewed by `lease_until` (its worker died) may be taken again by another worker.
+    """
+
+    __tablename__ = "akv_work"
+    __table_args__ = (UniqueConstraint("run_id", "policy_id", "split", "task_id", name="uq_work_item"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), index=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"))
+    split: Mapped[str] = mapped_column(String(40))
+    task_id: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20), default="pending")
+    worker_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    lease_until: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # times leased
 
 
 class Timeline(Base):

@@ -73,7 +73,7 @@ V2_ROWS = [
 def _check_version_2_migrated(url: str) -> None:
     store = Store.open(url)
     try:
-        assert store.schema_version == LATEST == 4
+        assert store.schema_version == LATEST
         run = store.run("old")
         [kept] = store.validations(run.id)
         assert kept.champion and kept.verdict.startswith("champion: saves") and kept.stats["cost"]["p_value"] == 0.01
@@ -96,7 +96,7 @@ def test_version_2_sqlite_database_gets_identities_and_validation_rounds(tmp_pat
         for statement in V2_ROWS:
             conn.execute(statement.replace("true", "1"))
     _check_version_2_migrated(f"sqlite:///{path}")
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == list(range(1, LATEST + 1))
 
 
 def test_version_2_postgresql_database_gets_identities_and_validation_rounds(postgres_url):
@@ -108,3 +108,61 @@ def test_version_2_postgresql_database_gets_identities_and_validation_rounds(pos
             conn.execute(statement)
         conn.execute("SELECT setval('akv_policies_id_seq', 1); SELECT setval('akv_runs_id_seq', 1)")
     _check_version_2_migrated(postgres_url)
+
+
+V3_ROWS = [
+    "INSERT INTO akv_schema_version (version, description, applied_at) VALUES (1, 'tables', '2026-11-01 00:00:00'), "
+    "(2, 'index', '2026-11-01 00:00:00'), (3, 'rounds', '2026-11-20 00:00:00')",
+    "INSERT INTO akv_runs (id, name, config, seed, status, code_version, suite_version, created_at, updated_at) "
+    "VALUES (1, 'old', '{}', 0, 'running', '0.1.0+abc', 'localcomp@e1-0123456789ab', '2026-11-20 00:00:00', "
+    "'2026-11-20 00:00:00')",
+    "INSERT INTO akv_policies (id, run_id, hash, text, generation, proposer, status, prompt_tokens, completion_tokens, "
+    "proposal_cost_usd, meta, created_at) VALUES (1, 1, 'h1', 'mode kv', 0, 'seed', 'proposed', 0, 0, 0, '{}', "
+    "'2026-11-20 00:00:00')",
+    "INSERT INTO akv_evaluations (run_id, policy_id, task_id, split, status, score, cost_usd, n_requests, tokens, "
+    "wall_s, created_at) VALUES (1, 1, 't1', 'train', 'ok', 1.0, 0.004, 3, '{}', 0.1, '2026-11-20 00:00:00')",
+]
+
+
+def _check_version_3_migrated(url: str) -> None:
+    """Steps 4 and 5: the old evaluation is kept (no worker), and the run can be shared from then on."""
+    from store import TaskResult
+
+    store = Store.open(url)
+    try:
+        assert store.schema_version == LATEST
+        run = store.run("old")
+        [kept] = store.evaluations(run.id)
+        assert (kept.result.task_id, kept.result.cost_usd) == ("t1", 0.004)
+        assert store.work.workers(run.id) == []
+        worker = store.work.register(run.id, "worker", 2, "replay")
+        store.work.enqueue(run.id, 1, "train", ["t1", "t2"])
+        leases = store.work.lease(run.id, worker, 5, 60)
+        assert [lease.task_id for lease in leases] == ["t1", "t2"]
+        assert not store.work.complete(leases[0], worker, run.id, TaskResult("t1", "train", "ok", 1.0, 0.004))
+        assert store.work.complete(leases[1], worker, run.id, TaskResult("t2", "train", "ok", 1.0, 0.003))
+        assert [w.n_evaluations for w in store.work.workers(run.id)] == [1]
+        assert len(store.evaluations(run.id)) == 2  # the stored t1 was not stored twice
+    finally:
+        store.close()
+
+
+def test_version_3_sqlite_database_gets_work_leases_and_workers(tmp_path):
+    path = tmp_path / "v3.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript((DATA / "store-v3.sqlite.sql").read_text())
+        for statement in V3_ROWS:
+            conn.execute(statement)
+    _check_version_3_migrated(f"sqlite:///{path}")
+    assert versions(path) == list(range(1, LATEST + 1))
+
+
+def test_version_3_postgresql_database_gets_work_leases_and_workers(postgres_url):
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute((DATA / "store-v3.postgresql.sql").read_text())
+        for statement in V3_ROWS:
+            conn.execute(statement)
+        conn.execute("SELECT setval('akv_policies_id_seq', 1); SELECT setval('akv_runs_id_seq', 1)")
+    _check_version_3_migrated(postgres_url)

@@ -1,0 +1,276 @@
+"""Evaluation at scale, measured side by side in one run: `python benchmarks/scale.py` (`akv bench scale`).
+
+1. **Workers.** Replay evaluations per second with 1 and 2 `akv worker` processes sharing a run
+   through a throwaway PostgreSQL cluster: the same work each time (localcomp train tasks under
+   several built-in policies), queued in one transaction only once every worker has joined, and
+   timed from then until the last result is stored. Each level gets a fresh database.
+2. **Concurrent tasks.** Tasks per second of the `llm` agent against `akv serve` (the embedded
+   SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
+   level (so that no level finds the prefixes of another cached).
+3. **Per request.** From the llm runs: requests per task, prompt tokens computed and cached and
+   completion tokens per request, and seconds per request; docs/benchmarks.md projects a GPU
+   fleet from them (labelled as a projection).
+
+The ratios (2 workers vs 1, concurrency c vs 1) come from levels measured one after another in
+this one run, on the same machine.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import `benchmarks` and the packages from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from benchmarks import postgres
+from benchmarks.common import format_table, ratio
+
+ROOT = Path(__file__).resolve().parents[1]
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    suite: str = "localcomp"
+    policies: tuple[str, ...] = ("expert-8k", "standard-8k", "text-engineering-8k", "full", "rolling-3",
+                                 "turn-based")
+    train_tasks: int = 20  # per policy, for the workers
+    workers: tuple[int, ...] = (1, 2)
+    llm_tasks: int = 8
+    llm_steps: int = 3
+    llm_max_tokens: int = 32
+    concurrency: tuple[int, ...] = (1, 4, 8)
+    kv_tokens: int = 32_768
+    parts: tuple[str, ...] = field(default=("workers", "llm"))
+
+
+# -- 1. workers sharing a run ------------------------------------------------------------------------
+
+
+def measure_workers(settings: Settings, say: Say) -> list[dict[str, Any]]:
+    reason = postgres.missing()
+    if reason:
+        raise ValueError(f"the workers part needs PostgreSQL: {reason}")
+    with postgres.throwaway_cluster() as server:
+        return [_workers_level(postgres.fresh_database(server), n, settings, say) for n in settings.workers]
+
+
+def cpu_ceiling(processes: int = 2, seconds: float = 3.0) -> float:
+    """Work done by `processes` busy Python processes over the work of one, now: what a shared machine
+    offers several workers at this moment (2.0 on two idle cores)."""
+    counts = []
+    for n in (1, processes):
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            counts.append(sum(pool.map(_spin, [seconds] * n)))
+    return round(counts[1] / counts[0], 3)
+
+
+def _spin(seconds: float) -> int:
+    deadline, n = time.perf_counter() + seconds, 0
+    while time.perf_counter() < deadline:
+        n += sum(range(1000))
+    return n
+
+
+def _workers_level(url: str, n: int, settings: Settings, say: Say) -> dict[str, Any]:
+    from store import Store
+
+    store = Store.open(url)
+    try:
+        run, items = _queued_run(store, settings)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        with tempfile.TemporaryDirectory(prefix="akv-scale-") as logs:
+            processes = [subprocess.Popen([sys.executable, "-m", "akv_cli.main", "worker", "--run", run.name,
+                                           "--db", url], env=env, cwd=ROOT, stdout=open(Path(logs) / f"{i}.log", "w"),
+                                          stderr=subprocess.STDOUT) for i in range(n)]
+            try:
+                _wait(lambda: len(store.work.workers(run.id)) == n, processes, logs, "the workers to join")
+                started = time.perf_counter()
+                for policy_id, tasks in items.items():
+                    store.work.enqueue(run.id, policy_id, "train", tasks)
+                _wait(lambda: store.work.unfinished(run.id) == 0, processes, logs, "the queued work")
+                wall = time.perf_counter() - started
+                store.set_run_status(run.id, "finished")
+                for process in processes:
+                    process.wait(timeout=60)
+            finally:
+                for process in processes:
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+        per_worker = [w.n_evaluations for w in store.work.workers(run.id)]
+        stored = len(store.evaluations(run.id))
+    finally:
+        store.close()
+    say(f"workers {n}: {stored} evaluations in {wall:.1f} s ({per_worker})")
+    return {"workers": n, "evaluations": stored, "wall_s": round(wall, 2),
+            "evaluations_per_s": round(stored / wall, 2), "per_worker": per_worker}
+
+
+def _queued_run(store: Any, settings: Settings) -> tuple[Any, dict[int, list[str]]]:
+    """A running run whose config the workers score with, its policies stored; the work to queue."""
+    from akv_core.home import akv_home
+    from policy_dsl import parse
+    from policy_dsl.library import builtin_source
+    from policy_dsl.printer import canonical_hash
+    from sandbox.suites import get_suite
+    from store import Proposal
+
+    suite = get_suite(settings.suite)
+    suite.build(akv_home(), 0)
+    config = {"suite": settings.suite, "agent": "scripted", "backend": "replay", "seed": 0,
+              "evaluation": {"concurrency": 1, "lease_s": 60.0}}
+    run = store.create_run("scale", config, 0, "benchmark", suite.version(akv_home()))
+    tasks = [t.id for t in suite.tasks("train")][: settings.train_tasks]
+    items = {}
+    for name in settings.policies:
+        text = builtin_source(name)
+        pid, _ = store.add_policy(run.id, Proposal("seed", text, text=text, hash=canonical_hash(parse(text)),
+                                                   name=name))
+        items[pid] = tasks
+    return run, items
+
+
+def _wait(done: Callable[[], bool], processes: Sequence[subprocess.Popen], logs: str, what: str,
+          timeout_s: float = 1800.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        failed = [p for p in processes if p.poll() is not None]
+        if failed or time.monotonic() > deadline:
+            tails = "; ".join(p.read_text()[-500:] for p in sorted(Path(logs).glob("*.log")))
+            raise RuntimeError(f"waiting for {what}: {'a worker exited' if failed else 'timed out'}: {tails}")
+        time.sleep(0.05)
+
+
+# -- 2. the llm agent at concurrency 1, 4, 8 -------------------------------------------------------------
+
+
+def measure_llm(settings: Settings, say: Say) -> list[dict[str, Any]]:
+    from benchmarks.serving import akv_server
+    from sandbox.harness import RunLimits, run_tasks
+
+    cells = []
+    for level in settings.concurrency:
+        with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
+            with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
+                started = time.perf_counter()
+                report = run_tasks(settings.suite, "train", "expert-8k", agent="llm", backend=url,
+                                   limit=settings.llm_tasks, concurrency=level, model="smollm2",
+                                   limits=RunLimits(max_steps=settings.llm_steps, max_tokens=settings.llm_max_tokens))
+                wall = time.perf_counter() - started
+        cells.append(_llm_cell(level, report.results, wall))
+        say(f"concurrency {level}: {len(report.results)} tasks in {wall:.1f} s")
+    return cells
+
+
+def _llm_cell(level: int, results: Sequence[Any], wall: float) -> dict[str, Any]:
+    requests = sum(r.n_requests for r in results)
+    tokens = {k: sum(getattr(r.tokens, k) for r in results) for k in ("input", "cached", "output")}
+    return {"concurrency": level, "tasks": len(results), "wall_s": round(wall, 2),
+            "tasks_per_s": round(len(results) / wall, 4), "requests": requests,
+            "errors": sum(r.status == "error" for r in results),
+            "per_request": {"computed_prompt_tokens": round(tokens["input"] / max(requests, 1), 1),
+                            "cached_prompt_tokens": round(tokens["cached"] / max(requests, 1), 1),
+                            "completion_tokens": round(tokens["output"] / max(requests, 1), 1),
+                            "seconds": round(wall / max(requests, 1) * level, 3)}}
+
+
+# -- the run and its table ----------------------------------------------------------------------------------
+
+
+def measure(settings: Settings = Settings(), progress: Say | None = None) -> dict[str, Any]:
+    say = progress or (lambda _text: None)
+    figures: dict[str, Any] = {"settings": asdict(settings)}
+    if "workers" in settings.parts:
+        figures["cpu_ceiling_before"] = cpu_ceiling(max(settings.workers))
+        figures["workers"] = measure_workers(settings, say)
+        figures["cpu_ceiling_after"] = cpu_ceiling(max(settings.workers))
+    if "llm" in settings.parts:
+        figures["llm"] = measure_llm(settings, say)
+    figures["ratios"] = ratios(figures)
+    return figures
+
+
+def ratios(figures: Mapping[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    workers = {c["workers"]: c["evaluations_per_s"] for c in figures.get("workers", [])}
+    for n, rate in workers.items():
+        if n != 1 and 1 in workers:
+            out[f"workers {n} vs 1 (evaluations/s)"] = ratio(rate, workers[1])
+    llm = {c["concurrency"]: c["tasks_per_s"] for c in figures.get("llm", [])}
+    for level, rate in llm.items():
+        if level != 1 and 1 in llm:
+            out[f"llm concurrency {level} vs 1 (tasks/s)"] = ratio(rate, llm[1])
+    return out
+
+
+def render(figures: Mapping[str, Any]) -> str:
+    parts = []
+    if figures.get("workers"):
+        parts.append("replay evaluations by akv worker processes sharing a run (PostgreSQL)")
+        parts.append(format_table(["workers", "evaluations", "wall s", "evaluations/s", "per worker"],
+                                  [[c["workers"], c["evaluations"], c["wall_s"], c["evaluations_per_s"],
+                                    "/".join(map(str, c["per_worker"]))] for c in figures["workers"]]))
+        parts.append(f"CPU the machine offered {max(c['workers'] for c in figures['workers'])} busy processes vs 1, "
+                     f"measured just before and after: {figures['cpu_ceiling_before']}x, "
+                     f"{figures['cpu_ceiling_after']}x (2.0 on two idle cores)")
+    if figures.get("llm"):
+        parts.append("llm agent against akv serve (embedded SmolLM2, CPU)")
+        parts.append(format_table(
+            ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
+             "completion/req", "s/request"],
+            [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
+              *c["per_request"].values()] for c in figures["llm"]]))
+    parts.append("ratios, measured side by side in this run:")
+    parts += [f"  {name}: {value}x" for name, value in figures["ratios"].items()]
+    return "\n".join(parts)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
+    parser = argparse.ArgumentParser(prog="benchmarks/scale.py", description=__doc__.splitlines()[0])
+    defaults = Settings()
+    parser.add_argument("--parts", default=",".join(defaults.parts), help="workers,llm (default: both)")
+    parser.add_argument("--train-tasks", type=int, default=defaults.train_tasks)
+    parser.add_argument("--workers", default=",".join(map(str, defaults.workers)))
+    parser.add_argument("--llm-tasks", type=int, default=defaults.llm_tasks)
+    parser.add_argument("--llm-steps", type=int, default=defaults.llm_steps)
+    parser.add_argument("--llm-max-tokens", type=int, default=defaults.llm_max_tokens)
+    parser.add_argument("--concurrency", default=",".join(map(str, defaults.concurrency)))
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+    parts = tuple(p for p in args.parts.split(",") if p)
+    unknown = set(parts) - {"workers", "llm"}
+    if unknown:
+        parser.error(f"--parts: unknown part {sorted(unknown)[0]!r}; expected workers, llm")
+    numbers = {}
+    for option in ("workers", "concurrency"):
+        try:
+            numbers[option] = tuple(int(v) for v in getattr(args, option).split(","))
+        except ValueError:
+            parser.error(f"--{option}: expected positive integers separated by commas")
+        if min(numbers[option]) < 1:
+            parser.error(f"--{option}: expected positive integers separated by commas")
+    settings = Settings(train_tasks=args.train_tasks, workers=numbers["workers"], llm_tasks=args.llm_tasks,
+                        llm_steps=args.llm_steps, llm_max_tokens=args.llm_max_tokens,
+                        concurrency=numbers["concurrency"], parts=parts)
+    return settings, args.json
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings, as_json = parse_args(argv)
+    figures = measure(settings, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(json.dumps(figures) if as_json else render(figures))
+
+
+if __name__ == "__main__":
+    main()

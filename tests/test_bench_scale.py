@@ -1,0 +1,32 @@
+"""benchmarks/scale.py: the workers part on a real PostgreSQL with real `akv worker` processes, a small
+workload; its ratios and table; bad arguments stop before anything starts."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import postgres, scale
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_store_every_queued_evaluation_once(postgres_server) -> None:
+    settings = scale.Settings(policies=("expert-8k", "full"), train_tasks=3, workers=(1, 2), parts=("workers",))
+    cells = [scale._workers_level(postgres.fresh_database(postgres_server), n, settings, lambda _t: None)
+             for n in settings.workers]
+    assert [c["evaluations"] for c in cells] == [6, 6]  # 2 policies x 3 tasks, none lost, none twice
+    assert [len(c["per_worker"]) for c in cells] == [1, 2] and [sum(c["per_worker"]) for c in cells] == [6, 6]
+    figures = {"workers": cells, "cpu_ceiling_before": 1.9, "cpu_ceiling_after": 1.8}
+    figures["ratios"] = scale.ratios(figures)
+    expected = round(cells[1]["evaluations_per_s"] / cells[0]["evaluations_per_s"], 3)
+    assert figures["ratios"] == {"workers 2 vs 1 (evaluations/s)": expected}
+    assert f"workers 2 vs 1 (evaluations/s): {expected}x" in scale.render(figures)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--parts", "gpu"], "unknown part 'gpu'"),
+    (["--workers", "1,0"], "--workers: expected positive integers"),
+    (["--concurrency", "one"], "--concurrency: expected positive integers"),
+])
+def test_bad_arguments_are_one_line(argv, expected, capsys) -> None:
+    with pytest.raises(SystemExit):
+        scale.parse_args(argv)
+    assert expected in capsys.readouterr().err

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from store.database import default_url, open_engine
 from store.errors import DuplicateRunName, RunNotFound, StoreError
 from store.migrations import migrate
-from store.work import WorkQueue
+from store.work import WorkQueue, add_result_rows
 from store.records import (
     EvaluationRecord,
     PolicyInfo,
@@ -211,17 +211,7 @@ class Store:
         """Store one task result; False if that (policy, task, split) was already stored."""
         try:
             with self._tx() as s:
-                row = Evaluation(
-                    run_id=run_id, policy_id=policy_id, task_id=result.task_id, split=result.split,
-                    status=result.status, score=result.score, cost_usd=result.cost_usd,
-                    n_requests=result.n_requests, tokens=dict(result.tokens), wall_s=result.wall_s,
-                    error=result.error,
-                )
-                s.add(row)
-                if result.timeline is not None:
-                    s.flush()  # the row's id
-                    s.add(Timeline(evaluation_id=row.id, run_id=run_id, policy_id=policy_id,
-                                   data=dict(result.timeline)))
+                add_result_rows(s, run_id, policy_id, result)
             return True
         except IntegrityError:
             return False

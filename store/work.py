@@ -23,10 +23,11 @@ from typing import Iterator, Sequence
 
 from sqlalchemy import ColumnElement, Connection, and_, func, literal_column, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from store.errors import StoreError
 from store.records import TaskResult
-from store.schema import Evaluation, WorkItem, Worker, utcnow
+from store.schema import Evaluation, Timeline, WorkItem, Worker, utcnow
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class BatchCounts:
     done: int
     running: int
     failed: int
+
+
+def add_result_rows(s: Session, run_id: int, policy_id: int, result: TaskResult, worker_id: int | None = None) -> None:
+    """One stored result: its evaluation row and, for a train result that has one, its message timeline."""
+    row = Evaluation(run_id=run_id, policy_id=policy_id, task_id=result.task_id, split=result.split,
+                     status=result.status, score=result.score, cost_usd=result.cost_usd,
+                     n_requests=result.n_requests, tokens=dict(result.tokens), wall_s=result.wall_s,
+                     error=result.error, worker_id=worker_id)
+    s.add(row)
+    if result.timeline is not None:
+        s.flush()  # the row's id
+        s.add(Timeline(evaluation_id=row.id, run_id=run_id, policy_id=policy_id, data=dict(result.timeline)))
 
 
 def process_name() -> str:
@@ -136,11 +149,7 @@ class WorkQueue:
                     .values(status="done", lease_until=None))
                 if taken.rowcount != 1:
                     return False
-                s.add(Evaluation(
-                    run_id=run_id, policy_id=lease.policy_id, task_id=result.task_id, split=result.split,
-                    status=result.status, score=result.score, cost_usd=result.cost_usd,
-                    n_requests=result.n_requests, tokens=dict(result.tokens), wall_s=result.wall_s,
-                    error=result.error, worker_id=worker_id))
+                add_result_rows(s, run_id, lease.policy_id, result, worker_id)
             return True
         except IntegrityError:  # stored already (by an older process of this run): the task is done
             with self.store._tx() as s:

@@ -136,6 +136,10 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer in `tokenizers`' JSON format (what llguidance builds its token trie from)."""
+        return self._tokenizer.to_str()
+
     def encode(self, text: str) -> list[int]:
         """Ids of template text: special-token strings in it are matched whole (as templates need)."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids

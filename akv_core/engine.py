@@ -27,6 +27,7 @@ from akv_core.cache.layout import Rerotations, Stage
 from akv_core.cache.ops import validate_operations
 from akv_core.cache.usage import Usage
 from akv_core.chat import ChatTokenizer
+from akv_core.constrain import Constrainer, Grammar
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
@@ -85,6 +86,7 @@ class Engine:
         self._loop_running = False
         # Called with (handle, logits row) for every sampled token; tests compare logits through it.
         self.logits_probe: Callable[[RequestHandle, torch.Tensor], None] | None = None
+        self.constrainer = Constrainer(tokenizer.to_json, model.config.vocab_size, tokenizer.eos_token_ids)
         self._totals = dict.fromkeys(("requests_finished", "prompt_tokens", "prefilled_tokens", "cached_tokens",
                                       "repos_tokens", "drop_skipped_tokens", "completion_tokens"), 0)
 
@@ -113,12 +115,14 @@ class Engine:
     def submit(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-               stop: str | Sequence[str] | None = None, thinking_drop: bool = False) -> RequestHandle:
+               stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
+               grammar: Grammar | None = None) -> RequestHandle:
         """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
 
         `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
         `thinking_drop` hides each earlier message's reasoning from everything after that message
         (the API's `drop_rule: {"type": "thinking_drop"}`; not together with `drop_message`).
+        `grammar` constrains the output (`akv_core.constrain`); an invalid one raises GrammarError.
         """
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
@@ -132,12 +136,13 @@ class Engine:
         if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
             raise KVCapacityError(f"messages: the prompt ({len(rendered.token_ids)} tokens) plus max_tokens "
                                   f"({max_tokens}) exceeds the KV pool ({self.cache.allocator.total} slots)")
+        constraint = self.constrainer.start(grammar) if grammar is not None else None
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
         handle = RequestHandle()
         request = Request(handle, build_key(rendered, operations), params,
                           StreamText(self.tokenizer.decode, stops), generator_for(seed),
-                          frozenset(self.tokenizer.eos_token_ids))
+                          frozenset(self.tokenizer.eos_token_ids), constraint=constraint)
         self._inbox.put(request)
         self._wakeup.set()
         return handle
@@ -145,10 +150,11 @@ class Engine:
     def generate(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                  reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                  max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None, thinking_drop: bool = False) -> Generation:
+                 stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
+                 grammar: Grammar | None = None) -> Generation:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
         handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop,
-                             thinking_drop)
+                             thinking_drop, grammar)
         if not self._loop_running:
             while not handle.done:
                 self.step()
@@ -220,6 +226,8 @@ class Engine:
             try:
                 if self.logits_probe is not None:
                     self.logits_probe(request.handle, logits)
+                if request.constraint is not None:
+                    request.constraint.mask(logits)
                 token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
                 self._accept(request, token)
             except Exception as error:
@@ -317,12 +325,13 @@ class Engine:
     def _accept(self, request: Request, token: int) -> None:
         """Take a sampled token: stream it, and finish the request if it is done."""
         request.generated.append(token)
+        grammar_done = request.constraint is not None and request.constraint.advance(token)
         if token in request.eos_token_ids:
             self._finish(request, FINISH_STOP)
             return
         delta = request.stream.feed(token)
         request.handle.put(RequestEvent(token, delta))
-        if request.stream.stopped:
+        if request.stream.stopped or grammar_done:
             self._finish(request, FINISH_STOP)
         elif len(request.generated) >= request.params.max_tokens:
             self._finish(request, FINISH_LENGTH)

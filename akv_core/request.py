@@ -179,6 +179,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     usage: Usage | None = None
     decode_kv: Any = None               # tensor of the slots decode steps attend to (a prefix of it)
+    constraint: Any = None              # akv_core.constrain.TokenConstraint of a grammar-constrained request
 
     @property
     def prefilling(self) -> bool:

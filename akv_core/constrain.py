@@ -1,0 +1,169 @@
+"""Grammar-constrained decoding: what a request's output must match, and its per-request matcher.
+
+A `Grammar` is a Lark grammar, a regex, a GBNF/EBNF grammar, a JSON schema or "any JSON object".
+`Constrainer.start(grammar)` compiles it with llguidance (on the submitting thread, so a bad
+grammar is refused before the request is queued) into a `TokenConstraint`: before each sample the
+engine calls `mask(logits_row)`, which sets every token the grammar forbids to -inf (EOS is
+allowed only where the grammar accepts), and after it `advance(token)`, which says whether the
+grammar can go no further (the request then ends with finish reason "stop"). A request without a
+grammar runs no code of this module.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import numpy as np
+import torch
+
+# JSON output on one line with the usual separators: a flexible whitespace pattern lets a small
+# model emit blank lines forever instead of closing the object.
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+KINDS = ("lark", "regex", "ebnf", "json_schema")
+
+
+class GrammarError(ValueError):
+    """llguidance refused the grammar, regex or schema; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the generated text must match. `text` is the grammar, the regex or the schema's JSON."""
+
+    kind: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise GrammarError(f"the {self.kind} grammar is empty")
+
+    @classmethod
+    def lark(cls, text: str) -> Grammar:
+        return cls("lark", text)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        return cls("regex", pattern)
+
+    @classmethod
+    def ebnf(cls, text: str) -> Grammar:
+        """GBNF (llama.cpp's EBNF), as SGLang's `ebnf` field takes it; Lark text is accepted too."""
+        return cls("ebnf", text)
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | bool) -> Grammar:
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Any JSON object (OpenAI's `response_format: {"type": "json_object"}`)."""
+        return cls.json_schema({"type": "object"})
+
+    def compile(self) -> str:
+        """The llguidance grammar text; GrammarError for text llguidance cannot even read."""
+        try:
+            if self.kind == "lark":
+                return llguidance.LLMatcher.grammar_from_lark(self.text)
+            if self.kind == "regex":
+                return llguidance.LLMatcher.grammar_from_regex(self.text)
+            if self.kind == "ebnf":
+                return llguidance.grammar_from("ebnf", self.text)
+            return llguidance.LLMatcher.grammar_from_json_schema(_schema(self.text), defaults=JSON_LAYOUT)
+        except (ValueError, TypeError) as error:
+            raise GrammarError(str(error).strip() or f"invalid {self.kind} grammar") from None
+
+
+class TokenConstraint:
+    """One request's matcher: masks logits rows and advances by the sampled tokens."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._bits = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set the logits of every token the grammar forbids next to -inf (in place, fp32 CPU row)."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab_size]
+        row = logits.numpy()
+        np.copyto(row[: len(allowed)], -np.inf, where=allowed == 0)
+        row[len(allowed):] = -np.inf
+
+    def advance(self, token: int) -> bool:
+        """Consume the sampled token; True when the grammar allows nothing more after it.
+
+        GrammarError if the matcher fails (a token outside its mask, a resource limit): the
+        engine then fails this request alone.
+        """
+        if not self._matcher.consume_token(token):
+            raise GrammarError(f"grammar: the matcher failed at token {token}: {self.error}")
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str | None:
+        """Why the matcher failed (a token outside the grammar, a resource limit), or None."""
+        if not self._matcher.is_error():
+            return None
+        return self._matcher.get_error() or "the matcher failed"
+
+    @property
+    def accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+
+class Constrainer:
+    """Compiles grammars against one model's tokenizer (built on first use, about half a second)."""
+
+    def __init__(self, tokenizer_json: Callable[[], str], vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self._tokenizer_json = tokenizer_json   # called once, on first use
+        self.vocab_size = vocab_size
+        self._eos = list(eos_token_ids)
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab_size,
+                                                         eos_token=self._eos)
+            return self._tokenizer
+
+    def check(self, grammar: Grammar) -> str:
+        """The compiled grammar, or GrammarError with llguidance's message (first line first)."""
+        compiled = grammar.compile()
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, self.tokenizer)
+        if failed:
+            raise GrammarError(_one_line(messages[0]))
+        return compiled
+
+    def start(self, grammar: Grammar) -> TokenConstraint:
+        """A fresh matcher for one request."""
+        matcher = llguidance.LLMatcher(self.tokenizer, self.check(grammar), log_level=0)
+        if matcher.is_error():
+            raise GrammarError(_one_line(matcher.get_error()))
+        return TokenConstraint(matcher, self.vocab_size)
+
+
+def _schema(text: str) -> dict[str, Any] | bool:
+    try:
+        schema = json.loads(text)
+    except ValueError as error:
+        raise GrammarError(f"the schema is not valid JSON: {error}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}")
+    return schema
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message without the source excerpt it appends after the first line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    head = lines[0] if lines else "invalid grammar"
+    detail = next((line for line in lines[1:] if line.startswith("error:")), None)
+    return f"{head} ({detail})" if detail else head

@@ -1,0 +1,91 @@
+"""Grammar-constrained decoding in the engine, on the real SmolLM2: masks, ends, isolation."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from akv_core.constrain import Grammar, GrammarError
+from akv_core.engine import Engine
+from akv_core.request import FINISH_LENGTH, FINISH_STOP
+
+pytestmark = pytest.mark.model
+
+ASK = [{"role": "user", "content": "Name a colour."}]
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    torch.set_num_threads(1)
+    loaded = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=4096)
+    return Engine(loaded.model, loaded.tokenizer, 4096, threads={"prefill": 1, "decode": 1})
+
+
+def run_batch(engine: Engine, requests: list[dict]) -> list:
+    handles = [engine.submit(ASK, **r) for r in requests]
+    while not all(h.done for h in handles):
+        engine.step()
+    engine.check_integrity()
+    return [h.result() for h in handles]
+
+
+def test_a_regex_decides_the_output_and_its_end(engine):
+    # The model would rather write a sentence; the grammar forces five digits, then nothing more.
+    out = engine.generate(ASK, max_tokens=20, temperature=1.0, seed=3, grammar=Grammar.regex(r"[0-9]{5}"))
+    assert re.fullmatch(r"[0-9]{5}", out.text) and out.finish_reason == FINISH_STOP
+    # Too few tokens to finish: cut off by max_tokens as any request is.
+    cut = engine.generate(ASK, max_tokens=2, grammar=Grammar.regex(r"x{40}"))
+    assert cut.finish_reason == FINISH_LENGTH and set(cut.text) == {"x"}
+
+
+def test_eos_only_where_the_grammar_accepts(engine):
+    # "yes" or "yes, indeed": the model's EOS after "yes" is allowed, before it never.
+    grammar = Grammar.lark('start: "yes" | "yes, indeed"')
+    outs = run_batch(engine, [{"max_tokens": 8, "temperature": 1.0, "seed": s, "grammar": grammar}
+                              for s in range(6)])
+    assert all(o.text in ("yes", "yes, indeed") and o.finish_reason == FINISH_STOP for o in outs)
+
+
+def test_json_schema_output_is_valid_json_matching_the_schema(engine):
+    outs = run_batch(engine, [{"max_tokens": 40, "temperature": 1.0, "seed": s,
+                               "grammar": Grammar.json_schema(PERSON)} for s in range(4)])
+    for out in outs:
+        value = json.loads(out.text)
+        assert set(value) == {"name", "age"} and isinstance(value["age"], int) and 0 <= value["age"] <= 120
+        assert isinstance(value["name"], str) and len(value["name"]) <= 12
+
+
+def test_a_constrained_neighbour_changes_nothing_for_an_unconstrained_request(engine):
+    alone = engine.generate(ASK, max_tokens=6)
+    mixed = run_batch(engine, [{"max_tokens": 6}, {"max_tokens": 6, "grammar": Grammar.regex(r"[a-z]+")}])
+    assert mixed[0].token_ids == alone.token_ids
+    assert re.fullmatch(r"[a-z]+", mixed[1].text)
+
+
+def test_a_permissive_grammar_leaves_greedy_decoding_unchanged(engine):
+    free = engine.generate(ASK, max_tokens=8)
+    anything = engine.generate(ASK, max_tokens=8, grammar=Grammar.regex(r"(.|\n)*"))
+    assert anything.token_ids == free.token_ids
+
+
+@pytest.mark.parametrize("grammar, words", [
+    (Grammar.lark("start: foo"), "unknown name"),
+    (Grammar.regex("a(b"), "unclosed group"),
+    (Grammar("json_schema", '{"type": "objekt"}'), "objekt"),
+    (Grammar("json_schema", "{not json"), "json"),
+    (Grammar.ebnf("root ::= (("), "grammar"),
+])
+def test_an_invalid_grammar_is_refused_at_submit_with_the_reason(engine, grammar, words):
+    with pytest.raises(GrammarError, match=f"(?i){re.escape(words)}"):
+        engine.submit(ASK, grammar=grammar)
+    assert engine.stats().waiting == 0
+
+
+def test_an_empty_grammar_is_refused():
+    with pytest.raises(GrammarError, match="empty"):
+        Grammar.lark("  ")

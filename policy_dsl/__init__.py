@@ -6,9 +6,11 @@
     policy = compile_policy(ast, name="mine")  # or load_policy("expert") / load_policy("p.akvp")
     decision = policy.decide(history, counter)
     decision.api_fields()                      # {"drop_message": ..., "reposition": ...}
+    lark_text = constrained_grammar()          # the grammar a constrained sampler writes policies under
 
 The language is documented in docs/policy-dsl.md.
 """
+from policy_dsl.constrained import constrained_grammar
 from policy_dsl.counter import ApproxTokenCounter, TokenCounter
 from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEdit, apply_text_edits
 from policy_dsl.errors import PolicyError, PolicyLimitError, PolicySyntaxError, PolicyValidationError
@@ -24,6 +26,6 @@ __all__ = [
     "ApproxTokenCounter", "CachePolicy", "DROP_CONTEXT_TOOL", "Decision", "HistoryError", "OMITTED_PREFIX",
     "PolicyError", "PolicyLimitError", "PolicySyntaxError", "PolicyValidationError", "SUMMARY_PREFIX",
     "TextEdit", "TokenCounter", "Tunable", "apply_text_edits", "builtin_names", "builtin_source",
-    "canonical_hash", "compile_policy", "format_policy", "load_policy", "parse", "tunables", "validate",
-    "with_tunables", "without_ranges",
+    "canonical_hash", "compile_policy", "constrained_grammar", "format_policy", "load_policy", "parse",
+    "tunables", "validate", "with_tunables", "without_ranges",
 ]

@@ -21,12 +21,12 @@ MAX_NESTING = 32       # parentheses and `not` chains; keeps every recursive wal
 MAX_NUMBER_DIGITS = 12  # larger numbers mean nothing here and int() of huge strings is slow
 MAX_STRING_CHARS = 256  # content patterns and tool names
 
-_UNIT_WORDS = {
+UNIT_WORDS = {
     "tool_call": "tool_calls", "tool_calls": "tool_calls",
     "turn": "turns", "turns": "turns",
     "tool_response": "tool_responses", "tool_responses": "tool_responses",
 }
-_REPOSITION_UNIT_WORDS = {"drops": "drops", "tool_call": "tool_calls", "tool_calls": "tool_calls"}
+REPOSITION_UNIT_WORDS = {"drops": "drops", "tool_call": "tool_calls", "tool_calls": "tool_calls"}
 _TERMINAL_WORDS = {
     "NAME": "a name", "INT": "a number", "STRING": "a quoted string",
 "$END": "end of file",
@@ -34,7 +34,8 @@ _TERMINAL_WORDS = {
 
 
 @lru_cache(maxsize=1)
-def _lark() -> lark.Lark:
+def lark_parser() -> lark.Lark:
+    """The source grammar compiled by lark (LALR, basic lexer); the constrained variant reads its rules."""
     grammar = resources.files("policy_dsl").joinpath("grammar.lark").read_text(encoding="utf-8")
     return lark.Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
 
@@ -52,7 +53,7 @@ def parse_unvalidated(text: str, filename: str = "<policy>") -> n.Policy:
     """Parse policy text into an AST without the semantic checks (for tools that report both)."""
     _check_limits(text, filename)
     try:
-        tree = _lark().parse(text)
+        tree = lark_parser().parse(text)
     except UnexpectedInput as err:
         raise _syntax_error(err, text, filename) from None
     return _Builder(filename).policy(tree)
@@ -85,7 +86,7 @@ def _describe_terminal(name: str) -> str:
     if name in _TERMINAL_WORDS:
         return _TERMINAL_WORDS[name]
     try:
-        pattern = _lark().get_terminal(name).pattern
+        pattern = lark_parser().get_terminal(name).pattern
     except KeyError:
         return name.lower()
     return f"'{pattern.value}'"
@@ -196,11 +197,11 @@ class _Builder:
         if kind == "trig_and":
             return n.AllOf(tuple(self.trigger(k, depth + 1) for k in kids), loc=loc)
         if kind == "each":
-            return n.Every(n.Num(1, loc=loc), self.unit(kids[0], _UNIT_WORDS), loc=loc)
+            return n.Every(n.Num(1, loc=loc), self.unit(kids[0], UNIT_WORDS), loc=loc)
         if kind == "every":
-            return n.Every(self.number(kids[0]), self.unit(kids[1], _UNIT_WORDS), loc=loc)
+            return n.Every(self.number(kids[0]), self.unit(kids[1], UNIT_WORDS), loc=loc)
         if kind == "after":
-            return n.After(self.number(kids[0]), self.unit(kids[1], _UNIT_WORDS), loc=loc)
+            return n.After(self.number(kids[0]), self.unit(kids[1], UNIT_WORDS), loc=loc)
         if kind == "visible_above":
             return n.TokensAbove("visible", self.number(kids[0]), loc=loc)
         if kind == "history_above":
@@ -251,7 +252,7 @@ class _Builder:
         if kind == "tool":
             return n.ToolName(self.string(kids[0]), loc=loc)
         if kind == "age":
-            return n.Age(str(kids[0].children[0]), self.number(kids[1]), self.unit(kids[2], _UNIT_WORDS), loc=loc)
+            return n.Age(str(kids[0].children[0]), self.number(kids[1]), self.unit(kids[2], UNIT_WORDS), loc=loc)
         if kind == "size":
             return n.Size(str(kids[0].children[0]), self.number(kids[1]), loc=loc)
         if kind == "contains":
@@ -271,7 +272,7 @@ class _Builder:
         if kind == "each_drop":
             return n.RepositionEachDrop(loc=loc)
         if kind == "every_n":
-            return n.RepositionEvery(self.number(kids[0]), self.unit(kids[1], _REPOSITION_UNIT_WORDS), loc=loc)
+            return n.RepositionEvery(self.number(kids[0]), self.unit(kids[1], REPOSITION_UNIT_WORDS), loc=loc)
         if kind == "positions":
             return n.RepositionPositions(self.number(kids[0]), loc=loc)
         return n.RepositionGap(self.number(kids[0]), loc=loc)

@@ -1,0 +1,114 @@
+"""The constrained policy grammar agrees with the parser (no model: byte-level random walks)."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policy_dsl import (PolicyError, PolicySyntaxError, builtin_names, builtin_source, constrained_grammar,
+                        format_policy, parse)
+from policy_dsl.constrained import integer_regex
+from policy_dsl.parser import parse_unvalidated
+from policy_dsl.validator import validate
+from test_grammar_support import accepts, matcher, random_walk
+
+# What the grammar leaves to the validator (policy_dsl/constrained.py says why).
+LEFT_TO_VALIDATOR = re.compile(r"is outside its range|range \d+\.\.\d+ is invalid|duplicate rule")
+
+CANONICAL = [
+    "mode kv\non each turn: drop thinking\nreposition never",
+    "mode kv\non drop_context or each turn: drop requested and not role user keep last 2\nreposition every 3 drops",
+    "mode kv\non (every 4 in 1..16 turns or after 2 tool_calls) and visible_tokens > 900: "
+    "drop role tool and (age >= 3 turns or tokens > 500) until visible_tokens <= 400 in 100..800\n"
+    "reposition when gap > 64",
+    "mode kv\non each tool_response: drop tool_name \"search\" or contains \"a \\\"quoted\\\" \\\\ word\"\n"
+    "reposition when positions > 4096",
+    "mode text\non each turn: omit thinking where role assistant\n"
+    "on history_tokens > 6000: summarize all keep last 2 within 512 in 128..2048 tokens",
+    "mode text\non drop_context: omit requested",
+    "mode text",
+]
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_builtin_policy_in_canonical_form_is_in_the_variant(name):
+    text = format_policy(parse(builtin_source(name))).rstrip("\n")
+    assert accepts(constrained_grammar(), text), text
+
+
+@pytest.mark.parametrize("text", CANONICAL)
+def test_canonical_policies_of_every_construct_are_in_the_variant(text):
+    assert format_policy(parse(text)).rstrip("\n") == text
+    assert accepts(constrained_grammar(), text)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("mode kvx", "a glued keyword"),
+    ("mode  kv", "free whitespace"),
+    ("mode kv # note", "a comment"),
+    ("mode fast", "an unknown mode"),
+    ("mode kv\non each turn: drop role robot", "an unknown role"),
+    ("mode kv\non each hour: drop all", "an unknown unit"),
+    ("mode kv\non every 0 turns: drop all", "a count below its bound"),
+    ("mode text\non each turn: summarize all within 8 tokens", "a summary budget below 16"),
+    ("mode kv\non each turn: omit all", "omit in mode kv"),
+    ("mode text\non each turn: drop all", "drop in mode text"),
+    ("mode kv\non each turn: drop thinking\non each turn: drop role tool", "thinking mixed with messages in kv"),
+    ("mode kv\non each turn: drop requested", "requested without drop_context"),
+    ("mode kv\non each turn: drop thinking where role user", "thinking where in kv"),
+    ("mode text\non each turn: summarize all until visible_tokens <= 9 within 64 tokens", "summarize until"),
+    ("mode kv\non each turn: drop not not not all", "nesting past MAX_DEPTH"),
+    ('mode kv\non each turn: drop contains ""', "an empty string"),
+])
+def test_what_the_builder_or_validator_refuses_the_variant_cannot_write(text, why):
+    assert not accepts(constrained_grammar(), text), why
+
+
+def test_random_walks_under_the_variant_all_parse_and_leave_only_range_checks_to_the_validator():
+    rng = random.Random(7)
+    finished, left = 0, []
+    walker = matcher(constrained_grammar())
+    for _ in range(120):
+        walker.reset()
+        text = random_walk(walker, rng)
+        if text is None:
+            continue
+        finished += 1
+        policy = parse_unvalidated(text, "walk.akvp")   # syntax, names and limits: the grammar's job
+        try:
+            validate(policy, "walk.akvp")
+        except PolicyError as err:
+            assert LEFT_TO_VALIDATOR.search(str(err)), (text, err)
+            left.append(err)
+    assert finished >= 100
+    assert len(left) < finished   # most walks are whole valid policies
+
+
+def test_the_top_rule_can_be_renamed_to_embed_the_policy():
+    embedded = 'start: "<" policy ">"\n' + constrained_grammar("policy")
+    assert accepts(embedded, "<mode kv\nreposition never>")
+    assert not accepts(embedded, "mode kv")
+
+
+@given(st.integers(0, 10**8), st.integers(0, 10**8), st.integers(0, 2 * 10**8))
+def test_integer_regex_matches_exactly_its_range(a, b, x):
+    low, high = min(a, b), max(a, b)
+    pattern = re.compile(f"(?:{integer_regex(low, high)})")
+    assert bool(pattern.fullmatch(str(x))) == (low <= x <= high)
+    assert not pattern.fullmatch("0" + str(x))   # no leading zeros
+
+
+def test_integer_regex_refuses_an_empty_range():
+    with pytest.raises(ValueError, match="low <= high"):
+        integer_regex(5, 4)
+
+
+def test_the_source_grammar_still_parses_what_the_variant_cannot_say():
+    # The variant is a subset: layout, comments and double negation stay valid DSL.
+    text = "mode kv  # a comment\non each turn: drop not not role tool\nreposition never"
+    parse(text)
+    with pytest.raises(PolicySyntaxError):
+        parse("mode kvx")

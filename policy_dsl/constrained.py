@@ -9,29 +9,39 @@ range, `omit` in mode kv. This variant expresses those checks in the grammar its
   comments; so a keyword is always followed by a separator and output cannot grow in place;
 - names are the accepted words (`UNIT_WORDS`, `ROLES`, ...), never a free NAME;
 - each number accepts only its field's bounds (`validator.BOUNDS`), as a digit regex;
-- strings are JSON strings of 1..MAX_STRING_CHARS characters;
+- a tunable number `V in L..H` is written so that L <= V <= H holds by construction: V picks a
+  block (its exact value below 100, its length and first digit above), L ends at or below the
+  block's start and H starts at or above its end (`range_blocks`);
+- strings are JSON strings of 1..STRING_CHARS characters;
 - the statement level follows the validator's mode rules: mode kv only drops, and either message
   drops with any reposition, or thinking drops with none; mode text omits or summarizes (messages
   only, without `until`); `requested` only under a `drop_context` trigger;
-- parentheses and `not` nest at most MAX_DEPTH levels (far inside the parser's MAX_NESTING).
+- at most `max_rules` rules (default 1: then no two can be duplicates), and/or chains of at most
+  MAX_CHAIN + 1 parts, parentheses and `not` at most MAX_DEPTH levels deep: the language is
+  finite, so an answer cannot grow without end.
 
 The expression level (triggers, selectors, numbers, reposition) is generated from the source
-grammar's rules, so a change there reaches this variant; what the grammar cannot say (a tunable
-value inside its own range `4 in 1..12`, duplicate rules) is left to the validator. Every text
-the variant accepts parses (tests sample it and parse every sample).
+grammar's rules, so a change there reaches this variant. With one rule every text the variant
+accepts is a valid policy; with more, duplicate rules are left to the validator (tests sample the
+variant and parse and validate every sample).
 """
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 from lark.grammar import NonTerminal, Rule, Terminal
 
 from policy_dsl import nodes as n
-from policy_dsl.parser import MAX_STRING_CHARS, REPOSITION_UNIT_WORDS, UNIT_WORDS, lark_parser
+from policy_dsl.parser import REPOSITION_UNIT_WORDS, UNIT_WORDS, lark_parser
 from policy_dsl.validator import BOUNDS
 
 MAX_DEPTH = 2
+MAX_CHAIN = 2        # "a or b or c": a repeated `("or" x)*` part appears at most this often
+STRING_CHARS = 48    # content patterns and tool names (the parser takes up to 256)
+EXACT_BELOW = 100    # tunable values below this get a block of their own
+_REPEAT = re.compile(r"__\w+_(star|plus)_\d+")   # lark's helper rules for `x*` and `x+`
 # The source rules the statement level below refers to; everything they reach is generated.
 ROOTS = ("trigger", "trig_and", "selector", "sel_not", "keep", "until", "reposition_stmt")
 # Alternatives the statement level spells itself.
@@ -61,33 +71,37 @@ TIGHT_BEFORE = {")", ":", ".."}   # nor before these
 # (": drop " and ": drop thinking") would swallow the next word, so such literals stay split.
 STATEMENTS = """\
 {start}: "mode kv" kv_body | "mode text" text_body
-kv_body: ("\\n" kv_rule)* ("\\n" reposition_stmt)? | ("\\n" kv_thinking_rule)+ ("\\nreposition never")?
+kv_body: ("\\n" kv_rule){0,%RULES%} ("\\n" reposition_stmt)?
+    | ("\\n" kv_thinking_rule){1,%RULES%} ("\\nreposition never")?
 kv_rule: "on " trigger ": drop " message_target | "on " drop_context_trigger ": drop " requested_target
 kv_thinking_rule: "on " trigger ": drop " "thinking"
-text_body: ("\\n" text_rule)*
+text_body: ("\\n" text_rule){0,%RULES%}
 text_rule: "on " trigger ": omit " (message_target | thinking_target)
     | "on " drop_context_trigger ": omit " requested_target
     | "on " trigger ": summarize " selector (" " keep)? " within " {budget} " tokens"
 message_target: selector (" " keep)? (" " until)?
 thinking_target: "thinking" (" where " selector)?
-requested_target: "requested" ((" and " | " or ") sel_not)* (" " keep)? (" " until)?
-drop_context_trigger: "drop_context" (" or " trig_and)*
+requested_target: "requested" ((" and " | " or ") sel_not){0,%CHAIN%} (" " keep)? (" " until)?
+drop_context_trigger: "drop_context" (" or " trig_and){0,%CHAIN%}
 """
 
 
-def constrained_grammar(start: str = "start") -> str:
+def constrained_grammar(start: str = "start", max_rules: int = 1) -> str:
     """The Lark text (llguidance's dialect) of every policy a constrained sampler may write.
 
     `start` names the top rule, so a caller can embed the policy in a larger answer grammar
     (`start: "```akvp\\n" policy "\\n```"` plus `constrained_grammar("policy")`).
     """
-    return _grammar_body().replace("{start}", start, 1)
+    if max_rules < 1:
+        raise ValueError(f"max_rules: expected at least 1, got {max_rules}")
+    return _grammar_body(max_rules).replace("{start}", start, 1)
 
 
-@lru_cache(maxsize=1)
-def _grammar_body() -> str:
+@lru_cache(maxsize=4)
+def _grammar_body(max_rules: int) -> str:
     emitter = _Emitter(lark_parser().rules, {t.name: t for t in lark_parser().terminals})
-    statements = STATEMENTS.replace("{budget}", emitter.number(("action", "summarize")))
+    statements = (STATEMENTS.replace("{budget}", emitter.number(("action", "summarize")))
+                  .replace("%RULES%", str(max_rules)).replace("%CHAIN%", str(MAX_CHAIN)))
     for root in ROOTS:
         emitter.rule(root, 0)
     return "\n".join([statements, *emitter.lines, *emitter.terminal_lines]) + "\n"
@@ -113,6 +127,9 @@ class _Emitter:
         self.done.add(emitted)
         if name not in self.rules:
             raise KeyError(f"grammar.lark has no rule {name!r}, which the constrained variant uses")
+        if _REPEAT.fullmatch(name):
+            self.lines.append(f"{emitted}: {self.repetition(name, depth)}")
+            return emitted
         alternatives = []
         for rule in self.rules[name]:
             if (name, rule.alias) in MOVED:
@@ -124,16 +141,23 @@ class _Emitter:
         self.lines.append(f"{emitted}: " + " | ".join(alternatives))
         return emitted
 
-    def expansion(self, rule: Rule, depth: int, integer: str | None = None) -> str:
-        """One alternative with its separators; `integer` is the INT terminal of a bounded number."""
+    def repetition(self, name: str, depth: int) -> str:
+        """Lark's left-recursive helper `h: x | h x` as `x (" " x){0,MAX_CHAIN-1}`."""
+        [base] = [r for r in self.rules[name] if r.expansion[0].name != name]
+        item = self.expansion(base, depth)
+        return f'{item} (" " {item}){{0,{MAX_CHAIN - 1}}}' if MAX_CHAIN > 1 else item
+
+    def expansion(self, rule: Rule, depth: int, integers: tuple[str, ...] = ()) -> str:
+        """One alternative with its separators; `integers` replace its INT terminals in order."""
         context = (rule.origin.name, rule.alias)
         items: list[str] = []
         previous: str | None = None
+        ints = iter(integers)
         for position, symbol in enumerate(rule.expansion):
             literal = self.literal(symbol)
             if position and previous not in TIGHT_AFTER and literal not in TIGHT_BEFORE:
                 items.append('" "')
-            items.append(integer if integer and symbol.name == "INT" else self.symbol(symbol, context, depth))
+            items.append(next(ints) if integers and symbol.name == "INT" else self.symbol(symbol, context, depth))
             previous = literal
         return " ".join(items)
 
@@ -159,16 +183,47 @@ class _Emitter:
         raise KeyError(f"the constrained variant has no rule for terminal {symbol.name} in {context}")
 
     def number(self, context: tuple[str, str | None]) -> str:
-        """The `number` rule with its integers bounded as the field `context` fills."""
+        """The `number` rule for the field `context` fills: its bounds, and ranges that hold V."""
         low, high = BOUNDS[NUMBER_FIELDS[context]]
         name = f"number_{low}_{high}"
         if name not in self.done:
             self.done.add(name)
-            integer = f"INT_{low}_{high}"
-            self.terminal_lines.append(f"{integer}: /{integer_regex(low, high)}/")
-            alternatives = [self.expansion(rule, 0, integer) for rule in self.rules["number"]]
-            self.lines.append(f"{name}: " + " | ".join(alternatives))
+            alternatives = []
+            for rule in self.rules["number"]:
+                ints = sum(s.name == "INT" for s in rule.expansion)
+                if ints == 1:
+                    alternatives.append(self.expansion(rule, 0, (self.integer(low, high),)))
+                    continue
+                for first, last in range_blocks(low, high):   # value, range low, range high
+                    bounds = ((first, last), (low, first), (last, high))
+                    alternatives.append(self.expansion(rule, 0, tuple(self.integer(a, b) for a, b in bounds)))
+            self.lines.append(f"{name}: " + "\n    | ".join(alternatives))
         return name
+
+    def integer(self, low: int, high: int) -> str:
+        """A terminal for the integers low..high (a literal when low == high)."""
+        if low == high:
+            return json.dumps(str(low))
+        terminal = f"INT_{low}_{high}"
+        if terminal not in self.done:
+            self.done.add(terminal)
+            self.terminal_lines.append(f"{terminal}: /{integer_regex(low, high)}/")
+        return terminal
+
+
+def range_blocks(low: int, high: int) -> list[tuple[int, int]]:
+    """Blocks covering low..high: each value below EXACT_BELOW alone, then one per length and first digit.
+
+    A tunable `V in L..H` with V in block (first, last), L <= first and H >= last holds L <= V <= H.
+    """
+    blocks = [(v, v) for v in range(low, min(high, EXACT_BELOW - 1) + 1)]
+    for digits in range(len(str(EXACT_BELOW)), len(str(high)) + 1):
+        for lead in range(1, 10):
+            first = max(low, lead * 10 ** (digits - 1))
+            last = min(high, (lead + 1) * 10 ** (digits - 1) - 1)
+            if first <= last:
+                blocks.append((first, last))
+    return blocks
 
 
 def _rule_name(name: str, depth: int) -> str:
@@ -177,9 +232,9 @@ def _rule_name(name: str, depth: int) -> str:
 
 
 def _json_string_regex() -> str:
-    """A JSON string literal of 1..MAX_STRING_CHARS characters (simple escapes only)."""
+    """A JSON string literal of 1..STRING_CHARS characters (simple escapes only)."""
     char = r'[^"\\\x00-\x1f]|\\["\\\/bfnrt]'   # `\/` is a slash inside Lark's /.../
-    return f'/"(?:{char}){{1,{MAX_STRING_CHARS}}}"/'
+    return f'/"(?:{char}){{1,{STRING_CHARS}}}"/'
 
 
 def integer_regex(low: int, high: int) -> str:

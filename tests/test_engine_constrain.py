@@ -86,6 +86,15 @@ def test_an_invalid_grammar_is_refused_at_submit_with_the_reason(engine, grammar
     assert engine.stats().waiting == 0
 
 
+def test_requests_with_one_grammar_get_independent_matchers(engine):
+    grammar = Grammar.lark('start: "ab" | "ac"')
+    first, second = engine.constrainer.start(grammar), engine.constrainer.start(grammar)
+    [a, b, c] = (engine.tokenizer.encode(x)[0] for x in "abc")
+    assert not first.advance(a) and first.advance(b)   # "ab": nothing may follow
+    assert not second.accepting and not second.advance(a) and second.advance(c)
+    assert first.error is None and second.error is None
+
+
 def test_an_empty_grammar_is_refused():
     with pytest.raises(GrammarError, match="empty"):
         Grammar.lark("  ")

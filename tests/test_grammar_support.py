@@ -38,6 +38,12 @@ def _byte_of(char: str) -> int:
 
 
 def matcher(grammar_lark: str) -> llguidance.LLMatcher:
+    """A fresh matcher (a copy of one compiled once per grammar)."""
+    return _compiled(grammar_lark).deep_copy()
+
+
+@lru_cache(maxsize=8)
+def _compiled(grammar_lark: str) -> llguidance.LLMatcher:
     compiled = llguidance.LLMatcher.grammar_from_lark(grammar_lark)
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, byte_tokenizer())
     assert not failed, messages

@@ -8,15 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_dsl import (PolicyError, PolicySyntaxError, builtin_names, builtin_source, constrained_grammar,
-                        format_policy, parse)
-from policy_dsl.constrained import integer_regex
+from policy_dsl import (PolicyError, PolicySyntaxError, builtin_names, builtin_source, compile_policy,
+                        constrained_grammar, format_policy, parse)
+from policy_dsl.constrained import integer_regex, range_blocks
 from policy_dsl.parser import parse_unvalidated
 from policy_dsl.validator import validate
 from test_grammar_support import accepts, matcher, random_walk
-
-# What the grammar leaves to the validator (policy_dsl/constrained.py says why).
-LEFT_TO_VALIDATOR = re.compile(r"is outside its range|range \d+\.\.\d+ is invalid|duplicate rule")
 
 CANONICAL = [
     "mode kv\non each turn: drop thinking\nreposition never",
@@ -42,7 +39,8 @@ def test_every_builtin_policy_in_canonical_form_is_in_the_variant(name):
 @pytest.mark.parametrize("text", CANONICAL)
 def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     assert format_policy(parse(text)).rstrip("\n") == text
-    assert accepts(constrained_grammar(), text)
+    assert accepts(constrained_grammar(max_rules=2), text)
+    assert accepts(constrained_grammar(), text) == (text.count("\non ") <= 1)
 
 
 @pytest.mark.parametrize("text, why", [
@@ -57,6 +55,11 @@ def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     ("mode kv\non each turn: omit all", "omit in mode kv"),
     ("mode text\non each turn: drop all", "drop in mode text"),
     ("mode kv\non each turn: drop thinking\non each turn: drop role tool", "thinking mixed with messages in kv"),
+    ("mode kv\non each turn: drop all\non each turn: drop all\non each turn: drop all", "more than two rules"),
+    ("mode kv\non each turn: drop all keep last 5 in 6..9", "a value below its range"),
+    ("mode kv\non each turn: drop all keep last 15 in 1..12", "a value above its range"),
+    ("mode kv\non each turn: drop all keep last 512 in 100..550", "a range ending inside the value's block"),
+    ("mode kv\non each turn or each turn or each turn or each turn: drop all", "an or chain of four"),
     ("mode kv\non each turn: drop requested", "requested without drop_context"),
     ("mode kv\non each turn: drop thinking where role user", "thinking where in kv"),
     ("mode text\non each turn: summarize all until visible_tokens <= 9 within 64 tokens", "summarize until"),
@@ -64,27 +67,42 @@ def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     ('mode kv\non each turn: drop contains ""', "an empty string"),
 ])
 def test_what_the_builder_or_validator_refuses_the_variant_cannot_write(text, why):
-    assert not accepts(constrained_grammar(), text), why
+    assert not accepts(constrained_grammar(max_rules=2), text), why
 
 
-def test_random_walks_under_the_variant_all_parse_and_leave_only_range_checks_to_the_validator():
-    rng = random.Random(7)
-    finished, left = 0, []
-    walker = matcher(constrained_grammar())
-    for _ in range(120):
+def walks(grammar: str, count: int, seed: int) -> list[str]:
+    rng, walker, texts = random.Random(seed), matcher(grammar), []
+    for _ in range(count):
         walker.reset()
         text = random_walk(walker, rng)
-        if text is None:
-            continue
-        finished += 1
+        assert text is not None   # the language is finite: every walk ends
+        texts.append(text)
+    return texts
+
+
+def test_random_walks_under_the_one_rule_variant_are_all_valid_policies():
+    for text in walks(constrained_grammar(), 100, seed=7):
+        compile_policy(parse(text, "walk.akvp"), name="walk")
+
+
+def test_with_more_rules_only_duplicate_rules_are_left_to_the_validator():
+    duplicates = 0
+    for text in walks(constrained_grammar(max_rules=3), 40, seed=8):
         policy = parse_unvalidated(text, "walk.akvp")   # syntax, names and limits: the grammar's job
         try:
             validate(policy, "walk.akvp")
         except PolicyError as err:
-            assert LEFT_TO_VALIDATOR.search(str(err)), (text, err)
-            left.append(err)
-    assert finished >= 100
-    assert len(left) < finished   # most walks are whole valid policies
+            assert "duplicate rule" in str(err), (text, err)
+            duplicates += 1
+    assert duplicates < 40
+
+
+@pytest.mark.parametrize("low, high", [(0, 100_000), (1, 100_000), (16, 10_000_000), (3, 7), (150, 999)])
+def test_range_blocks_partition_the_field_bounds(low, high):
+    blocks = range_blocks(low, high)
+    assert blocks[0][0] == low and blocks[-1][1] == high
+    assert all(a <= b for a, b in blocks)
+    assert all(prev[1] + 1 == nxt[0] for prev, nxt in zip(blocks, blocks[1:]))
 
 
 def test_the_top_rule_can_be_renamed_to_embed_the_policy():

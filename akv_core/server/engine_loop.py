@@ -22,6 +22,7 @@ from akv_core.cache.ops import OperationError, validate_operations
 from akv_core.cache.planner import plan_request
 from akv_core.cache.radix import RadixCache
 from akv_core.cache.kv_cache import KVCapacityError
+from akv_core.constrain import GrammarError
 from akv_core.request import DEFAULT_MAX_TOKENS, ERROR_ENGINE, ERROR_KV_CAPACITY, FINISH_ERROR
 from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
@@ -94,7 +95,9 @@ class EngineLoop:
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                thinking_drop=args.thinking_drop)
+                thinking_drop=args.thinking_drop, grammar=args.grammar)
+        except GrammarError as error:
+            raise APIError(f"{args.grammar_field}: invalid grammar: {error}", param=args.grammar_field) from None
         except OperationError as error:
             raise APIError(str(error), param=error.field) from None
         except KVCapacityError as error:

@@ -1,9 +1,9 @@
 """Wire objects of the OpenAI-compatible chat API, with AKV's fields after OpenAI's.
 
 Field order follows the objects OpenAI's API sends and accepts; AKV extensions
-(`drop_message`, `reposition`, `drop_rule`, the extra usage counters,
-`reasoning_content`) come after them so that clients that print or diff
-objects see the familiar layout first.
+(`drop_message`, `reposition`, `drop_rule`, SGLang's `regex` / `ebnf` and
+`lark`, the extra usage counters, `reasoning_content`) come after them so that
+clients that print or diff objects see the familiar layout first.
 """
 from __future__ import annotations
 
@@ -169,6 +169,11 @@ class ChatCompletionRequest(BaseModel):
         description="After each listed message, compact the retained positions to 0..r-1.",
     )
     drop_rule: DropRule | None = None
+    # Constrained decoding as SGLang names it (at most one of these and response_format)
+    regex: str | None = Field(default=None, description="The output must match this regex.")
+    ebnf: str | None = Field(default=None, description="The output must match this GBNF grammar.")
+    lark: str | None = Field(default=None, description="The output must match this Lark grammar "
+                             "(llguidance's dialect).")
 
 
 # --------------------------------------------------------------- response

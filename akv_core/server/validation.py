@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from akv_core.cache.ops import OperationError, validate_operations
+from akv_core.constrain import Grammar
+from akv_core.server.constraint import output_constraint
 from akv_core.server.errors import APIError
 from akv_core.server.protocol import ChatCompletionRequest, MessageDropRule, ThinkingDropRule
 
@@ -29,6 +31,8 @@ class GenerationArgs:
     top_p: float
     seed: int | None
     stop: list[str] | None
+    grammar: Grammar | None = None
+    grammar_field: str | None = None   # the request field the grammar came from, for its 400
 
 
 def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
@@ -36,6 +40,7 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
         raise APIError("messages: the history must contain at least one message", param="messages")
     _reject_unsupported(request)
     drop_message, reposition, thinking_drop = cache_operations(request)
+    grammar, grammar_field = output_constraint(request)
     tools = None
     if request.tools and request.tool_choice != "none":
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
@@ -50,6 +55,8 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
         top_p=1.0 if request.top_p is None else request.top_p,
         seed=request.seed,
         stop=_stop(request.stop),
+        grammar=grammar,
+        grammar_field=grammar_field,
     )
 
 
@@ -121,9 +128,6 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
             raise APIError(f"{field}: is not supported{hint}", param=field)
     if request.modalities and request.modalities != ["text"]:
         raise APIError("modalities: only [\"text\"] is supported", param="modalities")
-    if request.response_format and request.response_format.get("type") != "text":
-        raise APIError("response_format: only {\"type\": \"text\"} is supported; structured "
-                       "output is not implemented", param="response_format")
 
 
 def _engine_message(message: Any) -> dict[str, Any]:

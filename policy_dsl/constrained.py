@@ -37,8 +37,8 @@ from policy_dsl import nodes as n
 from policy_dsl.parser import REPOSITION_UNIT_WORDS, UNIT_WORDS, lark_parser
 from policy_dsl.validator import BOUNDS
 
-MAX_DEPTH = 2
-MAX_CHAIN = 2        # "a or b or c": a repeated `("or" x)*` part appears at most this often
+MAX_DEPTH = 1
+MAX_CHAIN = 1        # "a or b": a repeated `("or" x)*` part appears at most this often
 STRING_CHARS = 48    # content patterns and tool names (the parser takes up to 256)
 EXACT_BELOW = 100    # tunable values below this get a block of their own
 _REPEAT = re.compile(r"__\w+_(star|plus)_\d+")   # lark's helper rules for `x*` and `x+`

@@ -42,7 +42,7 @@ def client() -> Iterator[httpx.Client]:
     env = {**os.environ, "AKV_HOME": str(akv_home().resolve()), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "akv_cli.main", "serve", "--port", "0", "--device", "cpu",
-         "--max-running", str(RUNNING), "--kv-tokens", "16384"],
+         "--max-running", str(RUNNING), "--kv-tokens", "16384", "--precision", "fp16"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         with httpx.Client(base_url=ready_url(process), timeout=900) as http:
@@ -57,7 +57,7 @@ def chat(client: httpx.Client, body: dict) -> httpx.Response:
 
 @pytest.mark.slow
 def test_policy_grammar_samples_at_temperature_1_all_parse_and_validate(client):
-    body = {"messages": POLICY_PROMPT, "lark": constrained_grammar(), "temperature": 1.0, "max_tokens": 96}
+    body = {"messages": POLICY_PROMPT, "lark": constrained_grammar(), "temperature": 1.0, "max_tokens": 128}
     assert chat(client, {**body, "max_tokens": 1}).status_code == 200   # the prompt is cached once
     with ThreadPoolExecutor(SAMPLES) as pool:
         replies = list(pool.map(lambda seed: chat(client, {**body, "seed": seed}), range(SAMPLES)))

@@ -1,7 +1,8 @@
-"""`akv bench serving|cost|headroom|search|replay|scale`: the benchmarks of `benchmarks/`, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|replay|scale|proposals`: benchmarks, a table and ratios or one JSON object.
 
-The benchmarks ship with the source checkout (they are not part of the installed packages), so
-they are imported from the checkout this command was installed from.
+The benchmarks of `benchmarks/` ship with the source checkout (they are not part of the installed
+packages), so they are imported from the checkout this command was installed from. `proposals`
+measures the llm proposer, which lives in `evolve` (above what `benchmarks/` may import).
 """
 from __future__ import annotations
 
@@ -159,6 +160,42 @@ def scale(ctx: typer.Context) -> None:
     concurrency 1, 4, 8; --help for options."""
     module = _benchmark("scale")
     _guarded(lambda: module.main(list(ctx.args)))
+@bench.command()
+def proposals(
+    endpoint: str = typer.Option(..., help="OpenAI-compatible base URL (…/v1), e.g. an `akv serve`."),
+    model: str = typer.Option("smollm2", help="Model name sent with each request."),
+    constrain: str = typer.Option("lark,off", help="Comma-separated llm.constrain settings, surveyed in turn."),
+    count: int = typer.Option(100, min=1, help="Proposals per setting."),
+    workers: int = typer.Option(8, min=1, help="Proposals asked at once (the server batches them)."),
+    max_tokens: int = typer.Option(256, min=16, help="llm.max_tokens of each request."),
+    temperature: float = typer.Option(0.7, min=0.0, max=2.0, help="llm.temperature."),
+    parent: str = typer.Option("expert-8k", help="Built-in policy whose prompt is sent."),
+    suite: str = typer.Option("localcomp", help="Suite whose first train tasks give the parent's results."),
+    tasks: int = typer.Option(20, min=1, help="Train tasks the parent is scored on (replay backend)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Validity of llm proposals on the real proposer prompt, with and without the policy grammar."""
+    from evolve.config import LLMProposerConfig
+    from evolve.proposal_survey import parent_candidate, render, survey
+    from evolve.proposers.base import ProposerUnavailable
+
+    settings = _names(constrain, "--constrain")
+    if any(s not in ("auto", "lark", "off") for s in settings):
+        fail(f"--constrain expects auto, lark or off separated by commas, got {constrain!r}")
+    candidate = _guarded(lambda: parent_candidate(parent, suite, tasks))
+    surveys = []
+    for setting in settings:
+        config = LLMProposerConfig(endpoint=endpoint, model=model, constrain=setting, max_tokens=max_tokens,
+                                   temperature=temperature, timeout_s=3600, max_usd=1e9)
+        typer.echo(f"surveying constrain={setting}: {count} proposals, {workers} at a time", err=True)
+        try:
+            surveys.append(survey(config, candidate, count, workers))
+        except ProposerUnavailable as err:
+            fail(str(err))
+    if as_json:
+        typer.echo(json.dumps([{**vars(s), "valid_rate": s.valid_rate} for s in surveys]))
+    else:
+        typer.echo(render(surveys))
 
 
 def _report(module: ModuleType, settings: Any, as_json: bool) -> None:

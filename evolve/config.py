@@ -45,6 +45,10 @@ class LLMProposerConfig(Strict):
     diagnosis_chars: int = Field(600, ge=40, description="Longest diagnosis kept (characters): the answer's text "
                                  "before its policy block.")
     repair: bool = Field(True, description="Send a parse or validation error back once for repair.")
+    constrain: Literal["auto", "lark", "off"] = Field(
+        "auto", description="Decode the answer under the policy grammar, sent as the `lark` field: auto "
+        "(fall back once, with a note, to unconstrained on a 400 naming the field), lark (always; such a "
+        "400 stops the run) or off.")
 
 
 class OptunaProposerConfig(Strict):

@@ -7,9 +7,13 @@ worst and most expensive train tasks (evolve/reflection.py), and the Pareto fron
 block is the policy, the text before it the diagnosis (kept in the proposal's meta, shown by
 `akv lineage` and the report). A parse or validation error goes back once for repair. Transient
 endpoint failures are retried with backoff; token and USD budgets are enforced before every request.
+Where the endpoint takes a `lark` grammar (`llm.constrain`), the answer is decoded under
+`answer_grammar()`: the fenced block holding one policy of `policy_dsl.constrained_grammar()`.
+An answer cut off by max_tokens is rejected as truncated.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -24,10 +28,11 @@ from evolve.config import LLMProposerConfig
 from evolve.context import ProposerContext
 from evolve.proposers.base import BudgetExhausted, Proposer, ProposerUnavailable
 from evolve.proposers.prompt import MESSAGE_OVERHEAD, PromptTooLong, extract_diagnosis, fit_prompt
-from policy_dsl import PolicyError
+from policy_dsl import PolicyError, constrained_grammar
 from sandbox.backends.tokens import shared_tokenizer
 from store.records import Proposal
 
+_log = logging.getLogger(__name__)
 FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
 SYSTEM = """You design KV-cache policies for LLM agents in the AKV policy language.
@@ -44,6 +49,22 @@ Answer with exactly one policy in a fenced block:
 ```akvp
 <policy>
 ```"""
+
+
+def answer_grammar(diagnosis_chars: int = 0) -> str:
+    """The Lark grammar of a constrained answer: the policy in its fenced block, nothing else.
+
+    With `diagnosis_chars` > 0 a one-paragraph diagnosis of at most that many characters (no
+    newline, no backtick) comes first, after "Diagnosis: ", so a model can reason before the
+    policy while the grammar still holds the policy part exactly.
+    """
+    fence = '"```akvp\\n" policy "\\n```"'
+    if diagnosis_chars > 0:
+        head = (f'start: "Diagnosis: " DIAGNOSIS "\\n\\n" {fence}\n'
+                f"DIAGNOSIS: /[^`\\n]{{1,{diagnosis_chars}}}/\n")
+    else:
+        head = f"start: {fence}\n"
+    return head + constrained_grammar("policy")
 
 
 def extract_policy(answer: str) -> str | None:
@@ -76,7 +97,7 @@ class LLMProposer(Proposer):
     reads_timelines = True
 
     def __init__(self, config: LLMProposerConfig, examples: Sequence[str], spent_tokens: int = 0,
-                 spent_usd: float = 0.0, sleep=time.sleep) -> None:
+                 spent_usd: float = 0.0, sleep=time.sleep, grammar: str | None = None) -> None:
         self.config = config
         endpoint = endpoint_of(config)
         if not endpoint:
@@ -90,6 +111,9 @@ class LLMProposer(Proposer):
         self.sleep = sleep
         tokenizer = shared_tokenizer()  # the embedded model's: exact for it, an estimate for others
         self.count = lambda text: len(tokenizer.encode_text(text))
+        # The grammar sent as `lark` while the endpoint takes it; None once `auto` fell back.
+        self.grammar = None if config.constrain == "off" else (grammar or answer_grammar())
+        self.note: str | None = None   # why the grammar was turned off, told with the next proposal
 
     def ask(self, context: ProposerContext) -> Proposal:
         parent = context.pick_parent()
@@ -104,9 +128,10 @@ class LLMProposer(Proposer):
                             "llm.max_tokens")
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": prompt.text}]
         spend = Spend()
-        answer = self._chat(messages, spend)
+        constrained = self.grammar is not None
+        answer, finish = self._chat(messages, spend)
         transcript = [answer]
-        reason, checked = self._check(answer)
+        reason, checked = self._check(answer, finish)
         if reason is not None and config.repair and "invalid policy" in reason:
             repair = [{"role": "assistant", "content": answer},
                       {"role": "user", "content": f"That policy is not valid: {reason}. "
@@ -116,12 +141,13 @@ class LLMProposer(Proposer):
                 reason += " (no repair: it would not fit llm.context_tokens)"
             else:
                 messages += repair
-                answer = self._chat(messages, spend)
+                answer, finish = self._chat(messages, spend)
                 transcript.append(answer)
-                reason, checked = self._check(answer)
+                reason, checked = self._check(answer, finish)
                 if reason is not None:
                     reason = f"after one repair: {reason}"
         diagnosis = next(filter(None, (extract_diagnosis(a, config.diagnosis_chars) for a in transcript)), None)
+        note, self.note = self.note, None
         return Proposal(
             self.name, raw_text=extract_policy(answer), parent_ids=(parent.policy_id,),
             generation=parent.generation + 1, text=checked.text if checked else None,
@@ -130,10 +156,14 @@ class LLMProposer(Proposer):
             prompt_tokens=spend.prompt_tokens, completion_tokens=spend.completion_tokens, cost_usd=spend.usd,
             meta={"model": self.config.model, "endpoint": self.endpoint, "repaired": len(transcript) > 1,
                   "diagnosis": diagnosis, "digests": list(prompt.digested), "digests_shortened": prompt.shortened,
-                  "request_tokens": prompt.tokens},
+                  "request_tokens": prompt.tokens,
+                  "constrained": constrained and self.grammar is not None, **({"note": note} if note else {})},
         )
 
-    def _check(self, answer: str):
+    def _check(self, answer: str, finish_reason: str | None):
+        if finish_reason == "length":
+            return (f"truncated: the answer was cut off at max_tokens ({self.config.max_tokens}); "
+                    "a cut-off answer is never adopted"), None
         text = extract_policy(answer)
         if text is None:
             return "no policy: the answer has no fenced block", None
@@ -142,7 +172,8 @@ class LLMProposer(Proposer):
         except PolicyError as err:
             return rejection(err), None
 
-    def _chat(self, messages: list[dict], spend: Spend) -> str:
+    def _chat(self, messages: list[dict], spend: Spend) -> tuple[str, str | None]:
+        """The answer's text and finish reason; the spend is counted first."""
         if self.spent_tokens >= self.config.max_total_tokens:
             raise BudgetExhausted(f"llm token budget spent ({self.spent_tokens} >= {self.config.max_total_tokens})")
         if self.spent_usd >= self.config.max_usd:
@@ -157,7 +188,8 @@ class LLMProposer(Proposer):
         spend.usd += usd
         self.spent_tokens += p_tok + c_tok
         self.spent_usd += usd
-        return reply.choices[0].message.content or ""
+        choice = reply.choices[0]
+        return choice.message.content or "", choice.finish_reason
 
     def _request(self, messages: list[dict]):
         delay = self.config.backoff_s
@@ -166,11 +198,14 @@ class LLMProposer(Proposer):
             try:
                 return self.client.chat.completions.create(
                     model=self.config.model, messages=messages, temperature=self.config.temperature,
-                    max_tokens=self.config.max_tokens)
+                    max_tokens=self.config.max_tokens,
+                    extra_body={"lark": self.grammar} if self.grammar is not None else None)
             except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                     openai.InternalServerError) as err:
                 last = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             except openai.APIStatusError as err:  # 4xx other than 429: retrying will not help
+                if self._grammar_refused(err):
+                    return self._request(messages)   # once: the grammar is off from now on
                 raise ProposerUnavailable(f"llm endpoint {self.endpoint} refused the request: "
                                           f"HTTP {err.status_code} {str(err.message)[:200]}") from None
             if attempt < self.config.retries:
@@ -178,3 +213,15 @@ class LLMProposer(Proposer):
                 delay *= 2
         raise ProposerUnavailable(f"llm endpoint {self.endpoint} failed after {self.config.retries + 1} "
                                   f"attempts ({last})")
+
+    def _grammar_refused(self, err: openai.APIStatusError) -> bool:
+        """A 400 naming the `lark` field under `constrain: auto` turns the grammar off, with a note."""
+        if self.grammar is None or self.config.constrain != "auto" or err.status_code != 400:
+            return False
+        if err.param != "lark" and "lark" not in str(err.message):
+            return False
+        self.grammar = None
+        self.note = (f"llm endpoint {self.endpoint} refused the lark grammar ({str(err.message)[:160]}); "
+                     "proposing unconstrained, with repair, from now on")
+        _log.warning("note: %s", self.note)
+        return True

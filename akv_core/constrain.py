@@ -91,9 +91,18 @@ class TokenConstraint:
         self._bits = np.empty((vocab_size + 31) // 32, dtype=np.int32)
 
     def mask(self, logits: torch.Tensor) -> None:
-        """Set the logits of every token the grammar forbids next to -inf (in place, fp32 CPU row)."""
+        """Set the logits of every token the grammar forbids next to -inf (in place, fp32 CPU row).
+
+        GrammarError if the matcher has failed or allows no token at all: a failed llguidance
+        matcher would allow EOS alone, and the request would end as "stop" with text outside
+        its grammar, so the engine fails this request instead (its neighbours are not touched).
+        """
+        if self._matcher.is_error():
+            raise GrammarError(f"grammar: the matcher failed earlier: {self.error}")
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab_size]
+        if not allowed.any():
+            raise GrammarError(f"grammar: no token is allowed next ({self.error or 'a dead end'})")
         row = logits.numpy()
         np.copyto(row[: len(allowed)], -np.inf, where=allowed == 0)
         row[len(allowed):] = -np.inf
@@ -113,7 +122,7 @@ class TokenConstraint:
         """Why the matcher failed (a token outside the grammar, a resource limit), or None."""
         if not self._matcher.is_error():
             return None
-        return self._matcher.get_error() or "the matcher failed"
+        return _one_line(self._matcher.get_error() or "the matcher failed")
 
     @property
     def accepting(self) -> bool:

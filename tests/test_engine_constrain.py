@@ -9,7 +9,7 @@ import torch
 
 from akv_core.constrain import Grammar, GrammarError
 from akv_core.engine import Engine
-from akv_core.request import FINISH_LENGTH, FINISH_STOP
+from akv_core.request import ERROR_ENGINE, FINISH_LENGTH, FINISH_STOP, RequestFailed
 
 pytestmark = pytest.mark.model
 
@@ -98,3 +98,23 @@ def test_requests_with_one_grammar_get_independent_matchers(engine):
 def test_an_empty_grammar_is_refused():
     with pytest.raises(GrammarError, match="empty"):
         Grammar.lark("  ")
+
+
+def test_a_failed_matcher_fails_its_request_alone(engine):
+    # A matcher that fails mid-decode (here: made to consume a token its grammar forbids, as a
+    # resource limit would fail it) would allow EOS alone; the engine fails that request with
+    # the grammar's reason instead of ending it as "stop", and its neighbours decode on as alone.
+    alone = [engine.generate(ASK, max_tokens=6, **r) for r in ({}, {"grammar": Grammar.regex(r"[a-z]+")})]
+    handles = [engine.submit(ASK, max_tokens=6), engine.submit(ASK, max_tokens=6, grammar=Grammar.regex("[0-9]{5}")),
+               engine.submit(ASK, max_tokens=6, grammar=Grammar.regex(r"[a-z]+"))]
+    engine.step()
+    broken = next(r for r in engine.scheduler.running if r.handle is handles[1])
+    with pytest.raises(GrammarError, match="doesn't satisfy the grammar"):
+        broken.constraint.advance(engine.tokenizer.encode("a")[0])
+    while not all(h.done for h in handles):
+        engine.step()
+    engine.check_integrity()
+    with pytest.raises(RequestFailed, match="grammar: the matcher failed earlier") as failed:
+        handles[1].result()
+    assert failed.value.code == ERROR_ENGINE and "\n" not in str(failed.value)
+    assert [handles[0].result().token_ids, handles[2].result().token_ids] == [a.token_ids for a in alone]

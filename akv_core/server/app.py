@@ -7,6 +7,7 @@ so its cache locks never outlive the connection.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -107,7 +108,10 @@ async def _chat(state: ServerState, body: ChatCompletionRequest, request: Reques
                        f"{state.model_name!r}", param="model", status=404, code="model_not_found")
     args = generation_args(body)
     started = time.monotonic()
-    handle = state.loop.submit(args)
+    # A new grammar takes llguidance up to a second to compile (without the GIL): constrained
+    # requests are submitted on a worker thread so the other requests stream on meanwhile.
+    handle = (await asyncio.to_thread(state.loop.submit, args) if args.grammar is not None
+              else state.loop.submit(args))
     parser = AssistantOutputParser(parse_tool_calls=args.tools is not None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -160,6 +160,8 @@ def scale(ctx: typer.Context) -> None:
     concurrency 1, 4, 8; --help for options."""
     module = _benchmark("scale")
     _guarded(lambda: module.main(list(ctx.args)))
+
+
 @bench.command()
 def proposals(
     endpoint: str = typer.Option(..., help="OpenAI-compatible base URL (…/v1), e.g. an `akv serve`."),

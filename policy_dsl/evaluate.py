@@ -61,6 +61,9 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
         return _COMPARE[selector.op](view.tokens[j], selector.n.value)
     if isinstance(selector, n.Contains):
         return selector.text in view.texts[j]
+    if isinstance(selector, n.NextTurnContains):
+        k = view.next_turn[j]  # a turn after the boundary has not been said yet
+        return k is not None and k <= b.i and selector.text in view.texts[k]
     if isinstance(selector, n.Requested):
         return j in view.requests.get(b.i, ())
     if isinstance(selector, n.Superseded):  # the same call answered again at or before the boundary
@@ -96,7 +99,7 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
 
 
 def _is_static(selector: n.Selector) -> bool:
-    if isinstance(selector, (n.Age, n.Requested, n.Superseded)):
+    if isinstance(selector, (n.Age, n.Requested, n.Superseded, n.NextTurnContains)):
         return False
     if isinstance(selector, n.Not):
         return _is_static(selector.part)

@@ -32,6 +32,7 @@ class HistoryView:
     turns: tuple[int, ...]                # assistant messages in 0..i
     tool_calls: tuple[int, ...]           # completed tool batches in 0..i
     protected: frozenset[int]             # system prompt and first user message (the latest is added per boundary)
+    next_turn: tuple[int | None, ...]     # the first assistant message after each message (None: none yet)
     requests: Mapping[int, tuple[int, ...]]  # tool message -> ids its drop_context call asked to drop
     # tool message -> the next tool message answering the same call (tool and arguments), if any.
     # Rules compare it with the boundary, so a fact about message i still depends on 0..i only.
@@ -77,6 +78,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
         protected=_protected(roles),
         requests=requests,
         answered_again=_answered_again(call_keys),
+        next_turn=_next_turns(roles),
     )
 
 
@@ -92,6 +94,18 @@ def _running_count(flags: Any) -> tuple[int, ...]:
     for flag in flags:
         total += bool(flag)
         out.append(total)
+    return tuple(out)
+
+
+def _next_turns(roles: list[str]) -> tuple[int | None, ...]:
+    """For each message, the index of the first assistant message after it. Selectors read it
+    only when that turn is at or before their boundary, so a prefix decides the same."""
+    out: list[int | None] = [None] * len(roles)
+    following: int | None = None
+    for i in range(len(roles) - 1, -1, -1):
+        out[i] = following
+        if roles[i] == "assistant":
+            following = i
     return tuple(out)
 
 

@@ -18,6 +18,7 @@ Actions (what a rule does) and their targets:
 Selectors (which messages; protected messages are never selected):
     AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
     Superseded()                           a tool response whose call was made again since
+    NextTurnContains(text)                 the first assistant message after it (up to the boundary) contains text
     Not(part) And(parts) Or(parts)
 
 Reposition rules:
@@ -144,6 +145,16 @@ class Contains:
 
 
 @dataclass(frozen=True)
+class NextTurnContains:
+    """Messages whose next turn (the first assistant message after them, at or before the
+    boundary) contains `text`: what the agent said about them, e.g. a tool result it then
+    called irrelevant."""
+
+    text: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class Requested:
     loc: Loc | None = _loc()
 
@@ -171,7 +182,8 @@ class Or:
     loc: Loc | None = _loc()
 
 
-Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, Requested, Superseded, Not, And, Or]
+Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, NextTurnContains, Requested, Superseded, Not, And,
+                 Or]
 
 
 # ---- targets and actions -----------------------------------------------------------------------

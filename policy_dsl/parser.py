@@ -257,6 +257,8 @@ class _Builder:
             return n.Size(str(kids[0].children[0]), self.number(kids[1]), loc=loc)
         if kind == "contains":
             return n.Contains(self.string(kids[0]), loc=loc)
+        if kind == "next_turn_contains":
+            return n.NextTurnContains(self.string(kids[0]), loc=loc)
         if kind == "requested":
             return n.Requested(loc=loc)
         if kind == "superseded":

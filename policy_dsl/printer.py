@@ -90,6 +90,8 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
         return f"contains {json.dumps(selector.text)}"
     if isinstance(selector, n.Superseded):
         return "superseded"
+    if isinstance(selector, n.NextTurnContains):
+        return f"next_turn contains {json.dumps(selector.text)}"
     return "requested"
 
 

@@ -102,8 +102,8 @@ class _Checker:
             self.trigger_structure(part)
 
     def selector_structure(self, selector: object) -> None:
-        expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.Requested,
-                                n.Superseded, n.Not, n.And, n.Or), "a selector")
+        expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.NextTurnContains,
+                                n.Requested, n.Superseded, n.Not, n.And, n.Or), "a selector")
         for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
             self.selector_structure(part)
 
@@ -139,8 +139,8 @@ class _Checker:
                 raise self.fail(f"unknown role {node.role!r}; expected one of {', '.join(n.ROLES)}", node)
             if isinstance(node, (n.AnyOf, n.AllOf, n.And, n.Or)) and len(node.parts) < 2:
                 raise self.fail("and/or needs at least two parts", node)
-            if isinstance(node, (n.Contains, n.ToolName)):
-                text = node.text if isinstance(node, n.Contains) else node.name
+            if isinstance(node, (n.Contains, n.NextTurnContains, n.ToolName)):
+                text = node.name if isinstance(node, n.ToolName) else node.text
                 if not isinstance(text, str) or not 1 <= len(text) <= 256:
                     raise self.fail("pattern must be 1..256 characters", node)
             if isinstance(node, n.TokensAbove) and node.measure not in ("visible", "history"):

@@ -143,6 +143,37 @@ def test_superseded_picks_older_answers_to_a_call_made_again() -> None:
     assert decide(source, history[:9]).drop_message == {"8": [4]}  # a prefix decides the same
 
 
+def test_next_turn_contains_picks_what_the_following_turn_said_about_it() -> None:
+    source = 'mode kv\non each turn: drop role tool and next_turn contains "not relevant"\nreposition never\n'
+    history = agent_history(3, tools_per_round=2, system=False)  # user, then (assistant, tool, tool) x 3
+    history[4]["content"] = "lc-1 is not relevant: wrong group."  # the turn after the first batch
+    # the whole batch it followed is picked, at the boundary of that turn and never before
+    assert decide(source, history[:4]).drop_message == {}
+    assert decide(source, history).drop_message == {"4": [2, 3]}
+    history[7]["content"] = "the second batch is not relevant either"
+    assert decide(source, history).drop_message == {"4": [2, 3], "7": [5, 6]}
+    # only the first assistant message after a message speaks for it; the last turn has none yet
+    history[4]["content"] = "fine"
+    assert decide(source, history).drop_message == {"7": [5, 6]}
+
+
+def test_research_drops_dead_ends_at_the_verdict_pages_and_long_articles_by_age() -> None:
+    history: list = [{"role": "user", "content": "Find the year."}]
+    for step in range(20):  # one call per turn, as a ReAct research agent makes them: turn 1+2s, result 2+2s
+        name = "search" if step % 3 == 0 else "get_document"
+        history.append({"role": "assistant", "content": "ok", "tool_calls": [call(f"c{step}", name)]})
+        size = 300 if step == 2 else 700  # the document of step 2 is a short lookup
+        history.append({"role": "tool", "tool_call_id": f"c{step}", "name": name, "content": "d" * size})
+    history[5]["content"] = "X [lc-00001] is not relevant to A.e: its group is 2, not 1."  # on result 4
+    decision = load_policy("research").decide(history, CharCounter())
+    when = {j: int(k) for k, ids in decision.drop_message.items() for j in ids}
+    assert when[4] == 5  # the document the next turn called not relevant: at that turn
+    assert when[2] == 9  # the first search page: at the turn 4 turns after it
+    assert 6 not in when  # the short lookup stays
+    assert when[10] == 29  # a long article: at the turn 10 turns after it
+    assert decision.reposition == sorted(int(k) for k in decision.drop_message)
+
+
 def test_reposition_every_n_drops_and_by_gap() -> None:
     history = agent_history(8, response="r" * 100, system=False)
     rolling = "mode kv\non each tool_response: drop role tool keep last 2\n"

@@ -10,7 +10,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 SOURCES = [builtin_source(name) for name in builtin_names()]
 WORDS = ["mode", "kv", "text", "on", "each", "every", "after", "drop", "omit", "summarize", "within", "tokens",
          "keep", "last", "until", "visible_tokens", "history_tokens", "<=", ">", ">=", "(", ")", ":", "and", "or",
-         "not", "role", "tool", "tool_name", "age", "contains", "requested", "superseded", "drop_context", "thinking", "where",
+         "not", "role", "tool", "tool_name", "age", "contains", "next_turn", "requested", "superseded", "drop_context", "thinking", "where",
          "reposition", "never", "gap", "in", "..", "0", "12", "99999999999999", '"x"', '"\\q"', "#", "\n", "\x00"]
 
 

@@ -45,6 +45,9 @@ def test_every_construct_parses_to_its_node() -> None:
     assert third == n.Rule(n.Every(n.Num(1), "tool_responses"), n.Drop(n.Messages(n.Superseded())))
     assert ast.reposition == n.RepositionGap(n.Num(100))
     assert parse(format_policy(ast)) == ast
+    judged = parse('mode kv\non each turn: drop role tool and next_turn contains "not relevant"\n')
+    assert judged.rules[0].action.target.selector == n.And((n.Role("tool"), n.NextTurnContains("not relevant")))
+    assert parse(format_policy(judged)) == judged
 
 
 BAD_INPUT = [
@@ -80,6 +83,7 @@ BAD_INPUT = [
      PolicyValidationError, "summarize cannot take 'until visible_tokens'"),
     ('mode kv\non each turn: drop contains "a\\qb"\n', 2, 29, PolicySyntaxError, "bad escape"),
     ('mode kv\non each turn: drop contains ""\n', 2, 29, PolicySyntaxError, "empty string"),
+    ('mode kv\non each turn: drop next_turn "x"\n', 2, 30, PolicySyntaxError, "expected 'contains'"),
     ("mode kv\non each turn: drop all\n\x00\x01garbage", 3, 1, PolicySyntaxError, "unexpected character '\\x00'"),
     ("mode kv\non each turn: drop " + "not " * 40 + "all\n", 2, 0, PolicyLimitError, "nested deeper than 32"),
 ]

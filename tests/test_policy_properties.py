@@ -38,7 +38,7 @@ SELECTOR_ATOMS = st.one_of(
     st.sampled_from(["search", "open", "drop_context"]).map(n.ToolName),
     st.builds(n.Age, OPS, nums(0, 6), UNITS), st.builds(n.Size, OPS, nums(0, 300)),
     st.sampled_from(["error", "ok"]).map(n.Contains), st.text(min_size=1, max_size=12).map(n.Contains),
-    st.just(n.Requested()), st.just(n.Superseded()),
+    st.sampled_from(["a", "aa", "x"]).map(n.NextTurnContains), st.just(n.Requested()), st.just(n.Superseded()),
 )
 SIMPLE_SELECTORS = st.one_of(st.just(n.AllMessages()), st.sampled_from(["tool", "assistant"]).map(n.Role),
                              st.builds(n.Age, st.just(">="), nums(0, 4), UNITS))

@@ -242,7 +242,7 @@ def agent_view(task: Task, request: BackendRequest, response: Message | None, st
     if operations.thinking_drop:
         messages = tuple(_without_reasoning(m) for m in messages)
     visible = tuple(i not in dropped for i in range(len(messages)))
-    return AgentView(task, messages, visible, response, step)
+    return AgentView(task, messages, visible, response, step, request.tools)
 
 
 def _without_reasoning(message: Message) -> Message:

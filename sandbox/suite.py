@@ -66,6 +66,8 @@ class AgentView:
     dropped). In text mode the history itself is already edited (summaries, placeholders) and
     all is visible. `response` is the backend's reply to this step's request (None for the
     replay backend).
+    `tools` are the tool schemas the request offered (the task's, plus `drop_context` where the
+    policy acts on it).
     """
 
     task: Task
@@ -73,6 +75,7 @@ class AgentView:
     visible: Sequence[bool]
     response: Message | None
     step: int
+    tools: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)

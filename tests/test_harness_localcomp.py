@@ -88,6 +88,7 @@ class _Watching:
 
     def __init__(self, agent) -> None:
         self.agent, self.name, self.views = agent, agent.name, []
+        self.uses_cache_tool = getattr(agent, "uses_cache_tool", False)
 
     def act(self, view: AgentView) -> AgentAction:
         self.views.append(view)
@@ -158,6 +159,26 @@ def test_the_model_based_policy_drops_what_the_agent_asked_for(localcomp) -> Non
     assert answered["role"] == "tool" and answered["name"] == "drop_context"
     assert not agent.views[5].visible[3] and not agent.views[5].visible[5] and agent.views[5].visible[7]
     assert trajectory.exchanges[-1].usage.drop_skipped_tokens > 0
+
+
+def test_under_model_based_the_scripted_agent_drops_its_dead_ends_itself(localcomp) -> None:
+    task = next(t for t in localcomp.tasks("train") if t.meta.get("reference_dead_ends"))
+    agent = _Watching(localcomp.scripted_agent(task))
+    result, trajectory = run_task(task, localcomp, resolve_policy("model-based"), agent, ReplayBackend())
+    assert result.status == "ok" and result.score == 1.0
+    history = trajectory.exchanges[-1].request.messages
+    asked = [json.loads(c["function"]["arguments"])["message_ids"] for m in history if m["role"] == "assistant"
+             for c in m.get("tool_calls") or () if c["function"]["name"] == "drop_context"]
+    dropped = sorted(i for ids in asked for i in ids)
+    assert len(dropped) == task.meta["reference_dead_ends"]  # every dead end, once
+    for i in dropped:  # each is a document the next assistant message called not relevant
+        assert history[i]["role"] == "tool" and "is not relevant" in history[i + 1]["content"]
+        assert not agent.views[-1].visible[i]
+    assert trajectory.exchanges[-1].usage.drop_skipped_tokens > 0
+    # without the cache tool on offer (any other policy) it never calls it
+    _, plain = run_task(task, localcomp, resolve_policy("full"), localcomp.scripted_agent(task), ReplayBackend())
+    assert not any(c["function"]["name"] == "drop_context" for m in plain.exchanges[-1].request.messages
+                   for c in m.get("tool_calls") or ())
 
 
 def _closed_port() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.suites import get_suite
-from sandbox.suites.localcomp import LocalComp
+from sandbox.suites.localcomp import DEFAULT_EDITION, EDITIONS, LocalComp
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import render_corpus
 from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts
@@ -91,14 +91,65 @@ def test_second_build_keeps_the_files(suite: LocalComp) -> None:
     assert before == after
 
 
-def test_corpus_and_drafts_are_deterministic_in_the_seed(atlas: Atlas) -> None:
+@pytest.mark.parametrize("edition", [1, 2])
+def test_corpus_and_drafts_are_deterministic_in_the_seed(atlas: Atlas, edition: int) -> None:
     first, again, other = render_corpus(atlas, 0), render_corpus(atlas, 0), render_corpus(atlas, 1)
     assert 3000 <= len(first) == len(other)
     assert first == again
     assert {d.key: d.docid for d in first} != {d.key: d.docid for d in other}
-    prompts = [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0)]
-    assert prompts == [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0)]
-    assert prompts != [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 1)]
+    prompts = [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0, edition)]
+    assert prompts == [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 0, edition)]
+    assert prompts != [tuple(leg.clue for leg in d.legs) for d in drafts(atlas, 1, edition)]
+
+
+def test_manifest_records_every_build_parameter(suite: LocalComp) -> None:
+    manifest = json.loads((suite.root / "build.json").read_text(encoding="utf-8"))
+    design = EDITIONS[DEFAULT_EDITION]
+    assert manifest == {"edition": DEFAULT_EDITION, "version": design.version, "seed": 0, "quota": TEST_QUOTA,
+                        "design": {"version": design.version, "trajectory_tokens": list(design.trajectory_tokens),
+                                   "min_dead_ends": design.min_dead_ends}}
+    assert suite.edition == DEFAULT_EDITION == 2
+
+
+def test_edition_1_is_reproducible_and_kept_by_builds_that_name_no_edition(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    shared = tmp_path_factory.getbasetemp() / "localcomp-e1"  # the edition-1 build other modules use
+    first = LocalComp(quota=TEST_QUOTA)
+    first.build(shared, seed=0, edition=1)
+    before = {p.name: p.stat().st_mtime_ns for p in first.root.iterdir()}
+    LocalComp(quota=TEST_QUOTA).build(shared, seed=0)  # no edition named: the built one stays
+    assert {p.name: p.stat().st_mtime_ns for p in first.root.iterdir()} == before and first.edition == 1
+    again = LocalComp(quota=TEST_QUOTA)
+    _copy_facts(first.root, tmp_path)
+    again.build(tmp_path, seed=0, edition=1)
+    assert (again.root / "tasks.json").read_bytes() == (first.root / "tasks.json").read_bytes()
+    manifest = json.loads((again.root / "build.json").read_text(encoding="utf-8"))
+    assert manifest == {"edition": 1, "version": EDITIONS[1].version, "seed": 0, "quota": TEST_QUOTA}
+    assert all(t.tools[0]["function"]["description"].endswith("JSON list of {docid, title, snippet}.")
+               for t in again.tasks("train"))
+    # a build from before editions (no edition in its manifest) is stale: it becomes the default edition
+    (again.root / "build.json").write_text(json.dumps({"version": 6, "seed": 0, "quota": TEST_QUOTA}))
+    again.build(tmp_path, seed=0)
+    assert again.edition == DEFAULT_EDITION
+    assert [t.id for t in again.tasks("train")] == [t.id for t in first.tasks("train")]
+
+
+def _copy_facts(source: Path, home: Path) -> None:
+    (home / "localcomp").mkdir(parents=True, exist_ok=True)
+    name = f"facts.v{FACTS_VERSION}.json"
+    (home / "localcomp" / name).write_bytes((source / name).read_bytes())
+
+
+def test_unknown_edition_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown localcomp edition 3: expected one of 1, 2"):
+        LocalComp(quota=TEST_QUOTA).build(tmp_path, seed=0, edition=3)
+
+
+def test_edition_2_questions_open_look_alikes_that_are_never_needed_again(suite: LocalComp) -> None:
+    for task in suite.tasks("train") + suite.tasks("heldout"):
+        assert task.meta["reference_dead_ends"] >= EDITIONS[2].min_dead_ends
+        assert len(task.meta["hard_negatives"]) >= task.meta["reference_dead_ends"]
+        assert set(task.meta["hard_negatives"]).isdisjoint(task.meta["gold_docs"])
 
 
 def test_documents_have_realistic_sizes(atlas: Atlas) -> None:
@@ -125,3 +176,16 @@ def test_damaged_task_file_says_how_to_rebuild(tmp_path: Path) -> None:
     (tmp_path / "localcomp" / "tasks.json").write_text("[{\"id\": ", encoding="utf-8")
     with pytest.raises(ValueError, match="is damaged .* rebuild with `akv tasks build --suite localcomp`"):
         LocalComp(tmp_path).tasks("train")
+
+
+def test_edition_2_trajectories_have_dead_ends_long_range_uses_and_a_size_spread(suite: LocalComp) -> None:
+    from sandbox.suites.localcomp.shape import measure_shape
+
+    shape = measure_shape(suite, "train", limit=8)
+    assert shape["tasks"] == 8 and 0.15 <= shape["dead_end_share"] <= 0.6
+    assert shape["dead_end_reads"] >= 8 * EDITIONS[2].min_dead_ends
+    # the final answer needs a fact read in the first leg, many steps before
+    assert shape["final_answer_reach"]["min"] >= 8 and shape["steps"]["min"] >= 15
+    sizes = shape["sizes"]
+    assert sizes["short lookup"]["max"] < 400 <= sizes["long article"]["min"]
+    assert sizes["short lookup"]["median"] < sizes["search page"]["median"] < sizes["long article"]["p90"]

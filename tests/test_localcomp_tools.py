@@ -7,6 +7,7 @@ import pytest
 
 from sandbox.suite import ToolError
 from sandbox.suites.localcomp import LocalComp
+from sandbox.suites.localcomp.context import read_search_page
 from sandbox.suites.localcomp.grading import first_number, grade_answer, normalize
 from sandbox.suites.localcomp.reading import read_articles
 from test_sandbox_support import small_localcomp
@@ -28,24 +29,42 @@ def env(suite: LocalComp):
     env.close()
 
 
-def test_search_returns_top_hits_as_json(env) -> None:
-    hits = json.loads(env.call_tool("search", {"query": "CAS number 7782-50-5"}))
+def search(env, query: str) -> list[dict[str, str]]:
+    page = env.call_tool("search", {"query": query})
+    parsed = read_search_page(page)
+    assert parsed is not None and parsed[0] == query, page
+    return list(parsed[1])
+
+
+def test_search_returns_a_result_page_that_names_its_query(env) -> None:
+    page = env.call_tool("search", {"query": "CAS number 7782-50-5"})
+    assert page.startswith('Search results for "CAS number 7782-50-5": ')
+    hits = search(env, "CAS number 7782-50-5")
     assert 1 <= len(hits) <= 5
-    assert set(hits[0]) == {"docid", "title", "snippet"}
+    assert set(hits[0]) == {"docid", "title", "snippet"} and all(h["snippet"] for h in hits)
     assert hits[0]["title"] == "Chlorine"  # the CAS number is searched as one phrase
+    assert not read_articles(page)  # a hit line is never taken for an article's header
+
+
+def test_edition_1_search_returns_a_json_list(tmp_path_factory: pytest.TempPathFactory) -> None:
+    first = small_localcomp(tmp_path_factory.getbasetemp() / "localcomp-e1", edition=1)
+    env = first.open(first.tasks("train")[0])
+    hits = json.loads(env.call_tool("search", {"query": "CAS number 7782-50-5"}))
+    assert set(hits[0]) == {"docid", "title", "snippet"} and hits[0]["title"] == "Chlorine"
+    first.close()
 
 
 def test_search_ranks_the_titled_article_first(env) -> None:
-    hits = json.loads(env.call_tool("search", {"query": "Italy country"}))
-    assert hits[0]["title"] == "Italy"
+    assert search(env, "Italy country")[0]["title"] == "Italy"
 
 
 def test_search_without_words_finds_nothing(env) -> None:
-    assert json.loads(env.call_tool("search", {"query": "?? --"})) == []
+    assert search(env, "?? --") == []
+    assert env.call_tool("search", {"query": "?? --"}) == 'Search results for "?? --": 0 hits'
 
 
 def test_get_document_returns_the_article(env) -> None:
-    docid = json.loads(env.call_tool("search", {"query": "Chlorine"}))[0]["docid"]
+    docid = search(env, "Chlorine")[0]["docid"]
     text = env.call_tool("get_document", {"docid": docid})
     assert text.startswith(f"[{docid}] Chlorine\nChemical element")
     assert "| Discovery year | 1774 |" in text
@@ -101,7 +120,7 @@ def test_env_grades_against_the_task_gold(suite: LocalComp) -> None:
 
 
 def _top_document(env, query: str) -> str:
-    docid = json.loads(env.call_tool("search", {"query": query}))[0]["docid"]
+    docid = search(env, query)[0]["docid"]
     return env.call_tool("get_document", {"docid": docid})
 
 

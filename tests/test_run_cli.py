@@ -62,3 +62,34 @@ def test_tasks_list_shows_the_split() -> None:
 def test_tasks_list_unknown_split_is_one_line_and_exit_2() -> None:
     result = runner.invoke(app, ["tasks", "list", "--suite", "localcomp", "--split", "dev"])
     assert result.exit_code == 2 and "dev" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--suite", "localcomp", "--edition", "7"], "unknown localcomp edition 7: expected one of 1, 2"),
+    (["--edition", "1"], "--edition needs --suite"),
+])
+def test_tasks_build_with_a_bad_edition_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    result = runner.invoke(app, ["tasks", "build", *args])
+    assert result.exit_code == 2 and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_tasks_build_edition_1_builds_it_and_runs_stay_on_it(tmp_path, monkeypatch) -> None:
+    import shutil
+
+    from akv_core.home import akv_home
+    from sandbox.suites.localcomp.facts import FACTS_VERSION
+
+    facts = f"facts.v{FACTS_VERSION}.json"
+    (tmp_path / "localcomp").mkdir()
+    shutil.copy(akv_home() / "localcomp" / facts, tmp_path / "localcomp" / facts)  # skip the slow extraction
+    monkeypatch.setenv("AKV_HOME", str(tmp_path))
+    result = runner.invoke(app, ["tasks", "build", "--suite", "localcomp", "--edition", "1"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "localcomp" / "build.json").read_text())["edition"] == 1
+    run = runner.invoke(app, ["run", "--suite", "localcomp", "--policy", "full", "--limit", "1", "--json"])
+    assert run.exit_code == 0, run.stderr
+    assert json.loads((tmp_path / "localcomp" / "build.json").read_text())["edition"] == 1  # not rebuilt
+    (row,) = json.loads(run.stdout)["results"]
+    assert row["status"] == "ok" and row["score"] == 1.0

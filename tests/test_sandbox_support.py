@@ -12,10 +12,11 @@ from sandbox.suites.localcomp import LocalComp
 SMALL_QUOTA = {"train": 16, "heldout": 24}
 
 
-def small_localcomp(home: Path) -> LocalComp:
-    """A localcomp build with SMALL_QUOTA under `home` (a no-op when it is already there)."""
+def small_localcomp(home: Path, edition: int | None = None) -> LocalComp:
+    """A localcomp build with SMALL_QUOTA under `home` (a no-op when it is already there);
+    the default edition unless `edition` says otherwise (one folder holds one edition)."""
     built = LocalComp(quota=SMALL_QUOTA)
-    built.build(home, seed=0)
+    built.build(home, seed=0, edition=edition)
     return built
 
 

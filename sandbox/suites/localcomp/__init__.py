@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,13 +17,27 @@ from sandbox.suite_version import content_version
 from sandbox.suites.localcomp.agent import ScriptedAgent
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import Corpus, render_corpus, write_index
-from sandbox.suites.localcomp.env import TOOLS, LocalCompEnv
+from sandbox.suites.localcomp.context import read_context, read_search_page
+from sandbox.suites.localcomp.env import LocalCompEnv, tools_of
 from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts, extract_facts
 from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts, make_task
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
 
-BUILD_VERSION = 6
-TRAJECTORY_TOKENS = (10_000, 30_000)  # a full scripted trajectory must land in this range
+@dataclass(frozen=True)
+class Design:
+    """What a question of an edition must show when the scripted agent researches it seeing everything."""
+
+    version: int  # bumped when the edition's output changes
+    trajectory_tokens: tuple[int, int]  # the final prompt's length must land in this range
+    min_dead_ends: int  # documents opened and ruled out
+
+
+EDITIONS = {  # generator designs: 1 = the first one (kept reproducible), 2 = realistic trajectories
+    1: Design(version=6, trajectory_tokens=(10_000, 30_000), min_dead_ends=0),
+    2: Design(version=1, trajectory_tokens=(12_000, 40_000), min_dead_ends=2),
+}
+DEFAULT_EDITION = 2
+TRAJECTORY_TOKENS = EDITIONS[1].trajectory_tokens
 
 
 class LocalComp:
@@ -35,16 +49,29 @@ class LocalComp:
         self._quota = dict(quota or QUOTA)
         self._tasks: dict[str, list[Task]] | None = None
         self._corpus: Corpus | None = None
+        self._edition: int | None = None
 
     # -- building -----------------------------------------------------------------------------
-    def build(self, home: Path, seed: int = 0) -> None:
-        """Create corpus and tasks under home/localcomp; a no-op when this seed is already built."""
-        self._home, self._tasks = Path(home), None
+    def build(self, home: Path, seed: int = 0, edition: int | None = None) -> None:
+        """Create corpus and tasks under home/localcomp; a no-op when they are built already.
+
+        `edition` picks the generator; None keeps the edition already built there for this seed
+        and quota (so runs after `akv tasks build --edition 1` stay on edition 1), else builds
+        the default edition.
+        """
+        if edition is not None and edition not in EDITIONS:
+            raise ValueError(f"unknown localcomp edition {edition!r}: expected one of "
+                             f"{', '.join(map(str, EDITIONS))}")
+        self._home, self._tasks, self._edition = Path(home), None, None
         root = self.root
         root.mkdir(parents=True, exist_ok=True)
-        manifest = {"version": BUILD_VERSION, "seed": seed, "quota": self._quota}
-        if _read_json(root / "build.json") == manifest and (root / "corpus.sqlite").exists() \
-                and (root / "tasks.json").exists():
+        built = _read_json(root / "build.json")
+        complete = (root / "corpus.sqlite").exists() and (root / "tasks.json").exists()
+        if edition is None:
+            kept = built.get("edition") if isinstance(built, dict) else None
+            edition = kept if kept in EDITIONS and built == self._manifest(seed, kept) else DEFAULT_EDITION
+        manifest = self._manifest(seed, edition)
+        if built == manifest and complete:
             return
         self.close()
         atlas = Atlas(_facts(root))
@@ -53,12 +80,31 @@ class LocalComp:
         write_index(render_corpus(atlas, seed), index)
         corpus = Corpus(index)
         try:
-            tasks = _generate(atlas, corpus, seed, self._quota)
+            tasks = _generate(atlas, corpus, seed, self._quota, edition)
         finally:
             corpus.close()
         os.replace(index, root / "corpus.sqlite")
         _write_json(root / "tasks.json", [_task_json(t) for t in tasks])
-        _write_json(root / "build.json", manifest)
+        _write_json(root / "build.json", manifest)  # last: a build cut short is never taken as done
+
+    def _manifest(self, seed: int, edition: int) -> dict[str, Any]:
+        """Every build parameter: the edition and its design, the seed and the quotas."""
+        design = EDITIONS[edition]
+        extra = {} if edition == 1 else {"design": asdict(design)}
+        manifest = {"edition": edition, "version": design.version, "seed": seed, "quota": self._quota, **extra}
+        return json.loads(json.dumps(manifest))  # as it reads back from build.json (tuples become lists)
+
+    @property
+    def edition(self) -> int:
+        """The edition of the build under the data folder (from its manifest)."""
+        if self._edition is None:
+            built = _read_json(self.root / "build.json")
+            edition = built.get("edition") if isinstance(built, dict) else None
+            if edition not in EDITIONS:
+                raise ValueError("localcomp is not built yet (or was built by an older version): "
+                                 "run `akv tasks build --suite localcomp`")
+            self._edition = edition
+        return self._edition
 
     def version(self, home: Path) -> str:
         """`localcomp@eN-<12 hex>` of the data built under home (SuiteNotBuilt when missing)."""
@@ -82,7 +128,9 @@ class LocalComp:
             if not path.exists():
                 raise ValueError("localcomp is not built yet: run `akv tasks build --suite localcomp`")
             try:
-                loaded = [_task_from_json(t) for t in json.loads(path.read_text(encoding="utf-8"))]
+                rows = json.loads(path.read_text(encoding="utf-8"))
+                tools = tools_of(self.edition)
+                loaded = [_task_from_json(t, tools) for t in rows]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{path} is damaged ({err}): "
                                  "rebuild with `akv tasks build --suite localcomp`") from None
@@ -95,10 +143,10 @@ class LocalComp:
             if not path.exists():
                 raise ValueError("localcomp is not built yet: run `akv tasks build --suite localcomp`")
             self._corpus = Corpus(path)
-        return LocalCompEnv(self._corpus, task)
+        return LocalCompEnv(self._corpus, task, self.edition)
 
     def scripted_agent(self, task: Task) -> ScriptedAgent:
-        return ScriptedAgent(task)
+        return ScriptedAgent(task, self.edition)
 
     def close(self) -> None:
         if self._corpus is not None:
@@ -116,24 +164,31 @@ def _facts(root: Path) -> Facts:
     return facts
 
 
-def _generate(atlas: Atlas, corpus: Corpus, seed: int, quota: Mapping[str, int]) -> list[Task]:
+def _generate(atlas: Atlas, corpus: Corpus, seed: int, quota: Mapping[str, int], edition: int) -> list[Task]:
     """Drafts in seeded order; a draft becomes a task when the scripted agent, seeing everything,
     reaches the gold answer with a trajectory of the intended length."""
     count = {s: 0 for s in SPLITS}
     tasks = []
-    for draft in drafts(atlas, seed):
+    design = EDITIONS[edition]
+    for draft in drafts(atlas, seed, edition):
         if count[draft.split] >= quota[draft.split]:
             if all(count[s] >= quota[s] for s in SPLITS):
                 break
             continue
-        task = make_task(draft, count[draft.split], corpus.docid_of)
-        env = LocalCompEnv(corpus, task)
-        run = walk(task, env, ScriptedAgent(task))
+        task = make_task(draft, count[draft.split], corpus.docid_of, tools_of(edition))
+        env = LocalCompEnv(corpus, task, edition)
+        run = walk(task, env, ScriptedAgent(task, edition))
         tokens = trajectory_tokens(task, run.messages)
-        if env.grade(run.answer).score < 1.0 or not TRAJECTORY_TOKENS[0] <= tokens <= TRAJECTORY_TOKENS[1]:
+        low, high = design.trajectory_tokens
+        dead_ends = read_context(run.messages, [True] * len(run.messages)).dead_ends
+        # a dead end is never needed again: a document ruled out for one hop but needed by another is not one
+        if env.grade(run.answer).score < 1.0 or not low <= tokens <= high or len(dead_ends) < design.min_dead_ends \
+                or not dead_ends.isdisjoint(task.meta["gold_docs"]):
             continue
         meta = {**task.meta, "hard_negatives": _hard_negatives(run.messages, set(task.meta["gold_docs"])),
                 "reference_tokens": tokens, "reference_steps": run.steps}
+        if edition > 1:
+            meta["reference_dead_ends"] = len(dead_ends)
         tasks.append(Task(task.id, task.suite, task.split, task.system, task.prompt, task.tools, meta))
         count[draft.split] += 1
     return tasks
@@ -144,12 +199,13 @@ def _hard_negatives(messages: tuple[dict[str, Any], ...], gold: set[str]) -> lis
     search the plan made, and documents opened and ruled out."""
     out: set[str] = set()
     for m in messages:
-        if m.get("role") == "tool" and m["content"].startswith("[{"):
-            hits = [h["docid"] for h in json.loads(m["content"])]
+        if m.get("role") == "tool" and (m["content"].startswith("[{") or read_search_page(m["content"])):
+            page = read_search_page(m["content"])
+            hits = [h["docid"] for h in (page[1] if page else json.loads(m["content"]))]
             first_gold = next((i for i, d in enumerate(hits) if d in gold), len(hits))
             out.update(hits[:first_gold])
         elif m.get("role") == "assistant":
-            out.update(re.findall(r"^Ruled out: .+ \[(lc-\d{5})\]$", m.get("content") or "", re.MULTILINE))
+            out.update(read_context([m], [True]).dead_ends)
     return sorted(out - gold)
 
 
@@ -158,9 +214,9 @@ def _task_json(task: Task) -> dict[str, Any]:
             "meta": dict(task.meta)}
 
 
-def _task_from_json(data: dict[str, Any]) -> Task:
+def _task_from_json(data: dict[str, Any], tools: tuple[Mapping[str, Any], ...]) -> Task:
     return Task(id=data["id"], suite="localcomp", split=data["split"], system=data["system"],
-                prompt=data["prompt"], tools=TOOLS, meta=data["meta"])
+                prompt=data["prompt"], tools=tools, meta=data["meta"])
 
 
 def _read_json(path: Path) -> Any:

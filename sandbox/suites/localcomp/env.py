@@ -5,10 +5,11 @@ import json
 from typing import Any, Mapping
 
 from sandbox.suite import Grade, Task, ToolError
+from sandbox.suites.localcomp.context import search_page
 from sandbox.suites.localcomp.corpus import Corpus
 from sandbox.suites.localcomp.grading import grade_answer
 
-TOOLS: tuple[Mapping[str, Any], ...] = (
+TOOLS: tuple[Mapping[str, Any], ...] = (  # edition 1's schemas
     {"type": "function", "function": {
         "name": "search",
         "description": "BM25 search over the encyclopedia. Returns the top 5 hits as a JSON list of "
@@ -24,18 +25,30 @@ TOOLS: tuple[Mapping[str, Any], ...] = (
                        "required": ["docid"]}}},
 )
 
+SEARCH_PAGE_TOOL: Mapping[str, Any] = {"type": "function", "function": {
+    **TOOLS[0]["function"],
+    "description": "BM25 search over the encyclopedia. Returns a result page: the query, then the top 5 hits, "
+                   "each with its docid, title and a snippet."}}
+
+
+def tools_of(edition: int) -> tuple[Mapping[str, Any], ...]:
+    """The tool schemas of an edition (edition 2's search returns a result page, not JSON)."""
+    return TOOLS if edition == 1 else (SEARCH_PAGE_TOOL, TOOLS[1])
+
 
 class LocalCompEnv:
-    def __init__(self, corpus: Corpus, task: Task):
+    def __init__(self, corpus: Corpus, task: Task, edition: int = 2):
         self._corpus = corpus
         self._task = task
+        self._edition = edition
 
     def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         if name == "search":
             query = _string_argument(name, arguments, "query")
-            hits = self._corpus.search(query)
-            return json.dumps([{"docid": h.docid, "title": h.title, "snippet": h.snippet} for h in hits],
-                              ensure_ascii=False)
+            hits = [{"docid": h.docid, "title": h.title, "snippet": h.snippet} for h in self._corpus.search(query)]
+            if self._edition == 1:  # a bare JSON list
+                return json.dumps(hits, ensure_ascii=False)
+            return search_page(query, hits)  # a result page that says its query
         if name == "get_document":
             docid = _string_argument(name, arguments, "docid")
             text = self._corpus.text(docid.strip())

@@ -56,6 +56,47 @@ def element_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
              "where": {"Discovered by": e.discoverers, "Group": str(e.group)}})
 
 
+def discoverer_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
+    """Name an element by its discoverers and group, where they discovered several elements:
+    the search surfaces all of them, and the ones in other groups are dead ends."""
+    same = [x for x in atlas.facts.elements if x.discoverers == e.discoverers]
+    if len(same) < 2 or e.group is None or sum(x.group == e.group for x in same) > 1:
+        return None
+    return (f"the element in group {e.group} that was discovered by {e.discoverers}",
+            {"op": "find", "var": v, "kind": "Chemical element",
+             "queries": [f"discovered by {e.discoverers}", f"{e.discoverers} group {e.group}"],
+             "where": {"Discovered by": e.discoverers, "Group": str(e.group)}})
+
+
+Clue = tuple[str, Step]  # the question's words for an entity, and the plan step that finds it
+
+
+def element_clues(e: Element, atlas: Atlas, v: str, edition: int, producing: bool = False) -> list[Clue]:
+    """Edition 1: one clue (the CAS number, or discoverers and group; for a producer leg every
+    third element by place and year of discovery). Edition 2: every clue several elements half
+    fit (same discoverers, same place or year of discovery), so the research opens look-alikes;
+    the CAS number only where there is none."""
+    if edition == 1:
+        first = (producing and e.number % 3 == 0 and discovery_clue(e, atlas, v)) or element_clue(e, atlas, v)
+        return [first] if first else []
+    found = [c for c in (discoverer_clue(e, atlas, v), discovery_clue(e, atlas, v),
+                         discovery_year_clue(e, atlas, v)) if c]
+    direct = element_clue(e, atlas, v)
+    return found or ([direct] if direct else [])
+
+
+def discovery_year_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
+    """Name an element by its block and discovery year. The year also appears in the articles
+    of its neighbours in the periodic table (their prose mentions it), and they rank too."""
+    year = e.discovery_year
+    if not year or sum((x.block, x.discovery_year) == (e.block, year) for x in atlas.facts.elements) > 1:
+        return None
+    return (f"the {e.block}-block element discovered in {year}",
+            {"op": "find", "var": v, "kind": "Chemical element",
+             "queries": [f"element discovered in {year}", f"{e.block}-block discovered {year}"],
+             "where": {"Discovery year": str(year), "Block": e.block}})
+
+
 def discovery_clue(e: Element, atlas: Atlas, v: str) -> tuple[str, Step] | None:
     """Name an element by where and when it was discovered. Searching for that also surfaces the
     elements found in the same place or year, which must be opened and ruled out."""
@@ -79,6 +120,45 @@ def country_clue(c: Country, v: str) -> tuple[str, Step]:
              "where": {"ISO 3166-1 alpha-3": c.alpha_3}})
 
 
+def currency_users_clue(c: Country, atlas: Atlas, v: str) -> tuple[str, Step] | None:
+    """Name a country by its currency and its subdivision count. A search for the currency
+    surfaces its other users (and its own article): look-alikes to open and rule out."""
+    cur = atlas.currencies.get(c.currency or "")
+    users = [atlas.countries[t] for t in atlas.users_of(cur) if t in atlas.countries] if cur else []
+    n = atlas.subdivision_count(c)
+    if len(users) < 3 or sum(atlas.subdivision_count(u) == n for u in users) > 1:
+        return None
+    return (f"the country or territory that uses the {cur.name} and has {n} ISO 3166-2 subdivisions",
+            {"op": "find", "var": v, "kind": "Country",
+             "queries": [f"{cur.name} legal tender", f"{cur.name} {n} subdivisions"],
+             "where": {"Currency": cur.name, "ISO 3166-2 subdivisions": str(n)}, "not_titles": [cur.name]})
+
+
+def language_users_clue(c: Country, atlas: Atlas, v: str) -> tuple[str, Step] | None:
+    """Name a country by its main official language and its subdivision count: the other
+    countries that speak it are the look-alikes."""
+    lang = atlas.main_language(c)
+    users = [x for x in atlas.facts.countries if atlas.main_language(x) == lang] if lang else []
+    n = atlas.subdivision_count(c)
+    if len(users) < 3 or sum(atlas.subdivision_count(u) == n for u in users) > 1:
+        return None
+    return (f"the country or territory whose main official language is {lang.name} and which has {n} "
+            "ISO 3166-2 subdivisions",
+            {"op": "find", "var": v, "kind": "Country",
+             "queries": [f"{lang.name} official language", f"{lang.name} {n} subdivisions"],
+             "where": {"Main official language": lang.name, "ISO 3166-2 subdivisions": str(n)},
+             "not_titles": [lang.name]})
+
+
+def country_clues(c: Country, atlas: Atlas, v: str, edition: int, by_language: bool = True) -> list[Clue]:
+    """Edition 1: the ISO code. Edition 2: every clue other countries half fit (currency, main
+    language, each with the subdivision count); the ISO code only where there is none."""
+    if edition == 1:
+        return [country_clue(c, v)]
+    found = [x for x in (currency_users_clue(c, atlas, v), by_language and language_users_clue(c, atlas, v)) if x]
+    return found or [country_clue(c, v)]
+
+
 def find_by_name(v: str, kind: str, source: dict[str, Any], suffix: str) -> Step:
     return {"op": "find", "var": v, "kind": kind, "queries": ["{name} " + suffix, "{name}"],
             "where": {"Name": "{name}"}, "refs": {"name": source}}
@@ -99,9 +179,8 @@ def country_aliases(c: Country) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x for x in (c.name, c.common_name, c.official_name, c.alpha_3) if x))
 
 
-def element_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
-    clue = element_clue(e, atlas, f"{label}.e")
-    if clue is None or e.discovery_year is None:
+def element_leg(e: Element, atlas: Atlas, label: str, clue: Clue) -> Leg | None:
+    if e.discovery_year is None:
         return None
     text, find = clue
     return Leg(label=label, clue=f"the year {text} was discovered", steps=(find,),
@@ -111,11 +190,11 @@ def element_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
                evidence=((f"element:{e.number}", "Discovery year", str(e.discovery_year)),))
 
 
-def country_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
+def country_leg(c: Country, atlas: Atlas, label: str, clue: Clue) -> Leg | None:
     year = atlas.currency_adopted(c)
     if year is None:
         return None
-    text, find = country_clue(c, f"{label}.c")
+    text, find = clue
     steps, payload = currency_steps(label, f"{label}.c")
     return Leg(label=label, clue=f"the year {text} adopted its current currency", steps=(find, *steps),
                payload=payload, year=year, entity=c.name, aliases=country_aliases(c),
@@ -124,11 +203,9 @@ def country_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
                          (f"currency:{c.currency}", f"Adopted ({c.name})", str(year))))
 
 
-def producer_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
+def producer_leg(e: Element, atlas: Atlas, label: str, clue: Clue) -> Leg | None:
     """Element -> its three top producers -> the one with most subdivisions -> its currency's year."""
-    var = f"{label}.e"
-    clue = (e.number % 3 == 0 and discovery_clue(e, atlas, var)) or element_clue(e, atlas, var)
-    if clue is None or len(e.producers) != 3:
+    if len(e.producers) != 3:
         return None
     counts = [atlas.subdivision_count(atlas.countries[p]) for p in e.producers]
     if counts.count(max(counts)) > 1:
@@ -154,7 +231,7 @@ def producer_leg(e: Element, atlas: Atlas, label: str) -> Leg | None:
                          (f"currency:{top.currency}", f"Adopted ({top.name})", str(year))))
 
 
-def language_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
+def language_leg(c: Country, atlas: Atlas, label: str, clue: Clue) -> Leg | None:
     """Country -> main official language -> the other country where it is official by the largest
     share -> that country's currency's year."""
     lang = atlas.main_language(c)
@@ -167,7 +244,7 @@ def language_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
     year = atlas.currency_adopted(other)
     if year is None:
         return None
-    text, find = country_clue(c, f"{label}.c")
+    text, find = clue
     find_language = find_by_name(f"{label}.lang", "Language", ref(f"{label}.c", "Main official language"),
                                  "language")
     # the language's table lists countries by share, largest first: the first official row not home
@@ -188,8 +265,15 @@ def language_leg(c: Country, atlas: Atlas, label: str) -> Leg | None:
                          (f"currency:{other.currency}", f"Adopted ({other.name})", str(year))))
 
 
-def all_legs(atlas: Atlas, label: str) -> dict[str, list[Leg]]:
-    """Every leg the facts support, by leg type."""
+def all_legs(atlas: Atlas, label: str, edition: int = 1) -> dict[str, list[Leg]]:
+    """Every leg the facts support, by leg type: one per entity and clue of the edition (legs of
+    one entity share its keys, so the splits stay disjoint)."""
+    def clues(kind: str, x: Any) -> list[Clue]:
+        if kind in ("element", "producer"):
+            return element_clues(x, atlas, f"{label}.e", edition, producing=kind == "producer")
+        # naming a language leg's country by its language would give away the leg's next hop
+        return country_clues(x, atlas, f"{label}.c", edition, by_language=kind == "country")
+
     makers: dict[str, tuple[Callable[..., Leg | None], list[Any]]] = {
         "element": (element_leg, list(atlas.facts.elements)),
         "country": (country_leg, list(atlas.facts.countries)),
@@ -198,6 +282,6 @@ def all_legs(atlas: Atlas, label: str) -> dict[str, list[Leg]]:
     }
     out = {}
     for kind, (make, entities) in makers.items():
-        out[kind] = [leg for leg in (make(x, atlas, label) for x in entities) if leg is not None]
+        legs = (make(x, atlas, label, clue) for x in entities for clue in clues(kind, x))
+        out[kind] = [leg for leg in legs if leg is not None]
     return out
-

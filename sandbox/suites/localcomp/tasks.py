@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from sandbox.suite import Task
 from sandbox.suites.localcomp.atlas import Atlas
@@ -56,12 +56,12 @@ def assign_legs(legs: list[Leg], seed: int) -> dict[str, list[Leg]]:
     return pools
 
 
-def drafts(atlas: Atlas, seed: int) -> Iterator[Draft]:
+def drafts(atlas: Atlas, seed: int, edition: int = 1) -> Iterator[Draft]:
     """Candidate questions in a seeded order. A question has three legs: it opens with any leg
     and continues with a long one; a short opening is followed by another long leg, a long
     opening by a short one. The opening leg's evidence is read first and needed again only for
     the final answer, some twenty tool calls later."""
-    labelled = {label: all_legs(atlas, label) for label in ("A", "B", "C")}
+    labelled = {label: all_legs(atlas, label, edition) for label in ("A", "B", "C")}
     pools = assign_legs([leg for legs in labelled["A"].values() for leg in legs], seed)
     split_of = {(leg.hinge, leg.anchor): s for s, legs in pools.items() for leg in legs}
 
@@ -102,7 +102,8 @@ def _next_compatible(candidates: list[Leg], start: int, chosen: list[Leg]) -> Le
     return None
 
 
-def make_task(draft: Draft, number: int, docid_of: Callable[[str], str]) -> Task:
+def make_task(draft: Draft, number: int, docid_of: Callable[[str], str],
+              tools: tuple[Mapping[str, Any], ...] = TOOLS) -> Task:
     legs = draft.legs
     names = " and ".join([", ".join(leg.label for leg in legs[:-1]), legs[-1].label])
     earliest = min(legs, key=lambda leg: leg.year)
@@ -127,7 +128,7 @@ def make_task(draft: Draft, number: int, docid_of: Callable[[str], str]) -> Task
         "gold_docs": sorted({docid_of(key) for key, _, _ in evidence}),
     }
     return Task(id=f"localcomp-{draft.split}-{number:03d}", suite="localcomp", split=draft.split,
-                system=SYSTEM, prompt=prompt, tools=TOOLS, meta=meta)
+                system=SYSTEM, prompt=prompt, tools=tools, meta=meta)
 
 
 def _leg_plan(leg: Leg) -> dict[str, Any]:

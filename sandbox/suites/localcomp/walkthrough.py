@@ -48,7 +48,7 @@ def walk(task: Task, env: TaskEnv, agent: Agent, hidden: Hidden | None = None, e
 
 
 @lru_cache(maxsize=1)
-def _tokenizer() -> Any:
+def chat_tokenizer() -> Any:
     """The embedded model's chat tokenizer; None where its files are not installed."""
     try:
         from akv_core.chat import ChatTokenizer
@@ -63,7 +63,7 @@ def trajectory_tokens(task: Task, messages: tuple[Message, ...]) -> int:
 
     Counted with the smollm2 chat template; a rough chars/4 estimate where it is unavailable.
     """
-    tokenizer = _tokenizer()
+    tokenizer = chat_tokenizer()
     if tokenizer is None:
         return sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4
     return len(tokenizer.render(list(messages[:-1]), tools=list(task.tools)).token_ids)

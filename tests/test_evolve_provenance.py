@@ -31,7 +31,7 @@ def test_the_version_names_the_suite_and_edition_and_follows_the_built_content(b
 
     suite = get_suite("localcomp")
     version = suite.version(built_copy)
-    assert re.fullmatch(r"localcomp@e1-[0-9a-f]{12}", version)
+    assert re.fullmatch(r"localcomp@e2-[0-9a-f]{12}", version)  # the default edition
     assert suite.version(akv_home()) == version  # the same build in another folder is the same version
     tasks = built_copy / "localcomp" / "tasks.json"
     original = tasks.read_text()
@@ -44,8 +44,8 @@ def test_the_version_names_the_suite_and_edition_and_follows_the_built_content(b
     manifest = built_copy / "localcomp" / "build.json"
     params = json.loads(manifest.read_text())
     try:
-        manifest.write_text(json.dumps({**params, "edition": 2}))  # a build parameter is part of the version
-        assert suite.version(built_copy).startswith("localcomp@e2-")
+        manifest.write_text(json.dumps({**params, "edition": 1}))  # a build parameter is part of the version
+        assert suite.version(built_copy).startswith("localcomp@e1-")
     finally:
         manifest.write_text(json.dumps(params))
 

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from akv_cli.main import app
@@ -48,6 +49,14 @@ def rows(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
+def build_suite_for(config: str) -> None:
+    """Build the suite at the run's seed in the shared data folder, as the run would."""
+    from akv_core.home import akv_home
+    from sandbox.suites import get_suite
+
+    get_suite("localcomp").build(akv_home().resolve(), yaml.safe_load(config)["seed"])
+
+
 def wait_for_candidate_mid_cascade(db: Path, process: subprocess.Popen, timeout: float = 420) -> None:
     """Block until a proposed candidate has some, not all, of its train results stored."""
     deadline = time.monotonic() + timeout
@@ -71,6 +80,7 @@ def killed_and_resumed(tmp_path_factory):
     config.write_text(SMALL)
     url = f"sqlite:///{db}"
     name = f"resume-{os.getpid()}"
+    build_suite_for(SMALL)  # before the clock starts: the wait below times the run, not the build
     process = subprocess.Popen([*AKV, "evolve", "--config", str(config), "--db", url, "--run-name", name],
                                env=akv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

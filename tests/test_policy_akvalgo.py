@@ -58,13 +58,14 @@ def random_histories(n: int) -> list[list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def recorded() -> list[list[dict[str, Any]]]:
-    """Histories the harness recorded: localcomp's scripted agent under full attention, replay backend."""
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    """Histories the harness recorded: localcomp's scripted agent under full attention, replay backend.
+    Edition 1's agent, which batches the independent calls of a leg (edition 2 makes one per step)."""
     from sandbox.backends import open_backend
     from sandbox.harness import run_task, select_tasks
-    from sandbox.suites import get_suite
+    from test_sandbox_support import small_localcomp
 
-    suite, replay = get_suite("localcomp"), open_backend("replay")
+    suite, replay = small_localcomp(tmp_path_factory.getbasetemp() / "localcomp-e1", edition=1), open_backend("replay")
     out = []
     try:
         for task in select_tasks(suite, "train", limit=6):
@@ -72,6 +73,7 @@ def recorded() -> list[list[dict[str, Any]]]:
             out.append(list(trajectory.exchanges[-1].request.messages))
     finally:
         replay.close()
+        suite.close()
     return out
 
 

@@ -4,24 +4,24 @@
     options.kwargs()                               # {"keep_tool_responses": 12, "mode": "kv_drop", ...}
     decision = decide_akvalgo(options, history, counter)   # what those options decide, as a Decision
 
-The reader interprets the options as upstream documents them (docs/policy-dsl.md, "Upstream
-akvalgo options"): with no drop trigger the window rolls on each new tool message (the (K+1)-th
-drops the oldest visible one); drop triggers and repositions act only at the end of a tool batch
-(a "call": the last tool message answering one assistant message); a scheduled reposition happens
-even when nothing new was dropped; with no reposition option nothing is ever repositioned. Options
-whose meaning upstream leaves open are refused by name rather than guessed.
+The reader interprets the options as upstream documents and implements them (docs/policy-dsl.md,
+"Upstream akvalgo options"): with no drop trigger the window rolls on each new tool message (the
+(K+1)-th drops the oldest visible one); drop triggers and repositions act only at the end of a tool
+batch (its last tool message answering one assistant message); a scheduled reposition happens even
+when nothing new was dropped; with no reposition option nothing is ever repositioned.
 
 The exporter maps a policy only where the reader decides exactly as our policy does on every
 history, parallel tool batches included; everything else is refused with the reason.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Sequence
 
 from policy_dsl import nodes as n
 from policy_dsl.counter import ApproxTokenCounter, TokenCounter
-from policy_dsl.decision import Decision
+from policy_dsl.decision import Decision, TextEdit
+from policy_dsl.evaluate import on_schedule
 from policy_dsl.errors import Loc, PolicyError
 from policy_dsl.history import HistoryView, view_history
 from policy_dsl.printer import format_reposition, format_selector, format_target, format_trigger
@@ -103,6 +103,19 @@ def _check(o: AkvalgoOptions) -> None:
         raise AkvalgoError("drop_interval_calls: needs drop_after_call")
     if triggers and (o.mode != "kv_drop" or o.rolling_drop_target != "tool"):
         raise AkvalgoError(f"{triggers[0]}: triggered drops need mode kv_drop and rolling_drop_target tool")
+    if o.drop_target_tokens is not None and not triggers:
+        raise AkvalgoError("drop_target_tokens: needs a drop trigger")
+    if o.drop_target_tokens is not None and o.drop_trigger_tokens is not None and \
+            o.drop_target_tokens >= o.drop_trigger_tokens:
+        raise AkvalgoError("drop_target_tokens: must be below drop_trigger_tokens")
+    if o.drop_trigger_responses is not None and o.drop_target_tokens is None and \
+            o.drop_trigger_responses <= o.keep_tool_responses:
+        raise AkvalgoError("drop_trigger_responses: must exceed keep_tool_responses")
+    if o.reposition_interval_calls is not None and o.reposition_after_call is None:
+        raise AkvalgoError("reposition_interval_calls: needs reposition_after_call")
+    if o.reposition_trigger_tokens is not None and o.reposition_after_call is not None:
+        raise AkvalgoError("reposition_trigger_tokens: use either token or call-based reposition "
+                           "(reposition_after_call is set)")
     repositions = [r for r in ("reposition_after_call", "reposition_interval_calls", "reposition_trigger_tokens")
                    if getattr(o, r) is not None]
     if repositions and o.mode != "kv_drop":
@@ -113,43 +126,75 @@ def _check(o: AkvalgoOptions) -> None:
 
 def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]],
                    counter: TokenCounter | None = None) -> Decision:
-    """What `options` decide for `history` (cumulative, like our kv policies); AkvalgoError when unsure."""
-    _interpretable(options)
+    """What `options` decide for `history` (cumulative, like our kv policies); AkvalgoError when unsure.
+
+    In `text_drop` the history is the full one the caller keeps, and the decision's text edits
+    remove what upstream leaves out of the messages it sends.
+    """
     if options.needs_counter() and counter is None:
         raise AkvalgoError(f"{next(t for t in TOKEN_OPTIONS if getattr(options, t) is not None)}: "
                            "token thresholds need a token_counter")
     view = view_history(history, counter or ApproxTokenCounter())
-    gone: set[int] = set()
-    live_tools: list[int] = []  # tool messages still visible, oldest first
-    drop_message: dict[str, list[int]] = {}
-    reposition: list[int] = []
-    visible = positions = 0
+    state = _Walk()
     for i in range(len(view)):
-        visible, positions = visible + view.tokens[i], positions + view.tokens[i]
+        state.step(options, view, i)
+    if options.mode == "text_drop":
+        gone = sorted(j for picks in state.drop_message.values() for j in picks)
+        return Decision(text_edits=tuple(TextEdit("remove", j, j) for j in gone))
+    return Decision(drop_message=state.drop_message, reposition=state.reposition)
+
+
+class _Walk:
+    """The reader's state after each message: visible tool responses and callers, tokens, positions."""
+
+    def __init__(self) -> None:
+        self.live_tools: list[int] = []    # tool messages still visible, oldest first
+        self.callers: list[int] = []       # assistant messages still visible
+        self.drop_message: dict[str, list[int]] = {}
+        self.reposition: list[int] = []
+        self.visible = self.positions = 0
+
+    def step(self, o: AkvalgoOptions, view: HistoryView, i: int) -> None:
+        self.visible, self.positions = self.visible + view.tokens[i], self.positions + view.tokens[i]
         if view.roles[i] == "tool":
-            live_tools.append(i)
-        if _drop_fires(options, view, i, visible, len(live_tools)):
-            picks, live_tools = live_tools[: -options.keep_tool_responses], live_tools[-options.keep_tool_responses:]
-            gone.update(picks)
-            visible -= sum(view.tokens[j] for j in picks)
-            if picks:
-                drop_message[str(i)] = picks
-        if view.batch_end[i] and _reposition_fires(options, view.tool_calls[i], positions):
-            reposition.append(i)
-            positions = visible  # survivors now sit at 0..visible-1
-    return Decision(drop_message=drop_message, reposition=reposition)
+            self.live_tools.append(i)
+        elif view.roles[i] == "assistant":
+            self.callers.append(i)
+        fired = _drop_fires(o, view, i, self.visible, len(self.live_tools))
+        rolled = self._tool_picks(o, view) if fired else []
+        self.live_tools = [j for j in self.live_tools if j not in rolled]  # the window rolls on
+        picks = [] if o.rolling_drop_target == "assistant" else rolled
+        if o.rolling_drop_target != "tool":
+            picks = picks + self._retired_callers(o, view, i)
+        self.visible -= sum(view.tokens[j] for j in picks)
+        if picks:
+            self.drop_message[str(i)] = sorted(picks)
+        if view.batch_end[i] and _reposition_fires(o, view.tool_calls[i], self.positions, self.positions - self.visible):
+            self.reposition.append(i)
+            self.positions = self.visible  # survivors now sit at 0..visible-1
 
+    def _tool_picks(self, o: AkvalgoOptions, view: HistoryView) -> list[int]:
+        """The rolled-out tool responses: beyond the last K, or oldest first down to drop_target_tokens
+        (the response that triggered it included)."""
+        if o.drop_target_tokens is None:
+            return self.live_tools[: -o.keep_tool_responses]
+        picks, visible = [], self.visible
+        for j in self.live_tools:
+            if visible <= o.drop_target_tokens:
+                break
+            picks.append(j)
+            visible -= view.tokens[j]
+        return picks
 
-def _interpretable(o: AkvalgoOptions) -> None:
-    """Refuse, by name, what upstream documents too loosely to decide the same for sure."""
-    if o.mode != "kv_drop":
-        raise AkvalgoError("mode: text_drop rewrites the text history; this reader decides kv_drop only")
-    if o.rolling_drop_target != "tool":
-        raise AkvalgoError(f"rolling_drop_target: {o.rolling_drop_target!r} is not interpreted by this reader "
-                           "(upstream does not document which assistant messages a tool window rolls out)")
-    if o.drop_target_tokens is not None:
-        raise AkvalgoError("drop_target_tokens: not interpreted by this reader (upstream does not document how "
-                           "it combines with keep_tool_responses)")
+    def _retired_callers(self, o: AkvalgoOptions, view: HistoryView, i: int) -> list[int]:
+        """Assistant messages whose whole tool batch has left the window of the last K tool responses."""
+        def retired(j: int) -> bool:
+            end = view.results_end[j]
+            return end is not None and end <= i and \
+                view.count("tool_responses", i) - view.count("tool_responses", end) >= o.keep_tool_responses
+        out = [j for j in self.callers if retired(j)]
+        self.callers = [j for j in self.callers if j not in out]
+        return out
 
 
 def _drop_fires(o: AkvalgoOptions, view: HistoryView, i: int, visible: int, live_tools: int) -> bool:
@@ -159,26 +204,18 @@ def _drop_fires(o: AkvalgoOptions, view: HistoryView, i: int, visible: int, live
     if not view.batch_end[i]:
         return False
     if o.drop_after_call is not None:
-        return _on_schedule(view.tool_calls[i], o.drop_after_call, o.drop_interval_calls)
+        return on_schedule(view.tool_calls[i], o.drop_after_call, o.drop_interval_calls)
     if o.drop_trigger_tokens is not None:
         return visible > o.drop_trigger_tokens
-    return live_tools > o.drop_trigger_responses  # type: ignore[operator]
+    return live_tools >= o.drop_trigger_responses  # type: ignore[operator]
 
 
-def _reposition_fires(o: AkvalgoOptions, call: int, positions: int) -> bool:
-    """At the end of call number `call`: on the schedule (whether or not anything new was dropped), or
-    when the next free position passes the threshold."""
-    scheduled = (o.reposition_after_call is not None or o.reposition_interval_calls is not None) and \
-        _on_schedule(call, o.reposition_after_call, o.reposition_interval_calls)
-    over = o.reposition_trigger_tokens is not None and positions > o.reposition_trigger_tokens
-    return scheduled or over
-
-
-def _on_schedule(call: int, after: int | None, interval: int | None) -> bool:
-    """Call `after`, then every `interval` calls after it; with no `after`, every `interval` calls."""
-    if after is None:
-        return interval is not None and call % interval == 0
-    return call == after or (interval is not None and call > after and (call - after) % interval == 0)
+def _reposition_fires(o: AkvalgoOptions, call: int, positions: int, gap: int) -> bool:
+    """At the end of call number `call`: on the call schedule (whether or not anything new was
+    dropped), or when the next free position passes the threshold and a drop left a gap."""
+    if o.reposition_after_call is not None:
+        return on_schedule(call, o.reposition_after_call, o.reposition_interval_calls)
+    return o.reposition_trigger_tokens is not None and positions > o.reposition_trigger_tokens and gap > 0
 
 
 # ---- the exporter ---------------------------------------------------------------------------------
@@ -189,25 +226,75 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
         loc = getattr(node, "loc", None) or Loc()
         return NotExpressible(f"{construct}: {why}", filename=filename, line=loc.line, column=loc.column)
 
-    if policy.mode != "kv":
-        raise refuse(policy, "mode text", "upstream's text_drop removes rolled-out text; this policy summarizes "
-                     "or omits with placeholders, so akvalgo cannot decide the same")
     if not policy.rules:
         raise refuse(policy, "a policy with no rule", "it never drops, and AKVPolicy needs keep_tool_responses "
                      "> 0; send requests without a policy instead")
-    if len(policy.rules) > 1:
-        raise refuse(policy.rules[1], "a second rule", "AKVPolicy has one drop rule")
+    if policy.mode == "text":
+        return _text_drop_options(policy, refuse)
+    target, rules = _rolling_target(policy.rules, refuse)
+    if target != "tool":
+        options = AkvalgoOptions(keep_tool_responses=rules, rolling_drop_target=target)
+    else:
+        rule = policy.rules[0]
+        trigger = _trigger_options(rule.trigger, refuse)
+        window = _window(rule.action, bool(trigger), refuse)
+        _check_response_trigger(rule, {**window, **trigger}, refuse)
+        options = AkvalgoOptions(**window, **trigger)
+    return _with_reposition(policy.reposition, options, refuse)
+
+
+def _rolling_target(rules: tuple[n.Rule, ...], refuse: Any) -> tuple[str, int]:
+    """rolling_drop_target from the rules' shape: `drop callers outside last K` alone (assistant) or
+    after the tool window of the same K (both); one tool rule otherwise (tool)."""
+    rolling = n.Every(n.Num(1), "tool_responses")
+    callers = [r for r in rules if isinstance(r.action.target, n.Messages)
+               and isinstance(r.action.target.selector, n.CallersOutside)]
+    if not callers:
+        if len(rules) > 1:
+            raise refuse(rules[1], "a second rule", "AKVPolicy has one drop rule (two only for "
+                         "rolling_drop_target both: the tool window, then `drop callers outside last K`)")
+        return "tool", 0
+    rule = callers[0]
+    k = rule.action.target.selector.n.value
+    if _bare(rule) != n.Rule(rolling, n.Drop(n.Messages(n.CallersOutside(n.Num(k))))):
+        raise refuse(rule, "callers outside", "upstream retires callers on each tool response, with no other "
+                     "selector or modifier: write `on each tool_response: drop callers outside last K`")
+    if len(rules) == 1:
+        return "assistant", k
+    window = n.Rule(rolling, n.Drop(n.Messages(n.Role("tool"), keep_last=n.Num(k))))
+    if len(rules) > 2 or _bare(rules[0]) != window or rules[1] is not rule:
+        raise refuse(rules[0], "rules beside callers outside", "rolling_drop_target both is the tool window "
+                     f"`on each tool_response: drop role tool keep last {k}` followed by the callers rule")
+    return "both", k
+
+
+def _bare(rule: n.Rule) -> n.Rule:
+    """The rule without ranges on its numbers (a range only guides a search)."""
+    from policy_dsl.tunables import without_ranges
+    return without_ranges(n.Policy("kv", (rule,))).rules[0]
+
+
+def _text_drop_options(policy: n.Policy, refuse: Any) -> AkvalgoOptions:
+    """mode text_drop: `on visible_tool_responses >= K+1: remove role tool keep last K`, the one text form
+    that removes what upstream's text_drop leaves out of the history, on the history as sent."""
     rule = policy.rules[0]
-    trigger = _trigger_options(rule.trigger, refuse)
-    keep = _window(rule.action, refuse)
-    options = AkvalgoOptions(keep_tool_responses=keep, **trigger)
-    if not isinstance(policy.reposition, n.RepositionNever):
-        raise _reposition_refusal(policy.reposition, options, refuse)
-    return options
+    target = rule.action.target
+    if not isinstance(rule.action, n.Remove):
+        raise refuse(rule.action, "mode text", "upstream's text_drop removes rolled-out messages; this policy "
+                     "summarizes or omits with placeholders")
+    if len(policy.rules) > 1:
+        raise refuse(policy.rules[1], "a second rule", "text_drop exports one `remove role tool keep last K`")
+    keep = target.keep_last.value if isinstance(target, n.Messages) and target.keep_last else 0
+    shape = n.Rule(n.VisibleToolResponses(n.Num(keep + 1)), n.Remove(n.Messages(n.Role("tool"),
+                                                                                   keep_last=n.Num(keep))))
+    if keep < 1 or _bare(rule) != shape:
+        raise refuse(rule, "mode text", "text_drop is exported from `on visible_tool_responses >= K+1: "
+                     "remove role tool keep last K` (K >= 1) only")
+    return AkvalgoOptions(keep_tool_responses=keep, mode="text_drop")
 
 
 def _trigger_options(trigger: n.Trigger, refuse: Any) -> dict[str, int]:
-    """The drop trigger: none (a rolling window), a call schedule, or a visible-token threshold."""
+    """The drop trigger: none (a rolling window), a call schedule, or a visible-token or response threshold."""
     text = format_trigger(trigger)
     if isinstance(trigger, n.Every) and trigger.unit == "tool_responses":
         if trigger.n.value == 1:
@@ -217,21 +304,25 @@ def _trigger_options(trigger: n.Trigger, refuse: Any) -> dict[str, int]:
     if isinstance(trigger, n.Every) and trigger.unit == "tool_calls":
         return {"drop_after_call": trigger.n.value, "drop_interval_calls": trigger.n.value}
     if isinstance(trigger, n.After) and trigger.unit == "tool_calls":
-        return {"drop_after_call": trigger.n.value}
+        then = {} if trigger.then is None else {"drop_interval_calls": trigger.then.value}
+        return {"drop_after_call": trigger.n.value, **then}
     if isinstance(trigger, n.AllOf) and len(trigger.parts) == 2:
         batch = [p for p in trigger.parts if isinstance(p, n.Every) and p.unit == "tool_calls" and p.n.value == 1]
         tokens = [p for p in trigger.parts if isinstance(p, n.TokensAbove) and p.measure == "visible"]
+        responses = [p for p in trigger.parts if isinstance(p, n.VisibleToolResponses)]
         if batch and tokens:
             return {"drop_trigger_tokens": tokens[0].threshold.value}
-    if isinstance(trigger, n.TokensAbove) and trigger.measure == "visible":
-        raise refuse(trigger, text, "checked after every message; drop_trigger_tokens is checked at the end of "
-                     "a tool batch (write `each tool_call and visible_tokens > T`)")
+        if batch and responses:
+            return {"drop_trigger_responses": responses[0].threshold.value}
+    if isinstance(trigger, (n.TokensAbove, n.VisibleToolResponses)):
+        raise refuse(trigger, text, "checked after every message; upstream's thresholds are checked at the end "
+                     f"of a tool batch (write `each tool_call and {text}`)")
     raise refuse(trigger, text, "akvalgo drops on each tool response, on a tool-call schedule or above a "
-                 "visible-token count at the end of a tool batch")
+                 "visible-token or tool-response count at the end of a tool batch")
 
 
-def _window(action: n.Action, refuse: Any) -> int:
-    """keep_tool_responses: the action must drop tool responses beyond the last K (K >= 1), nothing else."""
+def _window(action: n.Action, triggered: bool, refuse: Any) -> dict[str, int]:
+    """keep_tool_responses (K >= 1) or drop_target_tokens: the action must pick tool responses only."""
     target = action.target
     if isinstance(target, n.Thinking):
         raise refuse(target, format_target(target), "akvalgo has no thinking drop")
@@ -243,12 +334,26 @@ def _window(action: n.Action, refuse: Any) -> int:
         raise refuse(target.selector, format_selector(target.selector), "akvalgo rolls out tool responses "
                      "only (`role tool`)")
     if target.until_visible is not None:
-        raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens may drop "
-                     "the response that triggered it, which this policy never does")
+        if not target.with_trigger or target.keep_last is not None or not triggered:
+            raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens needs a "
+                         "drop trigger, ignores keep_tool_responses and may drop the response that triggered "
+                         "it: write `drop role tool until visible_tokens <= T including trigger`")
+        # keep_tool_responses is required but unused beside drop_target_tokens
+        return {"keep_tool_responses": 1, "drop_target_tokens": target.until_visible.value}
+    if target.with_trigger:
+        raise refuse(target, "including trigger", "upstream drops its trigger only on the way down to "
+                     "drop_target_tokens (`until visible_tokens <= T`)")
     if target.keep_last is None or target.keep_last.value < 1:
         raise refuse(target, format_target(target), "AKVPolicy keeps keep_tool_responses > 0 tool responses; "
                      "write `keep last K` with K >= 1")
-    return target.keep_last.value
+    return {"keep_tool_responses": target.keep_last.value}
+
+
+def _check_response_trigger(rule: n.Rule, options: dict[str, int], refuse: Any) -> None:
+    responses, keep = options.get("drop_trigger_responses"), options["keep_tool_responses"]
+    if responses is not None and "drop_target_tokens" not in options and responses <= keep:
+        raise refuse(rule.trigger, format_trigger(rule.trigger), "upstream needs drop_trigger_responses "
+                     f"above keep_tool_responses ({keep})")
 
 
 def _first_contains(selector: n.Selector) -> n.Contains | None:
@@ -258,23 +363,26 @@ def _first_contains(selector: n.Selector) -> n.Contains | None:
     return next((c for c in map(_first_contains, parts) if c is not None), None)
 
 
-def _reposition_refusal(rule: n.RepositionRule, options: AkvalgoOptions, refuse: Any) -> NotExpressible:
-    """Why a reposition rule of ours has no exact akvalgo option (every one but `never`, today)."""
+def _with_reposition(rule: n.RepositionRule, options: AkvalgoOptions, refuse: Any) -> AkvalgoOptions:
+    """The reposition options of our rule, or why it has none."""
+    if isinstance(rule, n.RepositionNever):
+        return options
+    if isinstance(rule, n.RepositionAfter):
+        then = None if rule.then is None else rule.then.value
+        return replace(options, reposition_after_call=rule.n.value, reposition_interval_calls=then)
+    if isinstance(rule, n.RepositionPositions):
+        return replace(options, reposition_trigger_tokens=rule.threshold.value)
     text = f"reposition {format_reposition(rule)}"
-    after_drops = isinstance(rule, n.RepositionEachDrop) or (isinstance(rule, n.RepositionEvery)
-                                                             and rule.unit == "drops")
-    if after_drops:
-        why = ("repositions right after a drop, inside a tool batch too; upstream repositions only at the end "
-               "of a tool batch, on a call schedule or a position threshold")
-        if options.drop_trigger is None:
+    if isinstance(rule, n.RepositionEachDrop) or (isinstance(rule, n.RepositionEvery) and rule.unit == "drops"):
+        why = ("repositions at the end of a tool batch that dropped something; upstream repositions on a call "
+               "schedule (`reposition after A tool_calls then every M`) or a position threshold")
+        if options.drop_trigger is None and options.rolling_drop_target == "tool":
             k = options.keep_tool_responses
             why += (f" (the nearest options, keep_tool_responses={k}, reposition_after_call={k + 1}, "
                     "reposition_interval_calls=1, decide the same only while every tool batch holds one call)")
-        return refuse(rule, text, why)
+        raise refuse(rule, text, why)
     if isinstance(rule, n.RepositionEvery):
-        return refuse(rule, text, "skips a scheduled reposition when no drop left a gap; upstream's "
-                      "reposition_interval_calls repositions even when nothing new was dropped")
-    if isinstance(rule, n.RepositionPositions):
-        return refuse(rule, text, "checked after every message and only when a drop left a gap; "
-                      "reposition_trigger_tokens is checked at the end of a tool batch")
-    return refuse(rule, text, "no akvalgo option repositions on the size of the gap")
+        raise refuse(rule, text, "skips a scheduled reposition when no drop left a gap; upstream's schedule "
+                     f"repositions even when nothing new was dropped (write `reposition after {rule.n.value} "
+                     f"tool_calls then every {rule.n.value}`)")
+    raise refuse(rule, text, "no akvalgo option repositions on the size of the gap")

@@ -14,10 +14,11 @@ class TextEdit:
 
     summarize: replace messages start..end with one summary of at most `budget_tokens` tokens.
     omit:      replace the content of message `start` with `placeholder`.
+    remove:    delete message `start` from the history (upstream's text_drop).
     strip_thinking: remove `reasoning_content` from assistant message `start`.
     """
 
-    kind: Literal["summarize", "omit", "strip_thinking"]
+    kind: Literal["summarize", "omit", "remove", "strip_thinking"]
     start: int
     end: int
     budget_tokens: int | None = None
@@ -58,6 +59,8 @@ def apply_text_edits(messages: Sequence[Mapping[str, Any]], edits: Sequence[Text
     for edit in sorted(edits, key=lambda e: e.start, reverse=True):  # back to front keeps indices valid
         if edit.kind == "omit":
             out[edit.start]["content"] = edit.placeholder
+        elif edit.kind == "remove":
+            del out[edit.start]
         elif edit.kind == "strip_thinking":
             out[edit.start].pop("reasoning_content", None)
         else:

@@ -24,6 +24,7 @@ class Boundary:
     gone: set[int]        # dropped (kv) or already edited in this decision (text)
     visible_tokens: int   # tokens of messages 0..i that attention still sees
     history_tokens: int   # tokens of messages 0..i
+    visible_responses: int = 0  # tool messages of 0..i that attention still sees
 
     def protected(self, j: int) -> bool:
         return j in self.view.protected or j >= self.i
@@ -34,7 +35,10 @@ def fires(trigger: n.Trigger, b: Boundary) -> bool:
     if isinstance(trigger, n.Every):
         return b.view.event(trigger.unit, b.i) and b.view.count(trigger.unit, b.i) % trigger.n.value == 0
     if isinstance(trigger, n.After):
-        return b.view.event(trigger.unit, b.i) and b.view.count(trigger.unit, b.i) == trigger.n.value
+        return b.view.event(trigger.unit, b.i) and on_schedule(b.view.count(trigger.unit, b.i), trigger.n.value,
+                                                               None if trigger.then is None else trigger.then.value)
+    if isinstance(trigger, n.VisibleToolResponses):
+        return b.visible_responses >= trigger.threshold.value
     if isinstance(trigger, n.TokensAbove):
         total = b.visible_tokens if trigger.measure == "visible" else b.history_tokens
         return total > trigger.threshold.value
@@ -43,6 +47,13 @@ def fires(trigger: n.Trigger, b: Boundary) -> bool:
     if isinstance(trigger, n.AllOf):
         return all(fires(p, b) for p in trigger.parts)
     return any(fires(p, b) for p in trigger.parts)
+
+
+def on_schedule(count: int, first: int, then: int | None) -> bool:
+    """Whether unit number `count` is the `first`, or (with `then`) one of every `then` after it."""
+    if count == first:
+        return True
+    return then is not None and count > first and (count - first) % then == 0
 
 
 def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
@@ -69,6 +80,10 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
     if isinstance(selector, n.Superseded):  # the same call answered again at or before the boundary
         again = view.answered_again[j]
         return again is not None and again <= b.i
+    if isinstance(selector, n.CallersOutside):
+        end = view.results_end[j]
+        return end is not None and end <= b.i and \
+            view.count("tool_responses", b.i) - view.count("tool_responses", end) >= selector.n.value
     if isinstance(selector, n.Not):
         return not matches(selector.part, j, b)
     if isinstance(selector, n.And):
@@ -86,6 +101,8 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
         return [_static_matches(selector, j, view) for j in range(len(view))]
     if isinstance(selector, n.Superseded):  # answered again somewhere in the history: necessary
         return [again is not None for again in view.answered_again]
+    if isinstance(selector, n.CallersOutside):
+        return [role == "assistant" for role in view.roles]
     if isinstance(selector, n.Not) and _is_static(selector.part):
         return [not _static_matches(selector.part, j, view) for j in range(len(view))]
     if isinstance(selector, (n.And, n.Or)):
@@ -99,7 +116,7 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
 
 
 def _is_static(selector: n.Selector) -> bool:
-    if isinstance(selector, (n.Age, n.Requested, n.Superseded, n.NextTurnContains)):
+    if isinstance(selector, (n.Age, n.Requested, n.Superseded, n.NextTurnContains, n.CallersOutside)):
         return False
     if isinstance(selector, n.Not):
         return _is_static(selector.part)
@@ -121,12 +138,14 @@ def select_messages(target: n.Messages, b: Boundary, live: list[int],
     passing the selector's prefilter). keep_last N spares the N most recent live
     matches (the trigger message and protected ones count among them); until_visible takes picks
     oldest first only while visible tokens exceed the target, each pick saving token_cost(j).
+    with_trigger lets the trigger message itself be picked (upstream's drop_target_tokens).
     """
     picked = [j for j in live if matches(target.selector, j, b)]
     if target.keep_last is not None:
         keep = target.keep_last.value
         picked = picked[: max(len(picked) - keep, 0)]
-    picked = [j for j in picked if not b.protected(j)]
+    picked = [j for j in picked if not b.protected(j) or (target.with_trigger and j == b.i
+                                                              and j not in b.view.protected)]
     if target.until_visible is None:
         return picked
     goal, visible, chosen = target.until_visible.value, b.visible_tokens, []

@@ -37,6 +37,9 @@ class HistoryView:
     # tool message -> the next tool message answering the same call (tool and arguments), if any.
     # Rules compare it with the boundary, so a fact about message i still depends on 0..i only.
     answered_again: tuple[int | None, ...]
+    # assistant messages: the last tool result of the first assistant message at or after it that has
+    # results (where upstream's rolling assistant target retires it); None elsewhere
+    results_end: tuple[int | None, ...] = ()
 
     def __len__(self) -> int:
         return len(self.roles)
@@ -79,7 +82,31 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
         requests=requests,
         answered_again=_answered_again(call_keys),
         next_turn=_next_turns(roles),
+        results_end=_results_end(roles),
     )
+
+
+def _results_end(roles: list[str]) -> tuple[int | None, ...]:
+    """Per assistant message, the end of the next run of tool results at or after it (see HistoryView).
+
+    An index beyond a boundary is never used there (a selector checks it is <= i), so the facts
+    a boundary sees still come from the prefix alone.
+    """
+    out: list[int | None] = [None] * len(roles)
+    pending: list[int] = []  # assistant messages waiting for one that has results
+    for i, role in enumerate(roles):
+        if role == "assistant":
+            pending.append(i)
+            continue
+        run_ends = role == "tool" and (i + 1 == len(roles) or roles[i + 1] != "tool")
+        start = i
+        while run_ends and start > 0 and roles[start - 1] == "tool":
+            start -= 1
+        if run_ends and start > 0 and roles[start - 1] == "assistant":
+            for j in pending:
+                out[j] = i
+            pending = []
+    return tuple(out)
 
 
 def _token_count(counter: TokenCounter, message: Mapping[str, Any], i: int) -> int:

@@ -5,24 +5,28 @@ A policy is a mode, an ordered list of rules and one reposition rule:
     Policy(mode, rules=(Rule(trigger, action), ...), reposition)
 
 Triggers (when a rule fires, evaluated at each message boundary):
-    Every(n, unit) / After(n, unit)        unit: "tool_calls" | "turns" | "tool_responses"
+    Every(n, unit) / After(n, unit, then)  unit: "tool_calls" | "turns" | "tool_responses"
+                                           After with `then`: the n-th unit, then every `then` units
     TokensAbove(measure, threshold)        measure: "visible" | "history"
+    VisibleToolResponses(threshold)        at least `threshold` tool responses still visible
     DropContextCalled()                    the model called the drop_context tool
     AllOf(parts) / AnyOf(parts)            two or more triggers
 
 Actions (what a rule does) and their targets:
-    Drop(target)  (kv)     Omit(target)  (text)     Summarize(target, budget)  (text)
-    Messages(selector, keep_last=None, until_visible=None)
+    Drop(target)  (kv)     Omit(target) / Remove(target)  (text)     Summarize(target, budget)  (text)
+    Messages(selector, keep_last=None, until_visible=None, with_trigger=False)
     Thinking(selector=None)                the reasoning part of assistant messages
 
 Selectors (which messages; protected messages are never selected):
     AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
     Superseded()                           a tool response whose call was made again since
     NextTurnContains(text)                 the first assistant message after it (up to the boundary) contains text
+    CallersOutside(n)                      assistant messages whose tool results left the last n
     Not(part) And(parts) Or(parts)
 
-Reposition rules:
+Reposition rules (each takes effect at the end of a tool batch):
     RepositionNever() RepositionEachDrop() RepositionEvery(n, unit)  unit: "drops" | "tool_calls"
+    RepositionAfter(n, then)               call n, then every `then` calls, dropped or not
     RepositionGap(threshold) RepositionPositions(threshold)
 
 Every number is a `Num`; one with a range (`12 in 4..32`) is tunable. Source locations are kept
@@ -74,12 +78,19 @@ class Every:
 class After:
     n: Num
     unit: str
+    then: Num | None = None  # after the n-th unit, every `then` units
     loc: Loc | None = _loc()
 
 
 @dataclass(frozen=True)
 class TokensAbove:
     measure: Literal["visible", "history"]
+    threshold: Num
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class VisibleToolResponses:
     threshold: Num
     loc: Loc | None = _loc()
 
@@ -101,7 +112,7 @@ class AnyOf:
     loc: Loc | None = _loc()
 
 
-Trigger = Union[Every, After, TokensAbove, DropContextCalled, AllOf, AnyOf]
+Trigger = Union[Every, After, TokensAbove, VisibleToolResponses, DropContextCalled, AllOf, AnyOf]
 
 
 # ---- selectors ---------------------------------------------------------------------------------
@@ -165,6 +176,12 @@ class Superseded:
 
 
 @dataclass(frozen=True)
+class CallersOutside:
+    n: Num
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class Not:
     part: "Selector"
     loc: Loc | None = _loc()
@@ -182,8 +199,8 @@ class Or:
     loc: Loc | None = _loc()
 
 
-Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, NextTurnContains, Requested, Superseded, Not, And,
-                 Or]
+Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, NextTurnContains, Requested, Superseded,
+                 CallersOutside, Not, And, Or]
 
 
 # ---- targets and actions -----------------------------------------------------------------------
@@ -193,6 +210,7 @@ class Messages:
     selector: Selector
     keep_last: Num | None = None
     until_visible: Num | None = None
+    with_trigger: bool = False  # the trigger message itself may be picked
     loc: Loc | None = _loc()
 
 
@@ -218,13 +236,19 @@ class Omit:
 
 
 @dataclass(frozen=True)
+class Remove:
+    target: Target
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class Summarize:
     target: Target
     budget: Num
     loc: Loc | None = _loc()
 
 
-Action = Union[Drop, Omit, Summarize]
+Action = Union[Drop, Omit, Remove, Summarize]
 
 
 # ---- reposition --------------------------------------------------------------------------------
@@ -247,6 +271,13 @@ class RepositionEvery:
 
 
 @dataclass(frozen=True)
+class RepositionAfter:
+    n: Num
+    then: Num | None = None
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class RepositionGap:
     threshold: Num
     loc: Loc | None = _loc()
@@ -258,7 +289,8 @@ class RepositionPositions:
     loc: Loc | None = _loc()
 
 
-RepositionRule = Union[RepositionNever, RepositionEachDrop, RepositionEvery, RepositionGap, RepositionPositions]
+RepositionRule = Union[RepositionNever, RepositionEachDrop, RepositionEvery, RepositionAfter, RepositionGap,
+                       RepositionPositions]
 
 
 # ---- the policy --------------------------------------------------------------------------------

@@ -201,7 +201,10 @@ class _Builder:
         if kind == "every":
             return n.Every(self.number(kids[0]), self.unit(kids[1], UNIT_WORDS), loc=loc)
         if kind == "after":
-            return n.After(self.number(kids[0]), self.unit(kids[1], UNIT_WORDS), loc=loc)
+            then = None if kids[2] is None else self.number(kids[2])
+            return n.After(self.number(kids[0]), self.unit(kids[1], UNIT_WORDS), then, loc=loc)
+        if kind == "visible_responses":
+            return n.VisibleToolResponses(self.number(kids[0]), loc=loc)
         if kind == "visible_above":
             return n.TokensAbove("visible", self.number(kids[0]), loc=loc)
         if kind == "history_above":
@@ -219,17 +222,20 @@ class _Builder:
             return n.Drop(target, loc=loc)
         if kind == "omit":
             return n.Omit(target, loc=loc)
+        if kind == "remove":
+            return n.Remove(target, loc=loc)
         return n.Summarize(target, self.number(kids[1]), loc=loc)
 
     def target(self, tree: Tree) -> n.Target:
         kids, loc = tree.children, _loc(tree)
         if tree.data == "thinking_target":
             return n.Thinking(None if kids[0] is None else self.selector(kids[0], 0), loc=loc)
-        selector, keep, until = kids
+        selector, keep, until, with_trigger = kids
         return n.Messages(
             self.selector(selector, 0),
             keep_last=None if keep is None else self.number(keep.children[0]),
             until_visible=None if until is None else self.number(until.children[0]),
+            with_trigger=with_trigger is not None,
             loc=loc,
         )
 
@@ -263,6 +269,8 @@ class _Builder:
             return n.Requested(loc=loc)
         if kind == "superseded":
             return n.Superseded(loc=loc)
+        if kind == "callers_outside":
+            return n.CallersOutside(self.number(kids[0]), loc=loc)
         raise self.fail(f"unexpected selector {kind}", item)
 
     # ---- reposition ----
@@ -275,6 +283,11 @@ class _Builder:
             return n.RepositionEachDrop(loc=loc)
         if kind == "every_n":
             return n.RepositionEvery(self.number(kids[0]), self.unit(kids[1], REPOSITION_UNIT_WORDS), loc=loc)
+        if kind == "after_n":
+            if self.unit(kids[1], REPOSITION_UNIT_WORDS) != "tool_calls":
+                raise self.fail(f"reposition after N {kids[1]}: expected tool_calls (a call schedule)", kids[1])
+            then = None if kids[2] is None else self.number(kids[2])
+            return n.RepositionAfter(self.number(kids[0]), then, loc=loc)
         if kind == "positions":
             return n.RepositionPositions(self.number(kids[0]), loc=loc)
         return n.RepositionGap(self.number(kids[0]), loc=loc)

@@ -1,7 +1,9 @@
 """CachePolicy: a compiled policy that turns a message history into a Decision.
 
 kv mode walks the history boundary by boundary from the start, firing rules on the state so far,
-so the decision for a prefix is contained unchanged in the decision for any extension.
+so the decision for a prefix is contained unchanged in the decision for any extension. Repositions
+take effect only at the end of a tool batch (never with a tool message after them, as upstream
+requires); one wanted inside a batch waits for its end.
 text mode looks at the latest boundary only: its edits are applied by the harness at once, and the
 next call sees the edited history.
 """
@@ -13,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from policy_dsl import nodes as n
 from policy_dsl.counter import ApproxTokenCounter, TokenCounter
 from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEdit
-from policy_dsl.evaluate import Boundary, fires, matches, prefilter, select_messages
+from policy_dsl.evaluate import Boundary, fires, matches, on_schedule, prefilter, select_messages
 from policy_dsl.history import HistoryView, view_history
 from policy_dsl.printer import format_policy
 from policy_dsl.validator import validate
@@ -50,17 +52,18 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
     masks = [None if isinstance(r.action.target, n.Thinking) else prefilter(r.action.target.selector, view)
              for r in policy.rules]
     candidates: list[list[int]] = [[] for _ in policy.rules]  # per rule: live messages passing its prefilter
-    history_tokens = visible = positions = drop_events = 0
+    history_tokens = visible = positions = drop_events = responses = 0
     drop_message: dict[str, list[int]] = {}
     reposition: list[int] = []
-    thinking_drop = False
+    thinking_drop = wanted = False
     for i in range(len(view)):
         t = view.tokens[i]
         history_tokens, visible, positions = history_tokens + t, visible + t, positions + t
+        responses += view.roles[i] == "tool"
         for mask, live in zip(masks, candidates):
             if mask is None or mask[i]:
                 live.append(i)
-        b = Boundary(view, i, gone, visible, history_tokens)
+        b = Boundary(view, i, gone, visible, history_tokens, responses)
         dropped_here: list[int] = []
         for r, rule in enumerate(policy.rules):
             if not fires(rule.trigger, b):
@@ -74,22 +77,26 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
             for j in picks:
                 gone.add(j)
                 b.visible_tokens -= view.tokens[j]
+                b.visible_responses -= view.roles[j] == "tool"
             dropped_here += picks
-        visible = b.visible_tokens
+        visible, responses = b.visible_tokens, b.visible_responses
         if dropped_here:
             drop_message[str(i)] = sorted(dropped_here)
             drop_events += 1
-        if _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions, positions - visible):
+        wanted = wanted or _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions,
+                                        positions - visible)
+        if wanted and view.batch_end[i]:
             reposition.append(i)
-            positions = visible  # survivors now sit at 0..visible-1
+            positions, wanted = visible, False  # survivors now sit at 0..visible-1
     return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
 
 
 def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: bool, drop_events: int,
                  positions: int, gap: int) -> bool:
-    """Whether to compact positions after message i.
+    """Whether the rule asks to compact positions after message i (done at the end of i's tool batch).
 
     `positions` is the next free position; `gap` the positions freed by drops since the last compaction.
+    Between compactions both only grow, so a threshold passed inside a batch still holds at its end.
     """
     if isinstance(rule, n.RepositionEachDrop):
         return dropped
@@ -98,6 +105,10 @@ def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: boo
     if isinstance(rule, n.RepositionEvery):
         # Compacting with no gap would be a no-op that still costs a cache record.
         return view.batch_end[i] and view.tool_calls[i] % rule.n.value == 0 and gap > 0
+    if isinstance(rule, n.RepositionAfter):
+        # upstream's call schedule: it repositions even when nothing new was dropped
+        return view.batch_end[i] and on_schedule(view.tool_calls[i], rule.n.value,
+                                                 None if rule.then is None else rule.then.value)
     if isinstance(rule, n.RepositionGap):
         return gap > rule.threshold.value
     if isinstance(rule, n.RepositionPositions):
@@ -114,7 +125,8 @@ def _decide_text(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[
     i = len(view) - 1
     total = sum(view.tokens)
     edited: set[int] = set()
-    b = Boundary(view, i, edited, total, total)
+    responses = sum(role == "tool" and not text.startswith(OMITTED_PREFIX) for role, text in zip(view.roles, view.texts))
+    b = Boundary(view, i, edited, total, total, responses)
     edits: list[TextEdit] = []
     for rule in policy.rules:
         if not fires(rule.trigger, b):
@@ -124,6 +136,8 @@ def _decide_text(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[
             edits += _strip_thinking(action.target, b)
         elif isinstance(action, n.Omit):
             edits += _omit(action.target, b, counter)
+        elif isinstance(action, n.Remove):
+            edits += _remove(action.target, b)
         else:
             edits += _summarize(action.target, action.budget.value, b)
         for e in edits:
@@ -155,7 +169,19 @@ def _omit(target: n.Messages, b: Boundary, counter: TokenCounter) -> list[TextEd
     picks = select_messages(target, b, live, saving)
     for j in picks:
         b.visible_tokens -= saving(j)
+        b.visible_responses -= view.roles[j] == "tool"
     return [TextEdit("omit", j, j, placeholder=_placeholder(view, j)) for j in picks]
+
+
+def _remove(target: n.Messages, b: Boundary) -> list[TextEdit]:
+    """Upstream's text_drop: the picked messages leave the text history altogether."""
+    view = b.view
+    live = [j for j in range(b.i + 1) if j not in b.gone]
+    picks = select_messages(target, b, live, lambda j: view.tokens[j])
+    for j in picks:
+        b.visible_tokens -= view.tokens[j]
+        b.visible_responses -= view.roles[j] == "tool"
+    return [TextEdit("remove", j, j) for j in picks]
 
 
 def _summarize(target: n.Messages, budget: int, b: Boundary) -> list[TextEdit]:

@@ -43,7 +43,10 @@ def format_trigger(trigger: n.Trigger, nested: bool = False) -> str:
             return f"each {_SINGULAR[trigger.unit]}"
         return f"every {format_num(trigger.n)} {trigger.unit}"
     if isinstance(trigger, n.After):
-        return f"after {format_num(trigger.n)} {trigger.unit}"
+        then = "" if trigger.then is None else f" then every {format_num(trigger.then)}"
+        return f"after {format_num(trigger.n)} {trigger.unit}{then}"
+    if isinstance(trigger, n.VisibleToolResponses):
+        return f"visible_tool_responses >= {format_num(trigger.threshold)}"
     if isinstance(trigger, n.TokensAbove):
         return f"{trigger.measure}_tokens > {format_num(trigger.threshold)}"
     return "drop_context"
@@ -54,6 +57,8 @@ def format_action(action: n.Action) -> str:
         return f"drop {format_target(action.target)}"
     if isinstance(action, n.Omit):
         return f"omit {format_target(action.target)}"
+    if isinstance(action, n.Remove):
+        return f"remove {format_target(action.target)}"
     return f"summarize {format_target(action.target)} within {format_num(action.budget)} tokens"
 
 
@@ -65,6 +70,8 @@ def format_target(target: n.Target) -> str:
         text += f" keep last {format_num(target.keep_last)}"
     if target.until_visible is not None:
         text += f" until visible_tokens <= {format_num(target.until_visible)}"
+    if target.with_trigger:
+        text += " including trigger"
     return text
 
 
@@ -92,6 +99,8 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
         return "superseded"
     if isinstance(selector, n.NextTurnContains):
         return f"next_turn contains {json.dumps(selector.text)}"
+    if isinstance(selector, n.CallersOutside):
+        return f"callers outside last {format_num(selector.n)}"
     return "requested"
 
 
@@ -100,6 +109,9 @@ def format_reposition(rule: n.RepositionRule) -> str:
         return "after each drop"
     if isinstance(rule, n.RepositionEvery):
         return f"every {format_num(rule.n)} {rule.unit}"
+    if isinstance(rule, n.RepositionAfter):
+        then = "" if rule.then is None else f" then every {format_num(rule.then)}"
+        return f"after {format_num(rule.n)} tool_calls{then}"
     if isinstance(rule, n.RepositionGap):
         return f"when gap > {format_num(rule.threshold)}"
     if isinstance(rule, n.RepositionPositions):

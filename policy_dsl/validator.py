@@ -18,6 +18,9 @@ COUNT_MAX = 100_000
 BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
     (n.Every, "n"): (1, COUNT_MAX),
     (n.After, "n"): (1, COUNT_MAX),
+    (n.After, "then"): (1, COUNT_MAX),
+    (n.VisibleToolResponses, "threshold"): (1, COUNT_MAX),
+    (n.CallersOutside, "n"): (1, COUNT_MAX),
     (n.TokensAbove, "threshold"): (1, TOKENS_MAX),
     (n.Age, "n"): (0, COUNT_MAX),
     (n.Size, "n"): (0, TOKENS_MAX),
@@ -25,12 +28,14 @@ BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
     (n.Messages, "until_visible"): (0, TOKENS_MAX),
     (n.Summarize, "budget"): (16, TOKENS_MAX),
     (n.RepositionEvery, "n"): (1, COUNT_MAX),
+    (n.RepositionAfter, "n"): (1, COUNT_MAX),
+    (n.RepositionAfter, "then"): (1, COUNT_MAX),
     (n.RepositionGap, "threshold"): (1, TOKENS_MAX),
     (n.RepositionPositions, "threshold"): (1, TOKENS_MAX),
 }
 FIELD_WORDS = {
     "n": "count", "threshold": "token threshold", "keep_last": "keep last", "until_visible": "visible-token target",
-    "budget": "summary budget",
+    "budget": "summary budget", "then": "interval",
 }
 
 
@@ -83,13 +88,15 @@ class _Checker:
         for rule in policy.rules:
             expect(self, rule, n.Rule, "a rule")
             self.trigger_structure(rule.trigger)
-            expect(self, rule.action, (n.Drop, n.Omit, n.Summarize), "an action (drop, omit, summarize)")
+            expect(self, rule.action, (n.Drop, n.Omit, n.Remove, n.Summarize),
+                   "an action (drop, omit, remove, summarize)")
             target = rule.action.target
             expect(self, target, (n.Messages, n.Thinking), "a target (messages or thinking)")
             if target.selector is not None:
                 self.selector_structure(target.selector)
         expect(self, policy.reposition, (n.RepositionNever, n.RepositionEachDrop, n.RepositionEvery,
-                                         n.RepositionGap, n.RepositionPositions), "a reposition rule")
+                                         n.RepositionAfter, n.RepositionGap, n.RepositionPositions),
+               "a reposition rule")
         for node in _walk(policy):
             for (kind, name) in BOUNDS:
                 value = getattr(node, name, None) if type(node) is kind else None
@@ -97,13 +104,14 @@ class _Checker:
                     expect(self, value, n.Num, f"a number for {FIELD_WORDS[name]}")
 
     def trigger_structure(self, trigger: object) -> None:
-        expect(self, trigger, (n.Every, n.After, n.TokensAbove, n.DropContextCalled, n.AllOf, n.AnyOf), "a trigger")
+        expect(self, trigger, (n.Every, n.After, n.TokensAbove, n.VisibleToolResponses, n.DropContextCalled,
+                               n.AllOf, n.AnyOf), "a trigger")
         for part in getattr(trigger, "parts", ()):
             self.trigger_structure(part)
 
     def selector_structure(self, selector: object) -> None:
         expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.NextTurnContains,
-                                n.Requested, n.Superseded, n.Not, n.And, n.Or), "a selector")
+                                n.Requested, n.Superseded, n.CallersOutside, n.Not, n.And, n.Or), "a selector")
         for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
             self.selector_structure(part)
 
@@ -151,7 +159,7 @@ class _Checker:
         for rule in policy.rules:
             action = rule.action
             if not isinstance(action, n.Drop):
-                verb = "omit" if isinstance(action, n.Omit) else "summarize"
+                verb = {n.Omit: "omit", n.Remove: "remove"}.get(type(action), "summarize")
                 raise self.fail(f"{verb} needs mode text; mode kv can only drop", action)
             if isinstance(action.target, n.Thinking):
                 if action.target.selector is not None:
@@ -173,10 +181,15 @@ class _Checker:
         for rule in policy.rules:
             action = rule.action
             if isinstance(action, n.Drop):
-                raise self.fail("drop needs mode kv; mode text can omit or summarize", action)
+                raise self.fail("drop needs mode kv; mode text can omit, remove or summarize", action)
             target = action.target
             if isinstance(action, n.Summarize) and isinstance(target, n.Thinking):
                 raise self.fail("summarize takes messages; use 'omit thinking' to strip reasoning", target)
+            if isinstance(action, n.Remove) and isinstance(target, n.Thinking):
+                raise self.fail("remove takes messages; use 'omit thinking' to strip reasoning", target)
+            if isinstance(target, n.Messages) and target.with_trigger:
+                raise self.fail("'including trigger' needs drop in mode kv; text edits never touch the latest "
+                                "message", target)
             if isinstance(action, n.Summarize) and target.until_visible is not None:
                 raise self.fail("summarize cannot take 'until visible_tokens'; select the messages to summarize",
                                 target)

@@ -102,7 +102,7 @@ class TextEditor:
 
     A summary replaces messages start..end with one user message beginning with the policy
     language's SUMMARY_PREFIX (so policies recognise it); an omitted message keeps its role and
-    ids with the edit's placeholder as content. Tool calls and tool results whose partner was
+    ids with the edit's placeholder as content; a removed one leaves. Tool calls and tool results whose partner was
     summarized away are rewritten as plain text, so every request stays a valid conversation.
     Untouched messages stay the same objects (the tokenizer's memo and the trajectory's deltas
     rely on it).
@@ -117,6 +117,8 @@ class TextEditor:
         for edit in sorted(edits, key=lambda e: e.start, reverse=True):  # back to front keeps indices valid
             if edit.kind == "omit":
                 out[edit.start] = {**out[edit.start], "content": edit.placeholder or "[omitted]"}
+            elif edit.kind == "remove":
+                del out[edit.start]
             elif edit.kind == "strip_thinking":
                 out[edit.start] = {k: v for k, v in out[edit.start].items() if k != "reasoning_content"}
             else:

@@ -14,10 +14,12 @@ def decide(source: str, history, counter=None):
     return compile_policy(parse(source)).decide(history, counter or CharCounter())
 
 
-def rolling_schedule(tools: list[int], keep: int) -> tuple[dict[str, list[int]], list[int]]:
-    """Upstream akvalgo's rolling window: the (keep+k)-th tool response drops the k-th, then repositions."""
+def rolling_schedule(tools: list[int], keep: int, batch: int = 1) -> tuple[dict[str, list[int]], list[int]]:
+    """Upstream akvalgo's rolling window (the (keep+k)-th tool response drops the k-th), with our
+    expert's repositions: at the end of each tool batch (of `batch` calls) in which something was dropped."""
     drops = {str(tools[k + keep]): [tools[k]] for k in range(len(tools) - keep)}
-    return drops, [tools[k + keep] for k in range(len(tools) - keep)]
+    ends = tools[batch - 1::batch]
+    return drops, [e for e in ends if any(int(t) <= e and int(t) > e - 2 * batch for t in drops)]
 
 
 @pytest.mark.parametrize("rounds", [1, 12, 13, 14, 30])
@@ -31,12 +33,13 @@ def test_expert_reproduces_the_keep_12_rolling_schedule(rounds: int) -> None:
     assert decision.api_fields() == expected
 
 
-def test_expert_counts_each_tool_message_of_a_parallel_batch() -> None:
+def test_expert_counts_each_tool_message_of_a_parallel_batch_and_repositions_at_its_end() -> None:
     history = agent_history(10, tools_per_round=2)
-    drops, repos = rolling_schedule(tool_indices(history), 12)
+    drops, repos = rolling_schedule(tool_indices(history), 12, batch=2)
     decision = load_policy("expert").decide(history)
     assert (decision.drop_message, decision.reposition) == (drops, repos)
-    assert len(drops) == 8
+    assert len(drops) == 8 and len(repos) == 4
+    assert all(history[i + 1]["role"] != "tool" for i in repos if i + 1 < len(history))
 
 
 @pytest.mark.parametrize("name,keep", [("expert-8k", 4), ("rolling-3", 3)])

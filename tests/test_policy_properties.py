@@ -24,6 +24,8 @@ UNITS = st.sampled_from(n.COUNT_UNITS)
 TRIGGER_ATOMS = st.one_of(
     st.builds(n.Every, nums(1, 5), UNITS),
     st.builds(n.After, nums(1, 8), UNITS),
+    st.builds(n.After, nums(1, 8), UNITS, nums(1, 4)),
+    st.builds(n.VisibleToolResponses, nums(1, 6)),
     st.builds(n.TokensAbove, st.sampled_from(["visible", "history"]), nums(1, 3000)),
     st.builds(n.TokensAbove, st.sampled_from(["visible", "history"]), nums(1, 3000)),
     st.just(n.DropContextCalled()),
@@ -39,6 +41,7 @@ SELECTOR_ATOMS = st.one_of(
     st.builds(n.Age, OPS, nums(0, 6), UNITS), st.builds(n.Size, OPS, nums(0, 300)),
     st.sampled_from(["error", "ok"]).map(n.Contains), st.text(min_size=1, max_size=12).map(n.Contains),
     st.sampled_from(["a", "aa", "x"]).map(n.NextTurnContains), st.just(n.Requested()), st.just(n.Superseded()),
+    st.builds(n.CallersOutside, nums(1, 4)),
 )
 SIMPLE_SELECTORS = st.one_of(st.just(n.AllMessages()), st.sampled_from(["tool", "assistant"]).map(n.Role),
                              st.builds(n.Age, st.just(">="), nums(0, 4), UNITS))
@@ -48,13 +51,16 @@ SELECTORS = SIMPLE_SELECTORS | st.recursive(SELECTOR_ATOMS, lambda inner: st.one
     st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.Or(tuple(ps))),
 ), max_leaves=5)
 MESSAGE_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000))
-KV_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, MESSAGE_TARGETS))
+KV_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000), st.booleans())
+KV_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, KV_TARGETS))
 REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDrop()),
                         st.builds(n.RepositionEvery, nums(1, 4), st.sampled_from(n.REPOSITION_UNITS)),
+                        st.builds(n.RepositionAfter, nums(1, 6), st.none() | nums(1, 3)),
                         st.builds(n.RepositionGap, nums(1, 500)), st.builds(n.RepositionPositions, nums(1, 3000)))
 KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS)
 TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
     st.builds(n.Omit, MESSAGE_TARGETS), st.builds(n.Omit, st.builds(n.Thinking, st.none() | SELECTORS)),
+    st.builds(n.Remove, MESSAGE_TARGETS),
     st.builds(n.Summarize, st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6)), nums(16, 500)),
 ))
 ANY_POLICIES = st.one_of(KV_POLICIES, st.builds(n.Policy, st.just("text"), st.lists(TEXT_RULES, max_size=3).map(tuple)))
@@ -87,13 +93,14 @@ def check_cumulative_and_safe(policy, history, counter) -> None:
         trigger = int(key)
         assert 0 <= trigger < len(history)
         assert dropped == sorted(dropped) and dropped, key
-        assert all(0 <= j < trigger for j in dropped), key
+        assert all(0 <= j <= trigger for j in dropped), key  # `including trigger` may drop the trigger
         assert not protected & set(dropped)
         assert not seen & set(dropped), "dropped twice"
         seen |= set(dropped)
     assert list(full.drop_message) == sorted(full.drop_message, key=int)
     assert full.reposition == sorted(set(full.reposition))
     assert all(0 <= r < len(history) for r in full.reposition)
+    assert all(r + 1 == len(history) or history[r + 1]["role"] != "tool" for r in full.reposition)
     for k in range(1, len(history)):
         prefix = policy.decide(history[:k], counter)
         assert prefix.drop_message == {key: v for key, v in full.drop_message.items() if int(key) < k}

@@ -1,0 +1,151 @@
+"""Upstream akvalgo parity, option by option, on a history with parallel tool batches.
+
+Each row is one AKVPolicy option (or combination) with the policy-language form that means the
+same, and the decision upstream documents for it, worked out by hand on HISTORY. Three things
+must agree with that decision: our policy, our reader of the options, and the options our
+exporter writes for the policy; and they must agree at every request of the history.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_policy_akvalgo import history, random_histories, same_at_every_request
+from test_policy_support import histories
+
+from policy_dsl import apply_text_edits, builtin_names, compile_policy, load_policy, parse
+from policy_dsl.akvalgo import AkvalgoError, AkvalgoOptions, NotExpressible, decide_akvalgo, to_akvalgo
+
+# system 0, user 1; batches (assistant: tools) 2: 3 | 4: 5 6 7 | 8: 9 10 | 11: 12 | 13: 14 15 |
+# 16: 17 18 19 | 20: 21. Calls end at 3, 7, 10, 12, 15, 19, 21.
+HISTORY = history([1, 3, 2, 1, 2, 3, 1])
+ROLLING_3 = {"7": [3], "9": [5], "10": [6], "12": [7], "14": [9], "15": [10], "17": [12], "18": [14],
+             "19": [15], "21": [17]}
+
+
+class ParityCounter:
+    """100 tokens per tool response, 10 per other message."""
+
+    def count(self, message: Any) -> int:
+        return 100 if message.get("role") == "tool" else 10
+
+
+ROWS: dict[str, tuple[str, dict[str, Any], dict[str, list[int]], list[int]]] = {
+    # name: (policy body, AKVPolicy options, drop_message, reposition)
+    "keep_tool_responses alone: a rolling window, never a reposition": (
+        "on each tool_response: drop role tool keep last 3 in 1..12\nreposition never",
+        {"keep_tool_responses": 3}, ROLLING_3, []),
+    "reposition_after_call alone: one reposition, at call 4": (
+        "on each tool_response: drop role tool keep last 3\nreposition after 4 tool_calls",
+        {"keep_tool_responses": 3, "reposition_after_call": 4}, ROLLING_3, [12]),
+    "an offset reposition schedule: call 2, then every 3 calls": (
+        "on each tool_response: drop role tool keep last 3\nreposition after 2 tool_calls then every 3",
+        {"keep_tool_responses": 3, "reposition_after_call": 2, "reposition_interval_calls": 3}, ROLLING_3, [7, 15]),
+    "scheduled repositions with nothing dropped": (
+        "on each tool_response: drop role tool keep last 50\nreposition after 1 tool_calls then every 2",
+        {"keep_tool_responses": 50, "reposition_after_call": 1, "reposition_interval_calls": 2}, {},
+        [3, 10, 15, 21]),
+    "reposition_trigger_tokens: at batch ends, once a drop left a gap": (
+        "on each tool_response: drop role tool keep last 3\nreposition when positions > 600",
+        {"keep_tool_responses": 3, "reposition_trigger_tokens": 600}, ROLLING_3, [10, 15, 19]),
+    "an offset drop schedule: call 2, then every 3 calls": (
+        "on after 2 tool_calls then every 3: drop role tool keep last 2\nreposition never",
+        {"keep_tool_responses": 2, "drop_after_call": 2, "drop_interval_calls": 3},
+        {"7": [3, 5], "15": [6, 7, 9, 10, 12]}, []),
+    "drop_trigger_responses: at least 5 visible at a batch end": (
+        "on each tool_call and visible_tool_responses >= 5: drop role tool keep last 2\nreposition never",
+        {"keep_tool_responses": 2, "drop_trigger_responses": 5},
+        {"10": [3, 5, 6, 7], "15": [9, 10, 12], "19": [14, 15, 17]}, []),
+    "drop_trigger_tokens with drop_target_tokens: the trigger may go too": (
+        "on each tool_call and visible_tokens > 500: drop role tool until visible_tokens <= 50 including trigger\n"
+        "reposition never",
+        {"keep_tool_responses": 1, "drop_trigger_tokens": 500, "drop_target_tokens": 50},
+        {"10": [3, 5, 6, 7, 9, 10], "19": [12, 14, 15, 17, 18, 19]}, []),
+    "rolling_drop_target assistant: callers retire when their batch leaves the window": (
+        "on each tool_response: drop callers outside last 3\nreposition never",
+        {"keep_tool_responses": 3, "rolling_drop_target": "assistant"},
+        {"7": [2], "12": [4], "15": [8], "17": [11], "19": [13]}, []),
+    "rolling_drop_target both: the window and its retired callers": (
+        "on each tool_response: drop role tool keep last 3\non each tool_response: drop callers outside last 3\n"
+        "reposition after 3 tool_calls then every 2",
+        {"keep_tool_responses": 3, "rolling_drop_target": "both", "reposition_after_call": 3,
+         "reposition_interval_calls": 2},
+        {"7": [2, 3], "9": [5], "10": [6], "12": [4, 7], "14": [9], "15": [8, 10], "17": [11, 12], "18": [14],
+         "19": [13, 15], "21": [17]}, [10, 15, 21]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_each_upstream_option_has_a_policy_form_that_decides_as_upstream(name: str) -> None:
+    body, kwargs, drops, repos = ROWS[name]
+    ours = compile_policy(parse(f"mode kv\n{body}\n"), name="row")
+    options = AkvalgoOptions.from_kwargs(kwargs)
+    assert to_akvalgo(ours.ast) == options
+    counter = ParityCounter()
+    for end in range(2, len(HISTORY) + 1):
+        prefix = HISTORY[:end]
+        mine, upstream = ours.decide(prefix, counter), decide_akvalgo(options, prefix, counter)
+        assert (mine.drop_message, mine.reposition) == (upstream.drop_message, upstream.reposition), end
+    for messages in random_histories(12):  # and on random histories, parallel batches and user nudges
+        same_at_every_request(ours, options, messages)
+    final = ours.decide(HISTORY, counter)
+    assert (final.drop_message, final.reposition) == (drops, repos)
+    for r in final.reposition:
+        assert r + 1 == len(HISTORY) or HISTORY[r + 1]["role"] != "tool"
+
+
+def test_text_drop_removes_what_upstream_leaves_out_of_each_request() -> None:
+    """mode text_drop: upstream filters the full history it keeps; we rewrite the history we send."""
+    ours = compile_policy(parse("mode text\non visible_tool_responses >= 4: remove role tool keep last 3\n"))
+    options = to_akvalgo(ours.ast)
+    assert options.kwargs() == {"keep_tool_responses": 3, "mode": "text_drop", "rolling_drop_target": "tool"}
+    sent: list[dict[str, Any]] = []
+    ends = [3, 7, 10, 12, 15, 19, 21]
+    for previous, end in zip([-1] + ends, ends):
+        sent += HISTORY[previous + 1: end + 1]  # the new batch joins the history as we last sent it
+        sent = apply_text_edits(sent, ours.decide(sent).text_edits, summarize=lambda *_: "")
+        removed = {e.start for e in decide_akvalgo(options, HISTORY[: end + 1]).text_edits}
+        assert sent == [m for j, m in enumerate(HISTORY[: end + 1]) if j not in removed], end
+    assert sum(m["role"] == "tool" for m in sent) == 3
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"keep_tool_responses": 2, "reposition_interval_calls": 2}, "reposition_interval_calls: needs "
+     "reposition_after_call"),
+    ({"keep_tool_responses": 2, "reposition_after_call": 2, "reposition_trigger_tokens": 9}, "either token or call"),
+    ({"keep_tool_responses": 2, "drop_trigger_responses": 2}, "drop_trigger_responses: must exceed"),
+    ({"keep_tool_responses": 2, "drop_target_tokens": 9}, "drop_target_tokens: needs a drop trigger"),
+    ({"keep_tool_responses": 2, "drop_trigger_tokens": 9, "drop_target_tokens": 9}, "must be below"),
+])
+def test_upstream_constraints_on_the_new_options_name_the_option(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(AkvalgoError, match=named):
+        AkvalgoOptions.from_kwargs(kwargs)
+
+
+@pytest.mark.parametrize("body, construct", [
+    ("on each tool_response: drop role tool keep last 3\nreposition every 2 tool_calls",
+     "write `reposition after 2 tool_calls then every 2`"),
+    ("on each tool_call and visible_tool_responses >= 3: drop role tool keep last 3", "above keep_tool_responses"),
+    ("on each tool_call and visible_tokens > 90: drop role tool until visible_tokens <= 50",
+     "including trigger"),
+    ("on each tool_response: drop callers outside last 3\non each tool_response: drop role tool keep last 3",
+     "rules beside callers outside"),
+])
+def test_near_misses_are_refused_with_the_form_that_would_map(body: str, construct: str) -> None:
+    with pytest.raises(NotExpressible, match=construct):
+        to_akvalgo(parse(f"mode kv\n{body}\n"))
+
+
+def test_keep_12_is_upstream_keep_tool_responses_12() -> None:
+    assert to_akvalgo(load_policy("keep-12").ast).kwargs() == {
+        "keep_tool_responses": 12, "mode": "kv_drop", "rolling_drop_target": "tool"}
+
+
+@pytest.mark.parametrize("name", [b for b in builtin_names() if load_policy(b).mode == "kv"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=histories())
+def test_no_builtin_repositions_inside_a_tool_batch(name: str, messages) -> None:
+    decision = load_policy(name).decide(messages, ParityCounter())
+    for r in decision.reposition:
+        assert r + 1 == len(messages) or messages[r + 1]["role"] != "tool", r

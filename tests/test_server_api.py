@@ -41,6 +41,15 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     assert server.client.get("/health").json()["status"] == "ok"
     models = server.client.get("/v1/models").json()
     assert [card["id"] for card in models["data"]] == [MODEL]
+    info = server.client.get("/server_info").json()
+    assert info["model"] == MODEL and models["data"][0]["akv"] == info["akv"]
+    # The report is what the server accepts: each listed rule type passes validation, others do not.
+    assert info["akv"]["drop_rule_types"] == ["message_drop", "thinking_drop"]
+    assert set(info["akv"]["usage_details"]) == {"cached_tokens", "drop_skipped_tokens", "repos_tokens",
+                                                 "prefilled_tokens"}
+    for kind in ("thinking_drop", "text_drop"):
+        refused = server.chat({"messages": greeting("Hi."), "max_tokens": 1, "drop_rule": {"type": kind}})
+        assert (refused.status_code == 200) == (kind in info["akv"]["drop_rule_types"]), refused.text
     # OpenAI fields that change nothing here are accepted (clients send them by default).
     assert server.chat({"messages": greeting("Say hi."), "max_tokens": 1, "store": False,
                         "metadata": {"run": "t"}, "n": 1}).status_code == 200

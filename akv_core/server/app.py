@@ -32,6 +32,8 @@ from akv_core.server.protocol import (
     ModelCard,
     ModelList,
     ResponseMessage,
+    ServerInfo,
+    akv_features,
 )
 from akv_core.server.streaming import ChunkStream, usage_info
 from akv_core.server.validation import generation_args
@@ -84,8 +86,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
         card = ModelCard(id=state.model_name, created=state.started,
-                         max_model_len=getattr(state.loop.engine, "context_length", None))
+                         max_model_len=getattr(state.loop.engine, "context_length", None), akv=akv_features())
         return ModelList(data=[card])
+
+    @app.get("/server_info", response_model=ServerInfo)
+    async def server_info() -> ServerInfo:
+        return ServerInfo(model=state.model_name, akv=akv_features(),
+                          max_model_len=getattr(state.loop.engine, "context_length", None))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

@@ -8,6 +8,7 @@ clients that print or diff objects see the familiar layout first.
 from __future__ import annotations
 
 import time
+import typing
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -252,13 +253,40 @@ class ChatCompletionChunk(BaseModel):
     usage: UsageInfo | None = None
 
 
+class AKVFeatures(BaseModel):
+    """Which AKV operations this server implements, for clients (and `akv conformance`) to read."""
+
+    drop_message: bool = True
+    reposition: bool = True
+    drop_rule_types: list[str] = Field(description="The `drop_rule` types accepted.")
+    self_drop: bool = Field(True, description="A trigger may drop itself (an id may not be a future message).")
+    usage_details: list[str] = Field(description="Counters reported in usage.prompt_tokens_details.")
+    streaming_usage: bool = True
+
+
+def akv_features() -> AKVFeatures:
+    """Read from the request and usage models themselves, so the report cannot drift from them."""
+    union = typing.get_args(typing.get_args(DropRule)[0])
+    types = [typing.get_args(rule.model_fields["type"].annotation)[0] for rule in union]
+    return AKVFeatures(drop_rule_types=types, usage_details=list(PromptTokensDetails.model_fields))
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "akv"
-    # AKV extension: the context length a request must fit in.
+    # AKV extensions: the context length a request must fit in, and the AKV operations served.
     max_model_len: int | None = None
+    akv: AKVFeatures | None = None
+
+
+class ServerInfo(BaseModel):
+    """GET /server_info: the served model and the AKV features."""
+
+    model: str
+    max_model_len: int | None = None
+    akv: AKVFeatures
 
 
 class ModelList(BaseModel):

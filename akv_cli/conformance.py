@@ -231,11 +231,14 @@ def check_errors(probe: Probe) -> str:
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:
+    """The error object: OpenAI's {"error": {...}}, or SGLang's flat {"object": "error", "message": ...}."""
     try:
         body = response.json()
     except ValueError:
         return {}
-    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return {}
+    error = body.get("error", body)
     return error if isinstance(error, dict) else {}
 
 

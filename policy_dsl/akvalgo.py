@@ -125,16 +125,20 @@ def _check(o: AkvalgoOptions) -> None:
 # ---- the reader ----------------------------------------------------------------------------------
 
 def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]],
-                   counter: TokenCounter | None = None) -> Decision:
+                   counter: TokenCounter | None = None, user_observations: bool = False) -> Decision:
     """What `options` decide for `history` (cumulative, like our kv policies); AkvalgoError when unsure.
 
     In `text_drop` the history is the full one the caller keeps, and the decision's text edits
-    remove what upstream leaves out of the messages it sends.
+    remove what upstream leaves out of the messages it sends. `user_observations`: the harness
+    names every user observation as a call boundary (adapt_request's completed_call_message_ids).
     """
     if options.needs_counter() and counter is None:
         raise AkvalgoError(f"{next(t for t in TOKEN_OPTIONS if getattr(options, t) is not None)}: "
                            "token thresholds need a token_counter")
-    view = view_history(history, counter or ApproxTokenCounter())
+    if user_observations and options.drop_trigger is not None:
+        raise AkvalgoError(f"{options.drop_trigger}: triggered drops need tool-batch boundaries; upstream refuses "
+                           "user observations among them")
+    view = view_history(history, counter or ApproxTokenCounter(), user_observations)
     state = _Walk()
     for i in range(len(view)):
         state.step(options, view, i)
@@ -229,6 +233,10 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
     if not policy.rules:
         raise refuse(policy, "a policy with no rule", "it never drops, and AKVPolicy needs keep_tool_responses "
                      "> 0; send requests without a policy instead")
+    if policy.user_observations:
+        raise refuse(policy, "calls include user_observations", "not an AKVPolicy option: upstream's harness "
+                     "names them per request (adapt_request's completed_call_message_ids); export the policy "
+                     "without this line and pass the boundaries there")
     if policy.mode == "text":
         return _text_drop_options(policy, refuse)
     target, rules = _rolling_target(policy.rules, refuse)

@@ -57,8 +57,13 @@ class HistoryView:
         return self.roles[i] == ("assistant" if unit == "turns" else "tool")
 
 
-def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -> HistoryView:
-    """Check the history's shape and precompute the per-message facts."""
+def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
+                 user_observations: bool = False) -> HistoryView:
+    """Check the history's shape and precompute the per-message facts.
+
+    With `user_observations`, a user message right after an assistant message that called no tool
+    (not the first user message) also ends a call: the observation came back as user text.
+    """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise HistoryError("history must be a list of messages")
     roles: list[str] = []
@@ -68,6 +73,8 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
         roles.append(m["role"])
     tokens = tuple(_token_count(counter, m, i) for i, m in enumerate(messages))
     tool_names, batch_end, requests, call_keys = _tool_facts(messages, roles)
+    if user_observations:
+        batch_end = [end or _user_observation(messages, roles, i) for i, end in enumerate(batch_end)]
     return HistoryView(
         roles=tuple(roles),
         tokens=tokens,
@@ -84,6 +91,11 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter) -
         next_turn=_next_turns(roles),
         results_end=_results_end(roles),
     )
+
+
+def _user_observation(messages: Sequence[Mapping[str, Any]], roles: list[str], i: int) -> bool:
+    return roles[i] == "user" and i > 0 and roles[i - 1] == "assistant" and not _calls_of(messages[i - 1]) \
+        and "user" in roles[:i]
 
 
 def _results_end(roles: list[str]) -> tuple[int | None, ...]:

@@ -2,7 +2,11 @@
 
 A policy is a mode, an ordered list of rules and one reposition rule:
 
-    Policy(mode, rules=(Rule(trigger, action), ...), reposition)
+    Policy(mode, rules=(Rule(trigger, action), ...), reposition, user_observations=False)
+
+`user_observations`: a user message answering an assistant message that called no tool also
+completes a call (a tool_calls unit and a batch end), as upstream's harness-named observation
+boundaries do.
 
 Triggers (when a rule fires, evaluated at each message boundary):
     Every(n, unit) / After(n, unit, then)  unit: "tool_calls" | "turns" | "tool_responses"
@@ -307,4 +311,5 @@ class Policy:
     mode: str
     rules: tuple[Rule, ...] = ()
     reposition: RepositionRule = field(default_factory=RepositionNever)
+    user_observations: bool = False
     loc: Loc | None = _loc()

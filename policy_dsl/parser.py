@@ -146,10 +146,14 @@ class _Builder:
         mode_token = mode_stmt.children[0]
         if str(mode_token) not in ("kv", "text"):
             raise self.fail(f"unknown mode {str(mode_token)!r}; expected kv or text", mode_token)
+        calls = [c for c in rest if isinstance(c, Tree) and c.data == "calls_stmt"]
+        if calls and str(calls[0].children[0]) != "user_observations":
+            word = calls[0].children[0]
+            raise self.fail(f"unknown call boundary {str(word)!r}; expected user_observations", word)
         rules = tuple(self.rule(c) for c in rest if isinstance(c, Tree) and c.data == "rule")
-        tails = [c for c in rest if isinstance(c, Tree) and c.data != "rule"]
+        tails = [c for c in rest if isinstance(c, Tree) and c.data not in ("rule", "calls_stmt")]
         reposition = self.reposition(tails[0]) if tails else n.RepositionNever()
-        return n.Policy(str(mode_token), rules, reposition, loc=_loc(tree))
+        return n.Policy(str(mode_token), rules, reposition, user_observations=bool(calls), loc=_loc(tree))
 
     def rule(self, tree: Tree) -> n.Rule:
         trigger, action = tree.children

@@ -33,7 +33,7 @@ class CachePolicy:
 
     def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
         """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
-        view = view_history(history, counter or ApproxTokenCounter())
+        view = view_history(history, counter or ApproxTokenCounter(), self.ast.user_observations)
         if self.ast.mode == "kv":
             return _decide_kv(self.ast, view)
         return _decide_text(self.ast, view, history, counter or ApproxTokenCounter())

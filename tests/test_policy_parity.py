@@ -149,3 +149,36 @@ def test_no_builtin_repositions_inside_a_tool_batch(name: str, messages) -> None
     decision = load_policy(name).decide(messages, ParityCounter())
     for r in decision.reposition:
         assert r + 1 == len(messages) or messages[r + 1]["role"] != "tool", r
+
+
+def observed_history() -> list[dict[str, Any]]:
+    """Calls that come back as user text (observations) between native tool batches."""
+    def call(i: str) -> dict[str, Any]:
+        return {"id": i, "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    return [{"role": "system", "content": "research"}, {"role": "user", "content": "find it"},
+            {"role": "assistant", "content": "search: capital"}, {"role": "user", "content": "[observation] A"},
+            {"role": "assistant", "content": None, "tool_calls": [call("c1")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x" * 40},
+            {"role": "assistant", "content": "open: page"}, {"role": "user", "content": "[observation] B"},
+            {"role": "assistant", "content": None, "tool_calls": [call("c2"), call("c3")]},
+            {"role": "tool", "tool_call_id": "c2", "content": "y" * 40},
+            {"role": "tool", "tool_call_id": "c3", "content": "z" * 40},
+            {"role": "assistant", "content": "read: page"}, {"role": "user", "content": "[observation] C"}]
+
+
+def test_user_observations_end_calls_as_upstream_boundaries_do() -> None:
+    body = "on each tool_response: drop role tool keep last 1\nreposition after 2 tool_calls then every 2\n"
+    observed = compile_policy(parse(f"mode kv\ncalls include user_observations\n{body}"))
+    plain = compile_policy(parse(f"mode kv\n{body}"))
+    options = AkvalgoOptions(keep_tool_responses=1, reposition_after_call=2, reposition_interval_calls=2)
+    h = observed_history()  # calls end at 3, 5, 7, 10, 12 with observations; at 5 and 10 without
+    for end in range(2, len(h) + 1):
+        got = decide_akvalgo(options, h[:end], user_observations=True)
+        mine = observed.decide(h[:end])
+        assert (mine.drop_message, mine.reposition) == (got.drop_message, got.reposition), end
+    assert observed.decide(h).api_fields() == {"drop_message": {"9": [5], "10": [9]}, "reposition": [5, 10]}
+    assert plain.decide(h).reposition == [10]
+    with pytest.raises(NotExpressible, match="calls include user_observations: not an AKVPolicy option"):
+        to_akvalgo(observed.ast)
+    with pytest.raises(AkvalgoError, match="drop_after_call: triggered drops need tool-batch boundaries"):
+        decide_akvalgo(AkvalgoOptions(keep_tool_responses=1, drop_after_call=2), h, user_observations=True)

@@ -57,7 +57,8 @@ REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDr
                         st.builds(n.RepositionEvery, nums(1, 4), st.sampled_from(n.REPOSITION_UNITS)),
                         st.builds(n.RepositionAfter, nums(1, 6), st.none() | nums(1, 3)),
                         st.builds(n.RepositionGap, nums(1, 500)), st.builds(n.RepositionPositions, nums(1, 3000)))
-KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS)
+KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS,
+                        st.booleans())
 TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
     st.builds(n.Omit, MESSAGE_TARGETS), st.builds(n.Omit, st.builds(n.Thinking, st.none() | SELECTORS)),
     st.builds(n.Remove, MESSAGE_TARGETS),

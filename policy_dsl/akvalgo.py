@@ -245,7 +245,7 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
     else:
         rule = policy.rules[0]
         trigger = _trigger_options(rule.trigger, refuse)
-        window = _window(rule.action, bool(trigger), refuse)
+        window = _window(rule.action, refuse)
         _check_response_trigger(rule, {**window, **trigger}, refuse)
         options = AkvalgoOptions(**window, **trigger)
     return _with_reposition(policy.reposition, options, refuse)
@@ -329,8 +329,8 @@ def _trigger_options(trigger: n.Trigger, refuse: Any) -> dict[str, int]:
                  "visible-token or tool-response count at the end of a tool batch")
 
 
-def _window(action: n.Action, triggered: bool, refuse: Any) -> dict[str, int]:
-    """keep_tool_responses (K >= 1) or drop_target_tokens: the action must pick tool responses only."""
+def _window(action: n.Action, refuse: Any) -> dict[str, int]:
+    """keep_tool_responses (K >= 1): the action must pick tool responses only."""
     target = action.target
     if isinstance(target, n.Thinking):
         raise refuse(target, format_target(target), "akvalgo has no thinking drop")
@@ -342,15 +342,9 @@ def _window(action: n.Action, triggered: bool, refuse: Any) -> dict[str, int]:
         raise refuse(target.selector, format_selector(target.selector), "akvalgo rolls out tool responses "
                      "only (`role tool`)")
     if target.until_visible is not None:
-        if not target.with_trigger or target.keep_last is not None or not triggered:
-            raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens needs a "
-                         "drop trigger, ignores keep_tool_responses and may drop the response that triggered "
-                         "it: write `drop role tool until visible_tokens <= T including trigger`")
-        # keep_tool_responses is required but unused beside drop_target_tokens
-        return {"keep_tool_responses": 1, "drop_target_tokens": target.until_visible.value}
-    if target.with_trigger:
-        raise refuse(target, "including trigger", "upstream drops its trigger only on the way down to "
-                     "drop_target_tokens (`until visible_tokens <= T`)")
+        raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens may drop the "
+                     "response that triggered it, which this policy never does (the API refuses a message "
+                     "dropped at its own trigger)")
     if target.keep_last is None or target.keep_last.value < 1:
         raise refuse(target, format_target(target), "AKVPolicy keeps keep_tool_responses > 0 tool responses; "
                      "write `keep last K` with K >= 1")
@@ -359,7 +353,7 @@ def _window(action: n.Action, triggered: bool, refuse: Any) -> dict[str, int]:
 
 def _check_response_trigger(rule: n.Rule, options: dict[str, int], refuse: Any) -> None:
     responses, keep = options.get("drop_trigger_responses"), options["keep_tool_responses"]
-    if responses is not None and "drop_target_tokens" not in options and responses <= keep:
+    if responses is not None and responses <= keep:
         raise refuse(rule.trigger, format_trigger(rule.trigger), "upstream needs drop_trigger_responses "
                      f"above keep_tool_responses ({keep})")
 

@@ -138,14 +138,12 @@ def select_messages(target: n.Messages, b: Boundary, live: list[int],
     passing the selector's prefilter). keep_last N spares the N most recent live
     matches (the trigger message and protected ones count among them); until_visible takes picks
     oldest first only while visible tokens exceed the target, each pick saving token_cost(j).
-    with_trigger lets the trigger message itself be picked (upstream's drop_target_tokens).
     """
     picked = [j for j in live if matches(target.selector, j, b)]
     if target.keep_last is not None:
         keep = target.keep_last.value
         picked = picked[: max(len(picked) - keep, 0)]
-    picked = [j for j in picked if not b.protected(j) or (target.with_trigger and j == b.i
-                                                              and j not in b.view.protected)]
+    picked = [j for j in picked if not b.protected(j)]
     if target.until_visible is None:
         return picked
     goal, visible, chosen = target.until_visible.value, b.visible_tokens, []

@@ -18,7 +18,7 @@ Triggers (when a rule fires, evaluated at each message boundary):
 
 Actions (what a rule does) and their targets:
     Drop(target)  (kv)     Omit(target) / Remove(target)  (text)     Summarize(target, budget)  (text)
-    Messages(selector, keep_last=None, until_visible=None, with_trigger=False)
+    Messages(selector, keep_last=None, until_visible=None)
     Thinking(selector=None)                the reasoning part of assistant messages
 
 Selectors (which messages; protected messages are never selected):
@@ -214,7 +214,6 @@ class Messages:
     selector: Selector
     keep_last: Num | None = None
     until_visible: Num | None = None
-    with_trigger: bool = False  # the trigger message itself may be picked
     loc: Loc | None = _loc()
 
 

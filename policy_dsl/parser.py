@@ -234,12 +234,11 @@ class _Builder:
         kids, loc = tree.children, _loc(tree)
         if tree.data == "thinking_target":
             return n.Thinking(None if kids[0] is None else self.selector(kids[0], 0), loc=loc)
-        selector, keep, until, with_trigger = kids
+        selector, keep, until = kids
         return n.Messages(
             self.selector(selector, 0),
             keep_last=None if keep is None else self.number(keep.children[0]),
             until_visible=None if until is None else self.number(until.children[0]),
-            with_trigger=with_trigger is not None,
             loc=loc,
         )
 

@@ -70,8 +70,6 @@ def format_target(target: n.Target) -> str:
         text += f" keep last {format_num(target.keep_last)}"
     if target.until_visible is not None:
         text += f" until visible_tokens <= {format_num(target.until_visible)}"
-    if target.with_trigger:
-        text += " including trigger"
     return text
 
 

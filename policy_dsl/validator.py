@@ -187,9 +187,6 @@ class _Checker:
                 raise self.fail("summarize takes messages; use 'omit thinking' to strip reasoning", target)
             if isinstance(action, n.Remove) and isinstance(target, n.Thinking):
                 raise self.fail("remove takes messages; use 'omit thinking' to strip reasoning", target)
-            if isinstance(target, n.Messages) and target.with_trigger:
-                raise self.fail("'including trigger' needs drop in mode kv; text edits never touch the latest "
-                                "message", target)
             if isinstance(action, n.Summarize) and target.until_visible is not None:
                 raise self.fail("summarize cannot take 'until visible_tokens'; select the messages to summarize",
                                 target)

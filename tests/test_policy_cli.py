@@ -45,7 +45,7 @@ def test_check_prints_location_source_line_and_caret(tmp_path) -> None:
     result = akv("check", str(bad))
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert lines[0] == f"error: {bad}:2:39: unknown keyword 'keepx'; expected ')', 'and', 'including', 'keep', 'on', 'or', " \
+    assert lines[0] == f"error: {bad}:2:39: unknown keyword 'keepx'; expected ')', 'and', 'keep', 'on', 'or', " \
                        "'reposition', 'until', 'within', end of file"
     assert lines[1] == "on each tool_response: drop role tool keepx last 3"
     assert lines[2] == " " * 38 + "^"

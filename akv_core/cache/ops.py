@@ -80,9 +80,9 @@ def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> 
             # A plain in-range int is the usual case; anything else gets _index's checks and message.
             valid = type(raw) is int and 0 <= raw < n_messages
             index = raw if valid else _index(raw, f"{field}[{position}]", n_messages, allow_string=False)
-            if index > trigger:
-                raise OperationError(f"{field}[{position}]", f"message {index} is after its trigger {trigger}; "
-                                     "a trigger drops itself or earlier messages, never a future one")
+            if index >= trigger:
+                raise OperationError(f"{field}[{position}]", f"message {index} cannot be dropped at or before "
+                                     f"itself (trigger {trigger}); only earlier messages can be dropped")
             if index in dropped_by:
                 raise OperationError(f"{field}[{position}]", f"message {index} is already dropped "
                                                              f"(by trigger {dropped_by[index]})")

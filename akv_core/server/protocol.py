@@ -259,7 +259,6 @@ class AKVFeatures(BaseModel):
     drop_message: bool = True
     reposition: bool = True
     drop_rule_types: list[str] = Field(description="The `drop_rule` types accepted.")
-    self_drop: bool = Field(True, description="A trigger may drop itself (an id may not be a future message).")
     usage_details: list[str] = Field(description="Counters reported in usage.prompt_tokens_details.")
     streaming_usage: bool = True
 

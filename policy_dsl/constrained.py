@@ -51,6 +51,7 @@ NAME_WORDS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("trig_atom", "each"): tuple(UNIT_WORDS), ("trig_atom", "every"): tuple(UNIT_WORDS),
     ("trig_atom", "after"): tuple(UNIT_WORDS), ("sel_atom", "age"): tuple(UNIT_WORDS),
     ("sel_atom", "role"): n.ROLES, ("reposition_stmt", "every_n"): tuple(REPOSITION_UNIT_WORDS),
+    ("reposition_stmt", "after_n"): ("tool_call", "tool_calls"),
 }
 # Which AST field each `number` fills, by the rule and alternative it appears in.
 NUMBER_FIELDS: dict[tuple[str, str | None], tuple[type, str]] = {
@@ -63,6 +64,10 @@ NUMBER_FIELDS: dict[tuple[str, str | None], tuple[type, str]] = {
     ("reposition_stmt", "every_n"): (n.RepositionEvery, "n"),
     ("reposition_stmt", "gap"): (n.RepositionGap, "threshold"),
     ("reposition_stmt", "positions"): (n.RepositionPositions, "threshold"),
+    # The schedules' `then every M` shares the bounds of their first number.
+    ("trig_atom", "visible_responses"): (n.VisibleToolResponses, "threshold"),
+    ("sel_atom", "callers_outside"): (n.CallersOutside, "n"),
+    ("reposition_stmt", "after_n"): (n.RepositionAfter, "n"),
 }
 TIGHT_AFTER = {"(", ".."}         # no space after these literals
 TIGHT_BEFORE = {")", ":", ".."}   # nor before these

@@ -174,7 +174,8 @@ def test_research_drops_dead_ends_at_the_verdict_pages_and_long_articles_by_age(
     assert when[2] == 9  # the first search page: at the turn 4 turns after it
     assert 6 not in when  # the short lookup stays
     assert when[10] == 29  # a long article: at the turn 10 turns after it
-    assert decision.reposition == sorted(int(k) for k in decision.drop_message)
+    # repositions wait for the end of the tool batch the drop's turn opened (one call per turn here)
+    assert decision.reposition == sorted(int(k) + 1 for k in decision.drop_message)
 
 
 def test_reposition_every_n_drops_and_by_gap() -> None:

@@ -57,7 +57,7 @@ def chat(client: httpx.Client, body: dict) -> httpx.Response:
 
 @pytest.mark.slow
 def test_policy_grammar_samples_at_temperature_1_all_parse_and_validate(client):
-    body = {"messages": POLICY_PROMPT, "lark": constrained_grammar(), "temperature": 1.0, "max_tokens": 128}
+    body = {"messages": POLICY_PROMPT, "lark": constrained_grammar(), "temperature": 1.0, "max_tokens": 256}
     assert chat(client, {**body, "max_tokens": 1}).status_code == 200   # the prompt is cached once
     with ThreadPoolExecutor(SAMPLES) as pool:
         replies = list(pool.map(lambda seed: chat(client, {**body, "seed": seed}), range(SAMPLES)))

@@ -41,7 +41,7 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
 evolve: setup
-	$(VENV)/bin/akv evolve
+	$(VENV)/bin/akv evolve --config evolve.yaml
 
 clean:
 	rm -rf $(VENV) .akv

@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
     def evolve(
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md; "
                                                 "default: none, the defaults below)."),
-        proposer: Optional[str] = typer.Option(None, "--proposer", help="llm, optuna or mutate (default: "
-                                               "mutate and optuna in turn)."),
+        proposer: Optional[str] = typer.Option(None, "--proposer", help="llm, optuna or mutate, or several "
+                                               "asked in turn, comma-separated (default: mutate,optuna)."),
         suite: Optional[str] = typer.Option(None, "--suite", help="Task suite (default localcomp)."),
         agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm (default scripted)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL "
@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         revalidate: bool = typer.Option(False, "--revalidate", help="With --resume: validate a finished run again "
                                         "(a new validation round; earlier rounds are kept)."),
         proposer_endpoint: Optional[str] = typer.Option(None, "--proposer-endpoint",
-                                                        help="OpenAI-compatible base URL for --proposer llm "
+                                                        help="OpenAI-compatible base URL for --proposer llm, "
+                                                        "or 'embedded': the embedded model, served for the run "
                                                         "(default: $AKV_PROPOSER_ENDPOINT, then $OPENAI_BASE_URL)."),
         proposer_model: Optional[str] = typer.Option(None, "--proposer-model", help="Model name for the llm proposer "
                                                      "(default MiniMax-M2.7)."),
@@ -47,7 +48,8 @@ def register(app: typer.Typer) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
         from evolve.command import EvolveError, run_command
 
-        overrides = {"proposers": [proposer] if proposer else None, "suite": suite, "agent": agent,
+        proposers = [name.strip() for name in proposer.split(",") if name.strip()] if proposer else None
+        overrides = {"proposers": proposers or None, "suite": suite, "agent": agent,
                      "backend": backend, "precision": precision.value if precision else None,
                      "max_candidates": max_candidates, "db": db, "run_name": run_name,
                      "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed,

@@ -3,14 +3,15 @@ export and print the comparison. User errors become EvolveError (one line, exit 
 a proposer that stops working leaves the run resumable (exit code 3)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from evolve.config import ConfigError, EvolveConfig, load_config
+from evolve.config import ConfigError, EvolveConfig, LLMProposerConfig, load_config
 from evolve.export import export_run
 from evolve.library import UnknownPolicy, library_texts, load_checked
 from evolve.loop import Evolution, EvolutionResult
@@ -82,7 +83,24 @@ def new_run(store: Store, config: EvolveConfig, suite_version: str) -> tuple[Run
     return run, config
 
 
-def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str, Proposer]:
+@contextmanager
+def proposer_endpoint(config: EvolveConfig, console: Console) -> Iterator[LLMProposerConfig]:
+    """The llm proposer's settings for this process: `llm.endpoint: embedded` serves the embedded model
+    (evolve/proposers/embedded.py) until the run ends; any other endpoint is used as it is."""
+    from evolve.proposers.embedded import EMBEDDED, served
+
+    if "llm" not in config.proposers or config.llm.endpoint != EMBEDDED:
+        yield config.llm
+        return
+    console.print("loading the embedded model for the llm proposer ...")
+    with served(config.llm) as llm:
+        console.print(f"llm proposer: the embedded model at {llm.endpoint}")
+        yield llm
+
+
+def make_proposers(config: EvolveConfig, store: Store, run: RunInfo,
+                   llm: LLMProposerConfig | None = None) -> dict[str, Proposer]:
+    """The run's proposers; `llm` replaces `config.llm` (the embedded model's served endpoint)."""
     from evolve.proposers.mutate import MutateProposer
     from evolve.proposers.optuna_search import OptunaProposer
 
@@ -97,7 +115,7 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo) -> dict[str
             from evolve.proposers.llm import LLMProposer
 
             spent = [p for p in store.policies(run.id) if p.proposer == "llm"]
-            proposers[name] = LLMProposer(config.llm, library[:3],
+            proposers[name] = LLMProposer(llm or config.llm, library[:3],
                                           spent_tokens=sum(p.prompt_tokens + p.completion_tokens for p in spent),
                                           spent_usd=sum(p.proposal_cost_usd for p in spent))
     return proposers
@@ -185,8 +203,8 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
                       f"({'resumed' if resume else 'new'}; proposers {', '.join(config.proposers)}; "
                       f"{config.max_candidates} candidate{'s' if config.max_candidates != 1 else ''})")
         try:
-            with store.work.proposer_lock(run.id, run.name):
-                proposers = make_proposers(config, store, run)
+            with store.work.proposer_lock(run.id, run.name), proposer_endpoint(config, console) as llm:
+                proposers = make_proposers(config, store, run, llm)
                 result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run),
                                    display).run_all()
         except ProposerUnavailable as err:

@@ -20,7 +20,8 @@ class Strict(BaseModel):
 
 class LLMProposerConfig(Strict):
     endpoint: Optional[str] = Field(
-        None, description="Base URL of an OpenAI-compatible API (…/v1). Default: $AKV_PROPOSER_ENDPOINT, "
+        None, description="Base URL of an OpenAI-compatible API (…/v1), or `embedded`: the embedded model, "
+        "served in-process for the run (the model name is then its own). Default: $AKV_PROPOSER_ENDPOINT, "
         "then $OPENAI_BASE_URL.")
     model: str = Field("MiniMax-M2.7", description="Model name sent with each request.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key "

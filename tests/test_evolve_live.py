@@ -5,6 +5,7 @@ server; every proposal is stored with its prompt, answer and cost, a rejection w
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -84,3 +85,21 @@ def test_live_model_proposes_and_its_rejections_are_stored_with_reasons(server, 
             assert reason and reason.startswith(("truncated", "duplicate of"))
         assert not any(task in prompt for task in heldout)
         assert "heldout" not in prompt
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_the_embedded_endpoint_serves_the_model_for_the_run_and_stores_no_port(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    done = akv("evolve", "--config", str(config), "--db", url, "--run-name", "embedded",
+               "--proposer-endpoint", "embedded")
+    assert done.returncode == 0, done.stderr
+    assert "llm proposer: the embedded model at http://127.0.0.1:" in done.stdout
+    with sqlite3.connect(tmp_path / "akv.db") as conn:
+        (stored,) = conn.execute("SELECT config FROM akv_runs").fetchone()
+        (response, meta) = conn.execute("SELECT response, meta FROM akv_policies WHERE proposer = 'llm'").fetchone()
+    assert json.loads(stored)["llm"]["endpoint"] == "embedded"  # a resume serves the model again
+    assert response and json.loads(meta)["model"] == "smollm2"
+    assert json.loads(meta)["endpoint"].startswith("http://127.0.0.1:")

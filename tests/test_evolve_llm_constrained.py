@@ -13,7 +13,7 @@ from evolve.config import LLMProposerConfig
 from evolve.context import Candidate, ProposerContext
 from evolve.library import library_texts, load_checked
 from evolve.proposers.base import ProposerUnavailable
-from evolve.proposers.llm import LLMProposer, answer_grammar
+from evolve.proposers.llm import POLICY_TOKENS, LLMProposer, answer_grammar, diagnosis_room
 from policy_dsl import parse
 from store import TaskResult
 from test_grammar_support import accepts
@@ -49,16 +49,28 @@ def test_the_answer_grammar_holds_a_fenced_policy_with_or_without_a_diagnosis():
     assert not accepts(with_diagnosis, f"```akvp\n{policy}\n```")
 
 
+def test_the_diagnosis_gets_what_max_tokens_leaves_beside_the_policy_block():
+    fields = {"endpoint": "http://127.0.0.1:9/v1", "diagnosis_chars": 600}
+    assert diagnosis_room(LLMProposerConfig(**fields, max_tokens=1024)) == 600
+    assert diagnosis_room(LLMProposerConfig(**fields, max_tokens=POLICY_TOKENS + 50)) == 150
+    assert diagnosis_room(LLMProposerConfig(**fields, max_tokens=POLICY_TOKENS + 10)) == 0   # under 40: none
+    sent = LLMProposer(LLMProposerConfig(**fields, max_tokens=1024), library_texts()).grammar
+    assert sent == answer_grammar(600)
+
+
 @pytest.mark.server
 @pytest.mark.model
 @pytest.mark.slow
-def test_constrained_proposals_are_valid_policies(server):
-    proposer = LLMProposer(config(server), library_texts())
+def test_constrained_proposals_are_a_diagnosis_then_a_valid_policy(server):
+    proposer = LLMProposer(config(server, max_tokens=POLICY_TOKENS + 40, diagnosis_chars=100), library_texts())
     for seed in range(2):
         proposal = proposer.ask(context(seed))
         assert proposal.meta["constrained"] is True and "note" not in proposal.meta
         assert proposal.rejection_reason is None, proposal.response
-        assert proposal.response.startswith("```akvp\n") and proposal.response.endswith("\n```")
+        assert proposal.response.startswith("Diagnosis: ") and proposal.response.endswith("\n```")
+        diagnosis = proposal.meta["diagnosis"]
+        assert diagnosis and len(diagnosis) <= 100 and "```" not in diagnosis
+        assert diagnosis in " ".join(proposal.response.split("```akvp")[0].split())
         parse(proposal.text)
 
 

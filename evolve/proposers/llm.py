@@ -7,8 +7,9 @@ worst and most expensive train tasks (evolve/reflection.py), and the Pareto fron
 block is the policy, the text before it the diagnosis (kept in the proposal's meta, shown by
 `akv lineage` and the report). A parse or validation error goes back once for repair. Transient
 endpoint failures are retried with backoff; token and USD budgets are enforced before every request.
-Where the endpoint takes a `lark` grammar (`llm.constrain`), the answer is decoded under
-`answer_grammar()`: the fenced block holding one policy of `policy_dsl.constrained_grammar()`.
+Where the endpoint takes a `lark` grammar (`llm.constrain`), the whole answer is decoded under
+`answer_grammar(diagnosis_room(config))`: "Diagnosis: " and one bounded paragraph, then the fenced
+block holding one policy of `policy_dsl.constrained_grammar()`.
 An answer cut off by max_tokens is rejected as truncated.
 """
 from __future__ import annotations
@@ -45,10 +46,24 @@ Grammar (lark):
 {grammar}
 Examples:
 {examples}
-Answer with exactly one policy in a fenced block:
+Answer with a one-paragraph diagnosis, then exactly one policy in a fenced block:
+Diagnosis: <what the parent's drops cost and lose, in one paragraph>
+
 ```akvp
 <policy>
 ```"""
+
+
+POLICY_TOKENS = 128      # room a constrained policy block needs in the answer (sampled ones: about 40)
+CHARS_PER_TOKEN = 3      # a diagnosis's characters per token, on the safe side (English prose: about 4)
+MIN_DIAGNOSIS = 40       # the shortest diagnosis worth asking for (llm.diagnosis_chars' lower bound)
+
+
+def diagnosis_room(config: LLMProposerConfig) -> int:
+    """Characters of diagnosis a constrained answer may hold: llm.diagnosis_chars, as far as
+    max_tokens leaves room for it before the policy block; 0 (no diagnosis) when under MIN_DIAGNOSIS."""
+    room = min(config.diagnosis_chars, (config.max_tokens - POLICY_TOKENS) * CHARS_PER_TOKEN)
+    return room if room >= MIN_DIAGNOSIS else 0
 
 
 def answer_grammar(diagnosis_chars: int = 0) -> str:
@@ -112,7 +127,7 @@ class LLMProposer(Proposer):
         tokenizer = shared_tokenizer()  # the embedded model's: exact for it, an estimate for others
         self.count = lambda text: len(tokenizer.encode_text(text))
         # The grammar sent as `lark` while the endpoint takes it; None once `auto` fell back.
-        self.grammar = None if config.constrain == "off" else (grammar or answer_grammar())
+        self.grammar = None if config.constrain == "off" else (grammar or answer_grammar(diagnosis_room(config)))
         self.note: str | None = None   # why the grammar was turned off, told with the next proposal
 
     def ask(self, context: ProposerContext) -> Proposal:

@@ -47,9 +47,7 @@ def _work(store: Store, run, concurrency: int | None, backend: str | None, conso
     config = EvolveConfig.model_validate(run.config)
     concurrency = concurrency or config.evaluation.concurrency
     backend = backend or config.backend
-    display = TaskDisplay(console)
-    if backend == "embedded":
-        display.phase("loading the model smollm2 (embedded backend)")
+    display = TaskDisplay(console, labelled=True)  # one line per task (the evaluator says when a model loads)
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, backend, config.seed,
                                      recorded_version=run.suite_version, concurrency=concurrency, display=display,

@@ -20,12 +20,18 @@ FAILED = ("error",)  # result statuses counted as failed
 
 
 class TaskDisplay:
-    """`task_lines`: a line per finished task (`akv run`); without, one line per batch off a terminal (`akv evolve`)."""
+    """`task_lines`: a line per finished task (`akv run`); without, one line per batch off a terminal (`akv evolve`).
 
-    def __init__(self, console: Console | None = None, live: bool | None = None, task_lines: bool = True) -> None:
+    `labelled`: each task's line starts with its batch's label and no batch gets a line of its own
+    (`akv worker`, whose batches are its leases of a task or a few, not a policy's whole split).
+    """
+
+    def __init__(self, console: Console | None = None, live: bool | None = None, task_lines: bool = True,
+                 labelled: bool = False) -> None:
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal if live is None else live
         self.task_lines = task_lines
+        self.labelled = labelled
         self._lock = threading.Lock()
         self._bar: Progress | None = None
         self._bar_id: Any = None
@@ -58,7 +64,7 @@ class TaskDisplay:
                 if self._bar_id is not None:
                     self._bar.remove_task(self._bar_id)
                 self._bar_id = self._bar.add_task(label, total=total, status=self.status())
-            elif self.task_lines:
+            elif self.task_lines and not self.labelled:
                 self.console.print(f"{label}: {total} task{'s' if total != 1 else ''}", markup=False,
                                    highlight=False, soft_wrap=True)
 
@@ -73,8 +79,8 @@ class TaskDisplay:
             self.running = max(0, self.running - 1)
             self.done += 1
             self.failed += result.status in FAILED
-            text = task_line(result)
-            if self.live and self.task_lines:
+            text = f"{self.label}: {task_line(result)}" if self.labelled else task_line(result)
+            if self.task_lines and (self.live or self.labelled):
                 self.console.print(text, markup=False, highlight=False, soft_wrap=True)
             elif not self.live and self.task_lines:
                 self.console.print(f"[{self.done}/{self.total}] {text}  ({self.status()})", markup=False,

@@ -4,6 +4,7 @@ every task evaluated and stored exactly once. Bad input to `akv worker` is one l
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,21 +14,11 @@ from pathlib import Path
 import pytest
 
 from test_evolve_run import akv_env
+from test_lanes import SMALL
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
-SHARED = """\
-max_candidates: 3
-seed: 3
-cascade:
-  subset_size: 2
-  train_limit: 4
-  promote_margin: 0.5
-validation:
-  heldout_limit: 4
-  top_k: 2
-evaluation:
-  lease_s: 5
-"""
+# test_lanes.py's small evolution, with leases short enough that a killed worker's tasks return soon.
+SHARED = SMALL + "evaluation:\n  lease_s: 5\n"
 
 
 def _rows(url: str, sql: str, *args) -> list[tuple]:
@@ -98,6 +89,13 @@ def test_three_workers_one_killed_mid_run_lose_nothing_and_repeat_nothing(postgr
     helpers = {w for (w,) in _rows(postgres_url, "SELECT DISTINCT worker_id FROM akv_evaluations")}
     roles = dict(_rows(postgres_url, "SELECT id, role FROM akv_workers"))
     assert len(roles) == 4 and sum(roles[w] == "worker" for w in helpers) >= 1  # workers took part
+    for index, worker in zip((2, 3), workers[1:]):  # one line per task a worker ran, none per lease
+        [worker_id] = {w for (w,) in _rows(postgres_url, "SELECT id FROM akv_workers WHERE name LIKE %s",
+                                           f"%:{worker.pid}")}
+        lines = (tmp_path / f"log-{index}.txt").read_text().splitlines()
+        stored = sum(e[3] == worker_id for e in evaluations)
+        assert sum("score=" in line for line in lines) == stored, lines
+        assert not [line for line in lines if re.search(r": \d+ tasks?$", line)], lines  # no lease headers
     shown = subprocess.run([*AKV, "runs", "show", "shared", "--db", postgres_url], env=akv_env(),
                            capture_output=True, text=True)
     assert shown.returncode == 0 and shown.stdout.count(":") and f":{victim.pid}" in shown.stdout
@@ -113,3 +111,27 @@ def test_worker_bad_input_is_one_line(tmp_path, postgres_server):
         result = subprocess.run([*AKV, "worker", *args], env=akv_env(), capture_output=True, text=True)
         assert result.returncode == 2 and expected in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_worker_prints_one_line_per_task_naming_its_policy_and_split():
+    """A worker leases a task or a few at a time: no batch header, each line says what it scored."""
+    import io
+
+    from rich.console import Console
+
+    from evolve.scoring import HarnessEvaluator
+    from policy_dsl.library import builtin_source
+    from sandbox.progress import TaskDisplay
+
+    out = io.StringIO()
+    display = TaskDisplay(Console(file=out, width=80), labelled=True)  # as evolve/join.py makes it
+    evaluator = HarnessEvaluator("localcomp", "scripted", "replay", 0, display=display)
+    try:
+        tasks = evaluator.task_ids("train")[:2]
+        for task in tasks:  # two leases of one task each, as a worker with concurrency 1 takes them
+            evaluator.evaluate(builtin_source("expert-8k"), "#3", "train", [task], lambda result: None)
+    finally:
+        evaluator.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split()[:2] for line in lines] == [["#3", "on"], ["#3", "on"]], lines
+    assert all(f"{task}  " in line and "score=" in line for task, line in zip(tasks, lines)), lines

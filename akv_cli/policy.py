@@ -27,10 +27,16 @@ def register(app: typer.Typer) -> None:
 @policy_app.command("list")
 def list_policies() -> None:
     """Print the built-in policies with their one-line description."""
+    import shutil
+    import textwrap
+
     from policy_dsl import builtin_names, builtin_source
 
+    indent = 23  # descriptions wrap under themselves at the terminal's width (80 columns in a pipe)
+    width = max(shutil.get_terminal_size().columns - indent, 20)
     for name in builtin_names():
-        typer.echo(f"{name:<22} {_description(builtin_source(name))}")
+        lines = textwrap.wrap(_description(builtin_source(name)), width, break_on_hyphens=False) or [""]
+        typer.echo(f"{name:<{indent - 1}} " + f"\n{' ' * indent}".join(lines))
 
 
 @policy_app.command("show")

@@ -17,6 +17,7 @@ from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
 from evolve.scoring import Evaluator
 from evolve.workers import SharedEvaluation
+from sandbox.cost import cents
 from store import Store, TaskResult
 
 
@@ -108,7 +109,7 @@ class Cascade:
             other = summarize([theirs[t] for t in self.subset_ids])
             if _dominates(other, own, self.margin):
                 return (f"pruned on the {len(self.subset_ids)}-task train subset: front policy #{point.policy_id} "
-                        f"scores {other.score:.3f} vs {own.score:.3f} at cost ${other.cost:.5f} vs ${own.cost:.5f}")
+                        f"scores {other.score:.3f} vs {own.score:.3f} at cost {cents(other.cost)} vs {cents(own.cost)}¢/task")
         return None
 
     def train_points(self, exclude: int | None = None) -> list[Point]:

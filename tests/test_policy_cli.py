@@ -17,12 +17,13 @@ def akv(*args: str):
     return runner.invoke(app, ["policy", *args])
 
 
-def test_list_names_every_builtin_with_its_description() -> None:
-    result = akv("list")
+def test_list_names_every_builtin_with_its_description_wrapped_at_80_columns() -> None:
+    result = runner.invoke(app, ["policy", "list"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
-    names = [line.split()[0] for line in result.output.splitlines()]
-    assert names == builtin_names()
-    assert "keep the 12 most recent tool responses" in result.output
+    lines = result.output.splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == builtin_names()
+    assert max(map(len, lines)) <= 80 and all(line.startswith(" " * 23) for line in lines if line.startswith(" "))
+    assert "keep the 12 most recent tool responses" in " ".join(result.output.split())
 
 
 def test_show_prints_the_shipped_source() -> None:

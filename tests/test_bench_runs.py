@@ -49,6 +49,29 @@ def test_cost_bench_pairs_policies_on_the_same_tasks() -> None:
     assert isinstance(figures["target"]["met"], bool)
 
 
+@pytest.mark.slow
+def test_headroom_bench_puts_the_oracle_beside_the_policies_on_the_same_tasks() -> None:
+    figures = _bench("headroom", "--suites", "localcomp", "--splits", "train,heldout", "--limit", "3")
+    assert list(figures["groups"]) == ["localcomp/train", "localcomp/heldout"]
+    for name, group in figures["groups"].items():
+        rows = {row["policy"]: row for row in group["policies"]}
+        assert list(rows)[:4] == ["full", "standard-8k", "text-engineering-8k", "expert-8k"]
+        assert list(rows)[-1] == "oracle" and all(row["tasks"] == 3 for row in rows.values())
+        assert group["oracle_check"] == {"same_actions": 3, "tasks": 3, "diverged": []} and group["oracle_valid"]
+        assert rows["oracle"]["score"] == rows["full"]["score"] and group["oracle_same_score_as_full"]
+        assert rows["oracle"]["cents_per_task"] < rows["expert-8k"]["cents_per_task"]
+        expected_gap = 100 * (1 - rows["oracle"]["cents_per_task"] / rows["expert-8k"]["cents_per_task"])
+        assert group["expert_to_oracle_gap_percent"] == pytest.approx(expected_gap, abs=0.01)
+        assert rows["expert-8k"]["verdict"] is None
+        assert all(row["verdict"]["family"] == (1 if p == "oracle" else len(rows) - 2)
+                   for p, row in rows.items() if p != "expert-8k")
+        assert sum(row["verdict"]["champion"] for row in rows.values() if row["verdict"]) <= 1
+        assert not rows["oracle"]["verdict"]["champion"]
+    assert set(figures["groups"]["localcomp/heldout"]["targets"]) >= {"oracle_25_percent_cheaper_at_same_score",
+                                                                      "full_scores_highest"}
+    assert figures["groups"]["localcomp/train"]["targets"] is None
+
+
 def test_headroom_bench_names_a_bad_policy() -> None:
     result = CliRunner().invoke(app, ["bench", "headroom", "--suites", "localcomp", "--policies", "no-such-policy"])
     assert result.exit_code == 2 and "no-such-policy" in result.output

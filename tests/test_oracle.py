@@ -110,3 +110,35 @@ def test_a_trajectory_under_another_policy_is_refused(localcomp) -> None:
     _, recorded = run_task(task, localcomp, resolve_policy("expert-8k"), _Recalling(3), ReplayBackend())
     with pytest.raises(OracleError, match="recorded under policy 'expert-8k'.*'full'"):
         HindsightOracle.from_trajectory(recorded)
+
+
+def test_on_localcomp_tasks_the_oracle_of_the_scripted_agent_keeps_its_actions_and_undercuts_the_expert(
+        localcomp, tmp_path: Path) -> None:
+    from sandbox.harness import run_tasks
+    from sandbox.oracle import run_oracle
+
+    report = run_tasks(localcomp, "train", "full", limit=2, out_dir=tmp_path)
+    for full in report.results:
+        task = next(t for t in localcomp.tasks("train") if t.id == full.task_id)
+        oracle = HindsightOracle.from_file(tmp_path / "trajectories" / f"{task.id}.jsonl")
+        result, _ = run_task(task, localcomp, oracle, localcomp.scripted_agent(task), ReplayBackend())
+        expert, _ = run_task(task, localcomp, resolve_policy("expert-8k"), localcomp.scripted_agent(task),
+                             ReplayBackend())
+        assert (result.status, result.score, result.answer) == (full.status, full.score, full.answer)
+        assert result.cost_usd < min(full.cost_usd, expert.cost_usd) and result.score >= expert.score
+        again = run_oracle(task, localcomp, ReplayBackend)  # in memory: the same schedule, the same run
+        assert again.same_actions and again.oracle.cost_usd == result.cost_usd
+
+
+@pytest.mark.slow
+def test_on_a_localswe_task_the_oracle_of_the_scripted_agent_scores_as_full_for_less() -> None:
+    from akv_core.home import akv_home
+    from sandbox.oracle import run_oracle
+
+    suite = get_suite("localswe")
+    suite.build(akv_home(), 0)
+    task = suite.tasks("train")[0]
+    run = run_oracle(task, suite, ReplayBackend)
+    assert run.same_actions and run.full.status == run.oracle.status
+    assert run.oracle.score == run.full.score and run.oracle.cost_usd < run.full.cost_usd
+    assert run.oracle.tokens.drop_skipped > 0

@@ -131,14 +131,17 @@ def test_on_localcomp_tasks_the_oracle_of_the_scripted_agent_keeps_its_actions_a
 
 
 @pytest.mark.slow
-def test_on_a_localswe_task_the_oracle_of_the_scripted_agent_scores_as_full_for_less() -> None:
-    from akv_core.home import akv_home
+def test_on_a_localswe_task_the_oracle_of_the_scripted_agent_scores_as_full_for_less(tmp_path_factory) -> None:
+    # slow: the task's own tests run in the sandbox under `full` and under the oracle (its first 8 steps)
+    from sandbox.harness import RunLimits
     from sandbox.oracle import run_oracle
+    from sandbox.suites.localswe import LocalSWE
+    from test_localswe_suite import built_home
 
-    suite = get_suite("localswe")
-    suite.build(akv_home(), 0)
+    suite = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)  # the session's small build
+    suite.build(built_home(tmp_path_factory), seed=0)
     task = suite.tasks("train")[0]
-    run = run_oracle(task, suite, ReplayBackend)
+    run = run_oracle(task, suite, ReplayBackend, limits=RunLimits(max_steps=8))
     assert run.same_actions and run.full.status == run.oracle.status
     assert run.oracle.score == run.full.score and run.oracle.cost_usd < run.full.cost_usd
     assert run.oracle.tokens.drop_skipped > 0

@@ -131,6 +131,56 @@ def test_test_runs_share_nothing_of_the_machine(env) -> None:
     assert ".pytest-tmp" not in env.call_tool("list_files", {})
 
 
+def test_object_addresses_are_numbered_by_first_appearance() -> None:
+    from sandbox.suites.localswe.testrun import numbered_addresses
+
+    output = ("self = <function merge at 0x7ffff5fb3100>\nother = <object object at 0x7ffff6046840>\n"
+              "Can't pickle <function merge at 0x7ffff5fb3100>: assert 0xdeadbeef == 0x7ffff5fb3100")
+    assert numbered_addresses(output) == (
+        "self = <function merge at 0x000000000001>\nother = <object object at 0x000000000002>\n"
+        "Can't pickle <function merge at 0x000000000001>: assert 0xdeadbeef == 0x7ffff5fb3100")
+
+
+_ONE_RUN = r"""
+import json, sys
+from pathlib import Path
+from sandbox.backends.replay import ReplayBackend
+from sandbox.harness import RunLimits, resolve_policy, run_task
+from sandbox.suites.localswe import LocalSWE
+suite = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
+suite.build(Path(sys.argv[1]), seed=0)
+task = suite.tasks("train")[0]
+_, trajectory = run_task(task, suite, resolve_policy("full"), suite.scripted_agent(task), ReplayBackend(),
+                         limits=RunLimits(max_steps=4))
+env = suite.open(task)
+env.call_tool("edit", {"path": "tests/test_reprs.py", "old": "",
+                       "new": "def test_repr():\n    f = lambda: 0\n    assert f is None, [f, object()]\n"})
+reprs = env.call_tool("run_tests", {"selector": "tests/test_reprs.py"})
+env.close()
+print(json.dumps({"usage": [e.usage.to_dict() for e in trajectory.exchanges],
+                  "messages": trajectory.exchanges[-1].request.messages, "reprs": reprs}))
+"""
+
+
+@pytest.mark.slow
+def test_a_task_replays_to_the_same_usage_in_another_process(suite: LocalSWE, tmp_path_factory) -> None:
+    # slow (10-20 s): two fresh interpreters, each running the task's tests in its sandbox.
+    # Another temporary folder moves the sandbox's copy, which changes the object addresses a
+    # test run prints; numbered, they no longer change the tool output, its tokens or its cost.
+    import subprocess
+
+    home = built_home(tmp_path_factory)
+    runs = []
+    for name in ("t", "a-longer-temporary-folder"):
+        temp = tmp_path_factory.mktemp(name)
+        done = subprocess.run([sys.executable, "-c", _ONE_RUN, str(home)], capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": str(temp)}, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert " at 0x000000000001>" in runs[0]["reprs"]
+    assert runs[0] == runs[1]
+
+
 def make_task_of(task, edition: int):
     return dataclasses.replace(task, meta={**task.meta, "edition": edition})
 

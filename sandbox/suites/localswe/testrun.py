@@ -16,6 +16,7 @@ from sandbox.isolation import CommandResult, Sandbox
 from sandbox.suites.localswe.hosts import Host
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")
+_ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{4,16}(?=>)")  # CPython's default repr: <... at 0x7ffff5fb3100>
 _COLLECTION = re.compile(r"Interrupted: \d+ errors? during collection|^ERROR collecting ", re.M)
 
 
@@ -46,6 +47,18 @@ TEMP_FOLDER = ".pytest-tmp"  # in the repository copy: tmp_path and friends of e
 # tracebacks show them, and the one conventional place they are shown at instead.
 _PYTHON_LIB = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/"
 _PYTHON_PATHS = sorted({f"{p}/{_PYTHON_LIB}" for p in (sys.prefix, sys.base_prefix)}, key=len, reverse=True)
+
+
+def numbered_addresses(output: str) -> str:
+    """Object addresses of default reprs (`<function f at 0x7ffff5fb3100>`) numbered by first appearance.
+
+    Even with address randomization off they differ from one sandbox to the next (the copy's
+    path changes the interpreter's allocations), so the same tree would give another output,
+    other token counts and another cost in every process. Numbering keeps which reprs are the
+    same object (`0x000000000001` twice is one object) and makes the output a function of the tree.
+    """
+    numbers: dict[str, str] = {}
+    return _ADDRESS.sub(lambda m: numbers.setdefault(m.group(), f"0x{len(numbers) + 1:012x}"), output)
 
 
 def pytest_argv(selectors: Sequence[str], report: str = "A", traceback: str = "short",
@@ -81,7 +94,7 @@ def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: f
     output = output.replace(sys.executable, f"/usr/bin/python{sys.version_info[0]}")
     for prefix in _PYTHON_PATHS:
         output = output.replace(prefix, f"/usr/{_PYTHON_LIB}")
-    result = replace(result, output=output)
+    result = replace(result, output=numbered_addresses(output))
     outcomes, messages = {}, {}
     for line in result.output.splitlines():
         match = _SUMMARY.match(line)

@@ -9,6 +9,7 @@ task is resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 import threading
@@ -98,6 +99,16 @@ class RepairEnv:
     def _grade(self) -> Grade:
         for folder in self.host.tests:  # SWE-bench runs the original tests, whatever the agent did
             self.sandbox.replace_folder(folder, self.tree / folder)
+        # Graded before on this tree (another policy's run that ended in the same repair): the same grade.
+        key = (self.host.key, json.dumps(self.task.meta["bug"], sort_keys=True), _tree_digest(self.sandbox.root))
+        known = _GRADES.get(key)
+        if known is None:
+            known = self._graded_run()
+            if _tree_digest(self.sandbox.root) == key[-1]:
+                _GRADES.put(key, known)
+        return known
+
+    def _graded_run(self) -> Grade:
         run = run_pytest(self.sandbox, self.host, list(self.bug.test_files))
         if not run.usable:
             return Grade(0.0, f"unresolved: the test run did not complete ({run.result.summary()}"
@@ -218,24 +229,25 @@ def _check_arguments(name: str, spec: Mapping[str, Any], arguments: Mapping[str,
 
 
 class _Outputs:
-    """Test outputs by what determines them: the host, the selection, the report and the tree.
+    """Test outputs (or grades) by what determines them: the host, the selection, the report and the tree.
 
-    Tests are deterministic on a given tree (hash seed fixed, ASLR off, timings removed), so a
-    run on a tree seen before answers from here: another policy's run of the same task, or
-    the same agent re-running the failing tests after an undo, costs no test run.
+    Tests are deterministic on a given tree (hash seed fixed, ASLR off, timings and object
+    addresses removed), so a run on a tree seen before answers from here: another policy's run
+    of the same task, or the same agent re-running the failing tests after an undo, costs no
+    test run; likewise a grade of a repair graded before.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity, self.items = capacity, OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, key: tuple) -> str | None:
+    def get(self, key: tuple) -> Any:
         with self.lock:
             if key in self.items:
                 self.items.move_to_end(key)
             return self.items.get(key)
 
-    def put(self, key: tuple, output: str) -> None:
+    def put(self, key: tuple, output: Any) -> None:
         with self.lock:
             self.items[key] = output
             while len(self.items) > self.capacity:
@@ -243,6 +255,7 @@ class _Outputs:
 
 
 _TEST_OUTPUTS = _Outputs(capacity=2048)
+_GRADES = _Outputs(capacity=2048)
 _TIMING = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= =| *$)", re.M)
 
 

@@ -15,7 +15,9 @@ cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring a
 every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
 
     python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
-                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--json]
+                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--workers 1] [--json]
+
+JSON: costs are USD per task (`cost_usd`), as in the other benchmarks' JSON; the table shows cents.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class Settings:
     alpha: float = 0.05
     resamples: int = 2000
     seed: int = 0
+    workers: int = 1                # processes running tasks (each task's policies in one of them)
 
     def task_limit(self, suite: str) -> int | None:
         return self.swe_limit if suite == "localswe" else self.limit
@@ -91,43 +94,106 @@ def run_split(suite: str, split: str, policies: Sequence[str], settings: Setting
               say: Any) -> tuple[dict[str, Column], dict[str, Any]]:
     """Every policy's column on one split, the oracle's last; and the oracle's action check.
 
-    A suite whose scripted agent records no uses gets no oracle column: the check then holds
-    the oracle's message (which records are missing, how to regenerate them) under "unavailable".
+    Each task runs under every policy in one process (`TaskRuns`): its `full` run is the
+    oracle's recording, and a localswe task's test runs and grades are shared by its policies
+    (the suite's own caches). With `settings.workers` > 1 the tasks are spread over that many
+    processes; every run is still a fresh replay of one task, so the figures are a serial run's.
+    A suite whose scripted agent records no uses gets no oracle column: the check then holds the
+    oracle's message (which records are missing, how to regenerate them) under "unavailable".
     """
-    from sandbox.backends.replay import ReplayBackend
-    from sandbox.harness import run_tasks, select_tasks
-    from sandbox.oracle import OracleError, run_oracle
-    from sandbox.suites import get_suite
+    from sandbox.harness import select_tasks
 
-    from akv_core.home import akv_home
-
-    suite_obj = get_suite(suite)
-    suite_obj.build(akv_home(), settings.seed)  # as run_tasks does: fast when already built
-    limit = settings.task_limit(suite)
-    started = time.perf_counter()  # the oracle's own `full` runs are the `full` column
-    try:
-        runs = [run_oracle(task, suite_obj, ReplayBackend, seed=settings.seed)
-                for task in select_tasks(suite_obj, split, limit=limit)]
-    except OracleError as err:
-        say(f"{suite}/{split} {ORACLE}: {err}")
-        runs, unavailable = [], str(err)
-    else:
-        unavailable = None
-        say(f"{suite}/{split} {FULL} and {ORACLE}: {len(runs)} tasks in {time.perf_counter() - started:.1f} s")
-    columns: dict[str, Column] = {FULL: Column.of([run.full for run in runs])} if runs else {}
-    for policy in policies:
-        if policy == FULL and runs:
-            continue
-        started = time.perf_counter()
-        report = run_tasks(suite_obj, split, policy, backend="replay", limit=limit, seed=settings.seed)
-        columns[policy] = Column.of(report.results)
-        say(f"{suite}/{split} {policy}: {len(report.results)} tasks in {time.perf_counter() - started:.1f} s")
+    task_ids = [task.id for task in select_tasks(_built_suite(suite, settings.seed), split, limit=settings.task_limit(suite))]
+    started = time.perf_counter()
+    runs = _each_task(suite, split, task_ids, tuple(policies), settings, say)
+    say(f"{suite}/{split}: {len(task_ids)} tasks x {len(policies) + 1} runs in {time.perf_counter() - started:.1f} s")
+    unavailable = next((run.unavailable for run in runs if run.unavailable), None)
+    names = [name for name in policies if name != FULL]
+    columns = {FULL: Column.of([run.results[FULL] for run in runs])}
+    columns.update({name: Column.of([run.results[name] for run in runs]) for name in names})
     if unavailable is not None:
+        say(f"{suite}/{split} {ORACLE}: {unavailable}")
         return columns, {"same_actions": 0, "tasks": 0, "diverged": [], "unavailable": unavailable}
-    columns[ORACLE] = Column.of([run.oracle for run in runs])
+    columns[ORACLE] = Column.of([run.results[ORACLE] for run in runs])
     check = {"same_actions": sum(run.same_actions for run in runs), "tasks": len(runs),
-             "diverged": [run.full.task_id for run in runs if not run.same_actions]}
+             "diverged": [run.results[FULL].task_id for run in runs if not run.same_actions]}
     return columns, check
+
+
+@dataclass(frozen=True)
+class TaskRuns:
+    """One task under `full`, its oracle and every other policy; `unavailable`: why it has no oracle."""
+
+    results: dict[str, Any]  # policy name -> TaskResult
+    same_actions: bool
+    unavailable: str | None = None
+
+
+def run_task_policies(suite: str, split: str, task_id: str, policies: Sequence[str], seed: int) -> TaskRuns:
+    """`full` and the oracle made from it (or plain `full` where the agent records no uses), then the rest."""
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.harness import resolve_policy, run_task, select_tasks
+    from sandbox.oracle import OracleError, run_oracle
+
+    suite_obj = _built_suite(suite, seed)
+    task = select_tasks(suite_obj, split, [task_id])[0]
+    results: dict[str, Any] = {}
+    try:
+        recorded = run_oracle(task, suite_obj, ReplayBackend, seed=seed)
+    except OracleError as err:
+        unavailable, same = str(err), False
+        results[FULL], _ = run_task(task, suite_obj, resolve_policy(FULL), suite_obj.scripted_agent(task),
+                                    ReplayBackend(), seed=seed)
+    else:
+        unavailable, same = None, recorded.same_actions
+        results[FULL], results[ORACLE] = recorded.full, recorded.oracle
+    for name in policies:
+        if name not in results:
+            results[name], _ = run_task(task, suite_obj, resolve_policy(name), suite_obj.scripted_agent(task),
+                                        ReplayBackend(), seed=seed)
+    return TaskRuns(results, same, unavailable)
+
+
+def _each_task(suite: str, split: str, task_ids: Sequence[str], policies: tuple[str, ...], settings: Settings,
+               say: Any) -> list[TaskRuns]:
+    """`run_task_policies` of every task, in task order; in `settings.workers` processes when more than one."""
+    def heard(number: int, runs: TaskRuns) -> None:
+        say(f"{suite}/{split} task {number + 1}/{len(task_ids)}: {runs.results[FULL].task_id}")
+
+    if settings.workers <= 1 or len(task_ids) <= 1:
+        out = []
+        for number, task_id in enumerate(task_ids):
+            out.append(run_task_policies(suite, split, task_id, policies, settings.seed))
+            heard(number, out[-1])
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # never fork a process that runs threads
+    with ProcessPoolExecutor(min(settings.workers, len(task_ids)), mp_context=context) as pool:
+        futures = [pool.submit(run_task_policies, suite, split, task_id, policies, settings.seed)
+                   for task_id in task_ids]
+        out = []
+        for number, future in enumerate(futures):
+            out.append(future.result())
+            heard(number, out[-1])
+        return out
+
+
+_BUILT: dict[tuple[str, int], Any] = {}
+
+
+def _built_suite(suite: str, seed: int) -> Any:
+    """The suite, built (fast when already built), once per process."""
+    if (suite, seed) not in _BUILT:
+        from sandbox.suites import get_suite
+
+        from akv_core.home import akv_home
+
+        suite_obj = get_suite(suite)
+        suite_obj.build(akv_home(), seed)
+        _BUILT[suite, seed] = suite_obj
+    return _BUILT[suite, seed]
 
 
 def verdicts(columns: Mapping[str, Column], settings: Settings) -> dict[str, dict[str, Any]]:
@@ -148,14 +214,14 @@ def verdicts(columns: Mapping[str, Column], settings: Settings) -> dict[str, dic
 
 
 def describe(columns: Mapping[str, Column], check: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
-    """The rows of one split: score, cents per task, change against the expert, verdict."""
+    """The rows of one split: score, cost per task in USD, change against the expert, verdict."""
     for name, column in columns.items():
         if column.task_ids != columns[AKV].task_ids:
             raise ValueError(f"{name} ran other tasks than {AKV}; the comparison is paired on the same tasks")
     found = verdicts(columns, settings)
     expert_cost = columns[AKV].mean_cost()
     rows = [{"policy": name, "tasks": len(c.scores), "errors": c.errors, "score": round(c.mean_score(), 4),
-             "cents_per_task": round(100 * c.mean_cost(), 5),
+             "cost_usd": round(c.mean_cost(), 9),  # per task; the table shows cents
              "vs_expert_percent": round(100 * (c.mean_cost() / expert_cost - 1), 2) if expert_cost else None,
              "verdict": found.get(name)} for name, c in columns.items()]
     oracle = columns.get(ORACLE)
@@ -176,7 +242,7 @@ def targets(group: Mapping[str, Any], handwritten: Sequence[str]) -> dict[str, b
         "oracle_25_percent_cheaper_at_same_score": group["oracle_valid"] and group["oracle_same_score_as_full"]
         and (group["expert_to_oracle_gap_percent"] or 0) >= TARGET_ORACLE_SAVING if has_oracle else None,
         "handwritten_non_window_beats_expert": bool(passing) if handwritten else None,
-        "expert_cheaper_than_standard": rows[AKV]["cents_per_task"] < rows[STANDARD]["cents_per_task"],
+        "expert_cheaper_than_standard": rows[AKV]["cost_usd"] < rows[STANDARD]["cost_usd"],
         "full_scores_highest": all(rows[FULL]["score"] >= row["score"] for row in rows.values()),
     }
 
@@ -201,7 +267,7 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
     return {"settings": {"suites": suites, "splits": list(settings.splits), "limit": settings.limit,
                          "swe_limit": settings.swe_limit, "policies": chosen, "margin": settings.margin,
                          "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed,
-                         "notes": notes},
+                         "workers": settings.workers, "notes": notes},
             "groups": groups, "wall_s": round(time.perf_counter() - started, 1)}
 
 
@@ -234,7 +300,7 @@ def render(figures: Mapping[str, Any]) -> str:
                   f"full's on {check['same_actions']}/{check['tasks']} tasks{warning}")
         lines += ["", f"[{name}] {oracle}",
                   format_table(["policy", "tasks", "errors", "score", "cents/task", "vs expert", "verdict"],
-                               [[r["policy"], r["tasks"], r["errors"], r["score"], r["cents_per_task"],
+                               [[r["policy"], r["tasks"], r["errors"], r["score"], f"{100 * r['cost_usd']:.4f}",
                                  _percent(r["vs_expert_percent"]), _verdict(r["verdict"])]
                                 for r in group["policies"]])]
         if group["targets"]:
@@ -273,11 +339,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     parser.add_argument("--policies", default=None,
                         help="comma-separated hand-written kv policies for every suite (built-in names or .akvp "
                              "files; default: each suite's own, research for localcomp, drop-stale for localswe)")
+    parser.add_argument("--workers", type=int, default=Settings.workers,
+                        help="processes running tasks (each task's policies in one of them)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        raise SystemExit(f"--workers expects a positive number of processes, got {args.workers}")
     names = None if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
     settings = Settings(_names(args.suites, "--suites"), _names(args.splits, "--splits"), args.limit or None,
-                        args.swe_limit or None, names)
+                        args.swe_limit or None, names, workers=args.workers)
     return settings, args.json
 
 

@@ -4,8 +4,10 @@ Only the structure and the accounting identities are checked; timings depend on 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from akv_cli.main import app
+from sandbox.suites import get_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,20 +50,34 @@ def test_cost_bench_pairs_policies_on_the_same_tasks() -> None:
     assert all(v["family"] == 3 and not v["champion"] for v in group["champion_rule"])  # nothing beats the expert
     assert 0.0 < group["comparisons"][0]["score_p_value"] <= 1.0
     assert isinstance(figures["target"]["met"], bool)
+    _costs_in_usd(figures)
+
+
+def _costs_in_usd(figures: object, where: str = "") -> None:
+    """Every cost in a benchmark's JSON is USD (`cost_usd`, `*_cost_usd`): no cents, as the CLI's tables show."""
+    if isinstance(figures, dict):
+        for key, value in figures.items():
+            assert not re.search(r"(^|_)cents?(_|$)", key), f"{where}.{key}: JSON costs are in USD (cost_usd), the tables show cents"
+            _costs_in_usd(value, f"{where}.{key}")
+    elif isinstance(figures, list):
+        for number, value in enumerate(figures):
+            _costs_in_usd(value, f"{where}[{number}]")
 
 
 @pytest.mark.slow
 def test_headroom_bench_puts_the_oracle_beside_the_policies_on_the_same_tasks() -> None:
-    figures = _bench("headroom", "--suites", "localcomp", "--splits", "train,heldout", "--limit", "3")
+    # slow (about 15 s): 2 tasks per split under 6 policies and the oracle
+    figures = _bench("headroom", "--suites", "localcomp", "--splits", "train,heldout", "--limit", "2")
     assert list(figures["groups"]) == ["localcomp/train", "localcomp/heldout"]
+    _costs_in_usd(figures)
     for name, group in figures["groups"].items():
         rows = {row["policy"]: row for row in group["policies"]}
         assert list(rows)[:4] == ["full", "standard-8k", "text-engineering-8k", "expert-8k"]
-        assert list(rows)[-1] == "oracle" and all(row["tasks"] == 3 for row in rows.values())
-        assert group["oracle_check"] == {"same_actions": 3, "tasks": 3, "diverged": []} and group["oracle_valid"]
+        assert list(rows)[-1] == "oracle" and all(row["tasks"] == 2 for row in rows.values())
+        assert group["oracle_check"] == {"same_actions": 2, "tasks": 2, "diverged": []} and group["oracle_valid"]
         assert rows["oracle"]["score"] == rows["full"]["score"] and group["oracle_same_score_as_full"]
-        assert rows["oracle"]["cents_per_task"] < rows["expert-8k"]["cents_per_task"]
-        expected_gap = 100 * (1 - rows["oracle"]["cents_per_task"] / rows["expert-8k"]["cents_per_task"])
+        assert rows["oracle"]["cost_usd"] < rows["expert-8k"]["cost_usd"]
+        expected_gap = 100 * (1 - rows["oracle"]["cost_usd"] / rows["expert-8k"]["cost_usd"])
         assert group["expert_to_oracle_gap_percent"] == pytest.approx(expected_gap, abs=0.01)
         assert rows["expert-8k"]["verdict"] is None
         assert all(row["verdict"]["family"] == (1 if p == "oracle" else len(rows) - 2)
@@ -70,6 +87,22 @@ def test_headroom_bench_puts_the_oracle_beside_the_policies_on_the_same_tasks() 
     assert set(figures["groups"]["localcomp/heldout"]["targets"]) >= {"oracle_25_percent_cheaper_at_same_score",
                                                                       "full_scores_highest"}
     assert figures["groups"]["localcomp/train"]["targets"] is None
+
+
+@pytest.mark.slow
+def test_headroom_bench_workers_measure_what_one_process_measures() -> None:
+    # slow (about 10 s): two spawned worker processes against the same tasks in this one
+    from benchmarks.headroom import Settings, _each_task
+
+    task_ids = [t.id for t in get_suite("localcomp").tasks("train")[:2]]
+    runs = {workers: _each_task("localcomp", "train", task_ids, ("expert-8k",), Settings(workers=workers),
+                                lambda _text: None) for workers in (1, 2)}
+    assert [sorted(run.results) for run in runs[2]] == [["expert-8k", "full", "oracle"]] * 2
+    def measured(runs):  # all but the wall time
+        return [{name: dataclasses.replace(result, wall_s=0.0) for name, result in run.results.items()} for run in runs]
+
+    assert measured(runs[1]) == measured(runs[2])
+    assert [run.same_actions for run in runs[1]] == [run.same_actions for run in runs[2]] == [True, True]
 
 
 def test_headroom_bench_names_a_bad_policy() -> None:

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from akv_cli.main import app
 from benchmarks.search import STRUCTURE, evaluations_until, grid, reached, regret_curve
+from test_bench_runs import _costs_in_usd
 
 SMALL = """mode kv
 on each tool_response: drop role tool keep last 4 in 4..5
@@ -50,6 +51,7 @@ def test_bench_search_prints_regret_curves_of_two_mixes(tmp_path):
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])
     assert figures["grid"]["points"] == 4 and set(figures["mixes"]) == {"random", "tpe"}
+    _costs_in_usd(figures)  # the unit convention of every benchmark's JSON
     for mix in figures["mixes"].values():
         (run,) = mix["runs"]
         assert len(run["curve"]) == 4 and run["evaluated"] + run["duplicates"] + run["rejected"] == 3

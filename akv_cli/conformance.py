@@ -9,8 +9,10 @@ check failed, 2 when the server could not be checked at all (no model listed).
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import httpx
@@ -331,14 +333,23 @@ def _run(name: str, check: Callable[[Probe], str], probe: Probe) -> Result:
         return Result(name, FAIL, f"unexpected response shape ({type(err).__name__}: {err})")
 
 
-def format_table(results: list[Result]) -> str:
-    width = max(len(r.name) for r in results)
-    lines = [f"{'check':<{width}}  {'result':<13}  detail", f"{'-' * width}  {'-' * 13}  ------"]
-    lines += [f"{r.name:<{width}}  {r.status:<13}  {r.detail}" for r in results]
-    failed = sum(r.status == FAIL for r in results)
-    lines.append(f"{len(results)} checks: {sum(r.status == PASS for r in results)} pass, {failed} fail, "
-                 f"{sum(r.status == UNSUPPORTED for r in results)} not supported")
+def format_table(results: list[Result], width: int = 80) -> str:
+    """One row per check; a long detail wraps under its own column, so no line passes `width`."""
+    name_width = max(len(r.name) for r in results)
+    indent = name_width + 2 + 13 + 2
+    lines = [f"{'check':<{name_width}}  {'result':<13}  detail", f"{'-' * name_width}  {'-' * 13}  ------"]
+    for r in results:
+        detail = textwrap.wrap(r.detail, max(width - indent, 20), break_on_hyphens=False) or [""]
+        lines.append(f"{r.name:<{name_width}}  {r.status:<13}  {detail[0]}")
+        lines += [" " * indent + more for more in detail[1:]]
+    lines.append(summary_line(results))
     return "\n".join(lines)
+
+
+def summary_line(results: list[Result]) -> str:
+    counts = {status: sum(r.status == status for r in results) for status in (PASS, FAIL, UNSUPPORTED)}
+    return (f"{len(results)} checks: {counts[PASS]} pass, {counts[FAIL]} fail, "
+            f"{counts[UNSUPPORTED]} not supported")
 
 
 def register(app: typer.Typer) -> None:
@@ -347,10 +358,16 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Argument(..., help="Base URL of the server, e.g. http://127.0.0.1:8000"),
         model: str = typer.Option(None, help="The model to ask for (default: the first of /v1/models)."),
         timeout: float = typer.Option(120.0, help="Seconds to wait for each response."),
+        as_json: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout: every check's "
+                                     "name, result and detail."),
     ) -> None:
         """Check an OpenAI-compatible AKV server's drop, reposition and usage semantics (exit 1 on a failure)."""
         results = run_checks(url, model, timeout)
-        typer.echo(format_table(results))
+        if as_json:
+            typer.echo(json.dumps({"url": url, "checks": [asdict(r) for r in results],
+                                   "summary": summary_line(results)}))
+        else:
+            typer.echo(format_table(results, shutil.get_terminal_size().columns))
         if results[0].status == FAIL:  # no model listed: nothing could be checked
             fail(f"cannot check {url}: {results[0].detail}")
         if any(r.status == FAIL for r in results):

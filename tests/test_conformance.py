@@ -1,6 +1,7 @@
 """`akv conformance URL` against a real `akv serve` process, and against no server at all."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 from test_server_support import interrupt, ready_url
 
-from akv_cli.conformance import CHECKS, FAIL, PASS, UNSUPPORTED, run_checks
+from akv_cli.conformance import CHECKS, FAIL, PASS, UNSUPPORTED, Result, format_table, run_checks
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 
@@ -43,3 +44,17 @@ def test_a_server_that_is_not_there_cannot_be_checked_and_exits_2() -> None:
     assert done.returncode == 2 and done.stderr.startswith("error: cannot check http://127.0.0.1:9: ")
     assert done.stdout.splitlines()[2].split()[:2] == ["models", FAIL]
     assert done.stdout.splitlines()[-1] == f"1 checks: 0 {PASS}, 1 {FAIL}, 0 not supported"
+
+
+def test_the_table_fits_80_columns_and_json_has_every_check() -> None:
+    long = "refused: drop_rule.type: Input tag 'text_drop' found using 'type' does not match any of the expected tags"
+    results = [Result("models", PASS, "serving smollm2; checking smollm2"), Result("drop_rule text_drop", UNSUPPORTED,
+                                                                                     long)]
+    lines = format_table(results, 80).splitlines()
+    assert max(map(len, lines)) <= 80 and lines[3].split()[:4] == ["drop_rule", "text_drop", "not", "supported"]
+    assert " ".join(" ".join(lines[3:-1]).split()).endswith(long) and lines[-1] == "2 checks: 1 pass, 0 fail, 1 not supported"
+    done = subprocess.run([*AKV, "conformance", "http://127.0.0.1:9", "--timeout", "2", "--json"],
+                          capture_output=True, text=True)
+    shown = json.loads(done.stdout)
+    assert done.returncode == 2 and [c["name"] for c in shown["checks"]] == ["models"]
+    assert shown["checks"][0]["status"] == FAIL and done.stderr.startswith("error: cannot check ")

@@ -50,17 +50,23 @@ def test_replay_equals_the_embedded_engine_request_for_request_on_two_localcomp_
     suite = get_suite("localcomp")
     tasks = suite.tasks("train")[:2]
     policy = resolve_policy("expert-8k")
-    limits = RunLimits(max_steps=6)  # step 5 is the first to drop and reposition
+    # The first task runs to step 6 (step 6 is the first to drop and reposition); the second one needs only
+    # its first two steps to show that it does not see the first task's cache (prefill is the cost here).
+    steps = {tasks[0].id: 6, tasks[1].id: 2}
     engine = EmbeddedBackend(kv_tokens=PARITY_POOL)
     replay = ReplayBackend(kv_tokens=PARITY_POOL, memo=None)
     try:
         for task in tasks:  # in turn on one engine: the second task must not see the first one's cache
+            limits = RunLimits(max_steps=steps[task.id])
             _, served = run_task(task, suite, policy, suite.scripted_agent(task), engine, limits=limits)
             _, replayed = run_task(task, suite, policy, suite.scripted_agent(task), replay, limits=limits)
             assert [e.request for e in served.exchanges] == [e.request for e in replayed.exchanges]
             assert _usage_rows(served) == _usage_rows(replayed), task.id
             assert len(served.exchanges) == limits.max_steps
-            assert served.exchanges[-1].usage.repos_tokens > 0 and served.exchanges[-1].usage.drop_skipped_tokens > 0
+            assert served.exchanges[0].usage.cached_tokens == 0, task.id  # a fresh cache per task
+            if task is tasks[0]:
+                last = served.exchanges[-1].usage
+                assert last.repos_tokens > 0 and last.drop_skipped_tokens > 0
     finally:
         engine.close()
 

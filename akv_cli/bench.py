@@ -172,6 +172,8 @@ def proposals(
     workers: int = typer.Option(8, min=1, help="Proposals asked at once (the server batches them)."),
     max_tokens: int = typer.Option(256, min=16, help="llm.max_tokens of each request."),
     temperature: float = typer.Option(0.7, min=0.0, max=2.0, help="llm.temperature."),
+    diagnosis_chars: int = typer.Option(600, min=40, help="llm.diagnosis_chars: the longest diagnosis (the "
+                                        "grammar's bound, as far as --max-tokens leaves room)."),
     parent: str = typer.Option("expert-8k", help="Built-in policy whose prompt is sent."),
     suite: str = typer.Option("localcomp", help="Suite whose first train tasks give the parent's results."),
     tasks: int = typer.Option(20, min=1, help="Train tasks the parent is scored on (replay backend)."),
@@ -189,7 +191,8 @@ def proposals(
     surveys = []
     for setting in settings:
         config = LLMProposerConfig(endpoint=endpoint, model=model, constrain=setting, max_tokens=max_tokens,
-                                   temperature=temperature, timeout_s=3600, max_usd=1e9)
+                                   temperature=temperature, diagnosis_chars=diagnosis_chars, timeout_s=3600,
+                                   max_usd=1e9)
         typer.echo(f"surveying constrain={setting}: {count} proposals, {workers} at a time", err=True)
         try:
             surveys.append(survey(config, candidate, count, workers))

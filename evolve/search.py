@@ -8,6 +8,7 @@ and by the grid the benchmark compares them with (`MemoEvaluator`).
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +92,12 @@ class Searcher:
         return sum(r.score for r in rows) / len(rows), sum(r.cost_usd for r in rows) / len(rows)
 
     def run(self, mix: str, seed: int, budget: int, seed_policy: str,
-            progress: Callable[[str], None] | None = None) -> list[Step]:
-        """`budget` proposals of `mix` from `seed_policy` (a policy text), in order."""
+            progress: Callable[[str], None] | None = None, keep_in: Path | None = None) -> list[Step]:
+        """`budget` proposals of `mix` from `seed_policy` (a policy text), in order. The run's database
+        (optuna's studies included) is thrown away, or kept in the existing folder `keep_in`."""
         proposers, sampler = MIXES[mix]
-        with tempfile.TemporaryDirectory(prefix="akv-search-") as folder:
+        with (contextlib.nullcontext(str(keep_in)) if keep_in else
+              tempfile.TemporaryDirectory(prefix="akv-search-")) as folder:
             seed_file = Path(folder) / "seed.akvp"
             seed_file.write_text(seed_policy, encoding="utf-8")
             name = str(seed_file)

@@ -9,6 +9,7 @@ from array import array
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
+from akv_core.cache.radix import HOLE
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class SymbolicKV:
         self.slots: dict[int, tuple[int, int, int]] = {}
 
     def run_stage(self, stage) -> None:
+        # The model gathers every column before masking: a freed slot must never be among them.
+        assert HOLE not in stage.kv_slots, "a stage gathers freed KV"
         rot = stage.rerotations
         for src, old, new, dst in zip(rot.src, rot.old_positions, rot.new_positions, rot.dst):
             token, position, context = self.slots[src]

@@ -145,8 +145,37 @@ class _StageBuilder:
     def build(self) -> Stage:
         kv_slots = self.kv_slots[:self.query_columns[-1] + 1]   # columns after the last query are never read
         hidden = tuple((row, tuple(c for c in columns if c < len(kv_slots))) for row, columns in self.hidden)
+        hidden = tuple(entry for entry in hidden if entry[1])
+        kv_slots = _stand_in_for_freed(kv_slots, hidden, self.query_columns, self.out_slots[0])
         return Stage(self.rerotations, self.token_ids, self.positions, self.out_slots, kv_slots,
-                     tuple(entry for entry in hidden if entry[1]), self.query_columns)
+                     hidden, self.query_columns)
+
+
+def _stand_in_for_freed(kv_slots: list[int], hidden: tuple[tuple[int, tuple[int, ...]], ...],
+                        query_columns: list[int], stand_in: int) -> list[int]:
+    """`kv_slots` with each freed (HOLE) column, which no query row may read, given a real slot.
+
+    A reused key whose KV was freed joins a stage as a context column when the stage is open
+    around it (a restored hole or a message dropped at its own trigger before it) and is hidden
+    from every query row that reaches it; the attention still gathers every column before
+    masking, so the column needs a slot it can read (any: the mask zeroes it). A freed column
+    that some row would read is a planning error.
+    """
+    if HOLE not in kv_slots:
+        return kv_slots
+    first_hidden: dict[int, int] = {}   # column -> first query row it is hidden from
+    for row, columns in hidden:
+        for column in columns:
+            first_hidden.setdefault(column, row)
+    filled = list(kv_slots)
+    for column, slot in enumerate(kv_slots):
+        if slot != HOLE:
+            continue
+        first_reader = bisect_left(query_columns, column)   # rows before it do not reach the column
+        if first_reader < len(query_columns) and first_hidden.get(column, len(query_columns)) > first_reader:
+            raise RuntimeError(f"stage column {column} is freed KV that query row {first_reader} reads")
+        filled[column] = stand_in
+    return filled
 
 
 def _no_rerotations() -> Rerotations:

@@ -255,7 +255,7 @@ def drop_rule_body(kind: str, history: list[dict[str, Any]]) -> dict[str, Any]:
         entries[2] = {"role": "assistant", "content": "home to about 460,000 people", "occurrence": 1}
         return {"type": kind, "drop_messages": entries}
     kept = [dict(m) for m in history]
-    kept[2]["content"] = "The capital of Australia is Canberra."
+    kept[2]["content"] = "The capital of Australia is Canberra"   # a substring of the full content
     return {"type": kind, "full_messages": history, "force": False, "_kept": kept}
 
 
@@ -267,12 +267,60 @@ def make_drop_rule_check(kind: str) -> Callable[[Probe], str]:
         response = probe.chat(messages, drop_rule=rule)
         listed = probe.features is not None and kind in probe.features.get("drop_rule_types", [])
         if response.status_code == 200:
-            return "accepted" + ("" if listed or probe.features is None else " (but not listed in /server_info)")
+            note = "" if listed or probe.features is None else " (but not listed in /server_info)"
+            if kind in ("text_drop", "keep_text_drop"):
+                return _text_drop_skipped(probe, messages, rule) + note
+            return "accepted" + note
         refused_type = _error(response).get("param") in ("drop_rule", "drop_rule.type")
         if response.status_code == 400 and refused_type and not listed:
             raise NotSupported(f"refused: {_error(response).get('message', '')[:100]}")
         raise CheckFailed(f"HTTP {response.status_code} for a valid {kind} rule: {response.text[:160]}")
     return check
+
+
+def _text_drop_skipped(probe: Probe, messages: list[dict[str, Any]], rule: dict[str, Any]) -> str:
+    """The same text-drop request again: the cut tokens are found in the cache and skipped."""
+    body = probe.ok(messages, drop_rule=rule)
+    skipped, prompt = details(body).get("drop_skipped_tokens", 0), body["usage"]["prompt_tokens"]
+    if not 0 < skipped < prompt // 2 or matched(body) < 0.9 * prompt:
+        raise CheckFailed(f"the same {rule['type']} again reported {details(body)} of {prompt} prompt tokens; "
+                          "expected a cache hit that skips the cut tokens")
+    return f"accepted; again: {skipped} cut tokens skipped, {matched(body)} of {prompt} from the cache"
+
+
+def text_drop_bad_requests(history: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]]:
+    """Malformed text_drop / keep_text_drop rules on `history`, and the field each must name."""
+    def entries(entry: dict[str, Any]) -> list[Any]:
+        return [None, None, entry, None]
+    return [
+        ("a substring that does not occur", entries({"role": "assistant", "content": "Sydney"}),
+         "drop_rule.drop_messages[2].content"),
+        ("an occurrence beyond the count", entries({"role": "assistant", "content": "Canberra", "occurrence": 2}),
+         "drop_rule.drop_messages[2].occurrence"),
+        ("an unknown key", entries({"role": "assistant", "content": "Canberra", "colour": "red"}),
+         "drop_rule.drop_messages[2].colour"),
+        ("entries not aligned with messages", [None], "drop_rule.drop_messages"),
+        ("kept messages out of order", [history[3], history[1]], "drop_rule.full_messages"),
+    ]
+
+
+def check_text_drop_errors(probe: Probe) -> str:
+    history = fresh_history()
+    if probe.features is not None and not {"text_drop", "keep_text_drop"} & set(probe.features["drop_rule_types"]):
+        raise NotSupported("the server lists neither text_drop nor keep_text_drop")
+    wrong = []
+    for what, value, param in text_drop_bad_requests(history):
+        if param == "drop_rule.full_messages":
+            response = probe.chat(value, drop_rule={"type": "keep_text_drop", "full_messages": history})
+        else:
+            response = probe.chat(history, drop_rule={"type": "text_drop", "drop_messages": value})
+        error = _error(response)
+        named = error.get("param") in (None, param)   # a server without params must still answer 400
+        if response.status_code != 400 or not named:
+            wrong.append(f"{what}: HTTP {response.status_code} {json.dumps(error)[:120]}")
+    if wrong:
+        raise CheckFailed("; ".join(wrong))
+    return f"{len(text_drop_bad_requests(history))} malformed text drops: 400 naming the field"
 
 
 def check_streaming_usage(probe: Probe) -> str:
@@ -303,6 +351,7 @@ CHECKS: tuple[tuple[str, Callable[[Probe], str]], ...] = (
     ("a dropped fact is gone, a kept one answers", check_dropped_fact),
     ("documented 400s name the field", check_errors),
     *((f"drop_rule {kind}", make_drop_rule_check(kind)) for kind in DROP_RULE_TYPES),
+    ("malformed text drops get 400s", check_text_drop_errors),
     ("streamed usage", check_streaming_usage),
 )
 

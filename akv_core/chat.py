@@ -28,7 +28,7 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -68,16 +68,30 @@ class Rendered:
 
     `reasoning_spans` holds, per message, the [start, end) tokens of its rendered reasoning
     (inside the message's span), or None where the message renders none.
+    `content_tokens` maps characters of a message's content to its tokens (sub-message drops).
     """
 
     token_array: array            # the token ids, packed as C ints (typecode "i")
     spans: tuple[tuple[int, int], ...]
     header_start: int
     reasoning_spans: tuple[tuple[int, int] | None, ...]
+    # (tokenizer, messages, tools) it was rendered from, for content_tokens
+    source: tuple[Any, Sequence[Mapping], Sequence[Mapping] | None] | None = field(
+        default=None, compare=False, repr=False)
 
     @cached_property
     def token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_array)
+
+    def content_tokens(self, index: int, chars: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Absolute [start, end) token ranges of message `index` lying wholly inside the [start, end)
+        characters `chars` of its content (a token that straddles a boundary is left out)."""
+        if self.source is None:
+            raise ValueError("this rendering keeps no provenance for content characters")
+        tokenizer, messages, tools = self.source
+        base = self.spans[index][0]
+        return [(base + start, base + end)
+                for start, end in tokenizer.content_tokens(messages[index], index == 0, tools, chars)]
 
 
 @dataclass(frozen=True)
@@ -173,7 +187,42 @@ class ChatTokenizer:
         header_start = len(ids)
         if add_generation_prompt:
             ids.extend(self._header)
-        return Rendered(ids, tuple(spans), header_start, tuple(reasoning_spans))
+        return Rendered(ids, tuple(spans), header_start, tuple(reasoning_spans), (self, tuple(messages), tools))
+
+    def content_tokens(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None,
+                       chars: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """[start, end) ranges of the tokens of `message` (rendered as in `render`, first or not)
+        that lie wholly inside the characters `chars` of its content, relative to its first token.
+
+        The message is rendered and encoded again with character offsets (what its memoized
+        ids were made from, so the two agree token for token); its content is located in
+        the rendered text by rendering it once more with the content replaced by a marker.
+        """
+        text = self._message_text(message, first, tools)
+        ids, offsets = self._encode_message(message, first, tools, text)
+        at = self._content_start(message, first, tools, text)
+        spans = [(at + start, at + end) for start, end in chars]
+        picked = [index for index, (lo, hi) in enumerate(offsets)
+                  if lo < hi and any(start <= lo and hi <= end for start, end in spans)]
+        ranges: list[list[int]] = []
+        for index in picked:
+            if ranges and ranges[-1][1] == index:
+                ranges[-1][1] = index + 1
+            else:
+                ranges.append([index, index + 1])
+        return [(start, end) for start, end in ranges]
+
+    def _content_start(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None, text: str) -> int:
+        """Where `message`'s content starts in `text`, its rendering; ValueError if the template
+        does not render the content verbatim (one that trims or escapes it)."""
+        content = _text(message.get("content"))
+        marker = _unused_chars(text + content, 1)[0]
+        marked = self._message_text({**message, "content": marker}, first, tools)
+        at = marked.find(marker)
+        if at >= 0 and text[at:at + len(content)] == content:
+            return at
+        raise ChatTemplateError("the chat template does not render this message's content verbatim, so "
+                                "characters of it cannot be mapped to tokens")
 
     def count(self, message: Mapping) -> int:
         """Tokens of one message as rendered after other messages (the policy TokenCounter protocol)."""

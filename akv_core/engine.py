@@ -25,6 +25,7 @@ from akv_core.cache.key import build_key
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.layout import Rerotations, Stage
 from akv_core.cache.ops import validate_operations
+from akv_core.cache.text_drop import TextDrop
 from akv_core.cache.usage import Usage
 from akv_core.chat import ChatTokenizer
 from akv_core.constrain import Constrainer, Grammar
@@ -116,12 +117,14 @@ class Engine:
                reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
-               grammar: Grammar | None = None) -> RequestHandle:
+               grammar: Grammar | None = None, text_drop: TextDrop | None = None) -> RequestHandle:
         """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
 
         `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
         `thinking_drop` hides each earlier message's reasoning from everything after that message
         (the API's `drop_rule: {"type": "thinking_drop"}`; not together with `drop_message`).
+        `text_drop` hides parts of messages (a `text_drop` / `keep_text_drop` rule read by
+        `akv_core.cache.text_drop`; `messages` is then the history it was read against).
         `grammar` constrains the output (`akv_core.constrain`); an invalid one raises GrammarError.
         """
         if max_tokens is None:
@@ -131,7 +134,7 @@ class Engine:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer of at least 1, got {max_tokens!r}")
         check_sampling(temperature, top_p, seed)
-        operations = validate_operations(len(messages), drop_message, reposition, thinking_drop)
+        operations = validate_operations(len(messages), drop_message, reposition, thinking_drop, text_drop)
         rendered = self.tokenizer.render(messages, tools)
         if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
             raise KVCapacityError(f"messages: the prompt ({len(rendered.token_ids)} tokens) plus max_tokens "
@@ -151,10 +154,10 @@ class Engine:
                  reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                  max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
-                 grammar: Grammar | None = None) -> Generation:
+                 grammar: Grammar | None = None, text_drop: TextDrop | None = None) -> Generation:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
         handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop,
-                             thinking_drop, grammar)
+                             thinking_drop, grammar, text_drop)
         if not self._loop_running:
             while not handle.done:
                 self.step()

@@ -37,7 +37,7 @@ class Applied:
 
     body: dict[str, Any]
     passthrough: bool                  # the client sent AKV fields itself: forwarded untouched
-    effects: tuple[str, ...] = ()      # drop, reposition, thinking_drop, summarize, omit, strip_thinking
+    effects: tuple[str, ...] = ()      # drop, reposition, thinking_drop, cut, summarize, omit, strip_thinking
     dropped_tokens: int = 0            # tokens of the history hidden (kv) or edited away (text)
     summaries: int = 0                 # summary requests sent upstream for this request
 
@@ -95,6 +95,8 @@ class PolicyStep:
         dropped = {j for ids in decision.drop_message.values() for j in ids}
         effects = [name for name, present in (("drop", dropped), ("reposition", decision.reposition),
                                               ("thinking_drop", decision.thinking_drop)) if present]
+        if decision.kept:   # cut rules: the kept text goes as the messages, the history as full_messages
+            body, effects = {**body, "messages": decision.sent_messages(messages)}, [*effects, "cut"]
         return Applied({**body, **decision.api_fields()}, False, tuple(effects),
                        sum(self.counter.count(messages[j]) for j in dropped))
 

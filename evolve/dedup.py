@@ -73,7 +73,7 @@ class Fingerprints:
         """The policy's decision for every request of one task, in one shape whatever the mode."""
         if policy.mode == "kv":
             final = policy.decide(task[-1], self.counter)
-            if not final.thinking_drop and not final.text_edits:
+            if not final.thinking_drop and not final.text_edits and not final.kept:
                 # kv decisions are cumulative: a request's decision is the final one cut to its triggers.
                 return [_record(_cut(final, len(messages))) for messages in task]
         return [_record(policy.decide(messages, self.counter)) for messages in task]
@@ -86,4 +86,7 @@ def _cut(decision: Decision, n: int) -> Decision:
 
 
 def _record(decision: Decision) -> dict[str, Any]:
-    return {**decision.api_fields(), "text_edits": [asdict(e) for e in decision.text_edits]}
+    record = {**decision.api_fields(), "text_edits": [asdict(e) for e in decision.text_edits]}
+    if decision.kept:   # a cut's kept text goes as the request's messages, not in an API field
+        record["kept"] = sorted(decision.kept.items())
+    return record

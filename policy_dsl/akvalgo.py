@@ -237,6 +237,10 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
         raise refuse(policy, "calls include user_observations", "not an AKVPolicy option: upstream's harness "
                      "names them per request (adapt_request's completed_call_message_ids); export the policy "
                      "without this line and pass the boundaries there")
+    cut = next((rule.action for rule in policy.rules if isinstance(rule.action, n.Cut)), None)
+    if cut is not None:
+        raise refuse(cut, "cut", "AKVPolicy drops whole messages only; a cut is the API's keep_text_drop, "
+                     "which upstream's server takes from the client directly")
     if policy.mode == "text":
         return _text_drop_options(policy, refuse)
     target, rules = _rolling_target(policy.rules, refuse)
@@ -343,8 +347,8 @@ def _window(action: n.Action, refuse: Any) -> dict[str, int]:
                      "only (`role tool`)")
     if target.until_visible is not None:
         raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens may drop the "
-                     "response that triggered it, which this policy never does (the API refuses a message "
-                     "dropped at its own trigger)")
+                     "response that triggered it, which this policy never does (our selectors never pick "
+                     "the trigger)")
     if target.keep_last is None or target.keep_last.value < 1:
         raise refuse(target, format_target(target), "AKVPolicy keeps keep_tool_responses > 0 tool responses; "
                      "write `keep last K` with K >= 1")

@@ -13,9 +13,10 @@ range, `omit` in mode kv. This variant expresses those checks in the grammar its
   block (its exact value below 100, its length and first digit above), L ends at or below the
   block's start and H starts at or above its end (`range_blocks`);
 - strings are JSON strings of 1..STRING_CHARS characters;
-- the statement level follows the validator's mode rules: mode kv only drops, and either message
-  drops with any reposition, or thinking drops with none; mode text omits or summarizes (messages
-  only, without `until`); `requested` only under a `drop_context` trigger;
+- the statement level follows the validator's mode rules: mode kv drops or cuts, and either
+  message drops with any reposition, or thinking drops with none, or cuts with none; mode text
+  omits or summarizes (messages only, without `until`); `requested` only under a `drop_context`
+  trigger;
 - at most `max_rules` rules (default 1: then no two can be duplicates), and/or chains of at most
   MAX_CHAIN + 1 parts, parentheses and `not` at most MAX_DEPTH levels deep: the language is
   finite, so an answer cannot grow without end.
@@ -78,8 +79,10 @@ STATEMENTS = """\
 {start}: "mode kv" kv_body | "mode text" text_body
 kv_body: ("\\n" kv_rule){0,%RULES%} ("\\n" reposition_stmt)?
     | ("\\n" kv_thinking_rule){1,%RULES%} ("\\nreposition never")?
+    | ("\\n" kv_cut_rule){1,%RULES%} ("\\nreposition never")?
 kv_rule: "on " trigger ": drop " message_target | "on " drop_context_trigger ": drop " requested_target
 kv_thinking_rule: "on " trigger ": drop " "thinking"
+kv_cut_rule: "on " trigger ": cut " ("after " | "before ") JSON_STRING " from " message_target
 text_body: ("\\n" text_rule){0,%RULES%}
 text_rule: "on " trigger ": omit " (message_target | thinking_target)
     | "on " drop_context_trigger ": omit " requested_target

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from policy_dsl.counter import message_text
+
 OMITTED_PREFIX = "[omitted "
 SUMMARY_PREFIX = "[summary of earlier messages]\n"
 
@@ -27,23 +29,39 @@ class TextEdit:
 
 @dataclass(frozen=True)
 class Decision:
-    """A policy's answer for one history. Fields in kv mode are cumulative over the history."""
+    """A policy's answer for one history. Fields in kv mode are cumulative over the history.
+
+    `kept` (cut rules): per cut message, the [start, end) characters of its content attention
+    still sees. The request then sends the kept messages (`sent_messages`) with the API's
+    `keep_text_drop` rule over the full history (`history`, the one decided on).
+    """
 
     drop_message: dict[str, list[int]] = field(default_factory=dict)
     reposition: list[int] = field(default_factory=list)
     text_edits: tuple[TextEdit, ...] = ()
     thinking_drop: bool = False
+    kept: dict[int, tuple[int, int]] = field(default_factory=dict)
+    history: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     def api_fields(self) -> dict[str, Any]:
         """The request fields of the AKV API, empty ones left out."""
         out: dict[str, Any] = {}
         if self.thinking_drop:
             out["drop_rule"] = {"type": "thinking_drop"}
+        elif self.kept:
+            out["drop_rule"] = {"type": "keep_text_drop", "full_messages": [dict(m) for m in self.history]}
         elif self.drop_message:
             out["drop_message"] = {k: list(v) for k, v in self.drop_message.items()}
         if self.reposition:
             out["reposition"] = list(self.reposition)
         return out
+
+    def sent_messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The messages the request carries: `history`, each cut message with its kept text only."""
+        sent = [dict(m) for m in history]
+        for index, (start, end) in self.kept.items():
+            sent[index]["content"] = message_text(sent[index])[start:end]
+        return sent
 
 
 Summarizer = Callable[[Sequence[Mapping[str, Any]], int], str]

@@ -251,7 +251,19 @@ class Summarize:
     loc: Loc | None = _loc()
 
 
-Action = Union[Drop, Omit, Remove, Summarize]
+@dataclass(frozen=True)
+class Cut:
+    """Cut the text after (side "after") or before ("before") the first occurrence of `marker` in
+    each picked message's content; the marker itself stays. Mode kv, as the API's keep_text_drop."""
+
+    side: str
+    marker: str
+    target: Target
+    loc: Loc | None = _loc()
+
+
+CUT_SIDES = ("after", "before")
+Action = Union[Drop, Omit, Remove, Summarize, Cut]
 
 
 # ---- reposition --------------------------------------------------------------------------------

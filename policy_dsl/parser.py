@@ -221,6 +221,8 @@ class _Builder:
 
     def action(self, tree: Tree) -> n.Action:
         kind, kids, loc = tree.data, tree.children, _loc(tree)
+        if kind in ("cut_after", "cut_before"):
+            return n.Cut(kind[len("cut_"):], self.string(kids[0]), self.target(kids[1]), loc=loc)
         target = self.target(kids[0])
         if kind == "drop":
             return n.Drop(target, loc=loc)

@@ -33,10 +33,13 @@ class CachePolicy:
 
     def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
         """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
-        view = view_history(history, counter or ApproxTokenCounter(), self.ast.user_observations)
+        counter = counter or ApproxTokenCounter()
+        view = view_history(history, counter, self.ast.user_observations)
+        if self.ast.mode == "kv" and any(isinstance(rule.action, n.Cut) for rule in self.ast.rules):
+            return _decide_cuts(self.ast, view, history, counter)
         if self.ast.mode == "kv":
             return _decide_kv(self.ast, view)
-        return _decide_text(self.ast, view, history, counter or ApproxTokenCounter())
+        return _decide_text(self.ast, view, history, counter)
 
 
 def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:
@@ -89,6 +92,51 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
             reposition.append(i)
             positions, wanted = visible, False  # survivors now sit at 0..visible-1
     return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
+
+
+def _decide_cuts(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[str, Any]],
+                 counter: TokenCounter) -> Decision:
+    """Cut rules, boundary by boundary as the drops are: a message's cut, once decided, stays.
+
+    A rule picks among the messages not cut yet whose content holds its marker (and that its
+    selector takes); the cut saves the tokens of the text it takes away.
+    """
+    kept: dict[int, tuple[int, int]] = {}
+    masks = [prefilter(rule.action.target.selector, view) for rule in policy.rules]
+    candidates: list[dict[int, tuple[int, int]]] = [{} for _ in policy.rules]  # per rule: cuttable -> kept span
+    history_tokens = visible = responses = 0
+
+    def saving(j: int, span: tuple[int, int]) -> int:
+        shorter = {"role": view.roles[j], "content": view.texts[j][span[0]:span[1]]}
+        return max(view.tokens[j] - counter.count(shorter), 0)
+
+    for i in range(len(view)):
+        history_tokens, visible = history_tokens + view.tokens[i], visible + view.tokens[i]
+        responses += view.roles[i] == "tool"
+        for rule, mask, live in zip(policy.rules, masks, candidates):
+            span = _kept_span(rule.action, view.texts[i]) if mask is None or mask[i] else None
+            if span is not None:
+                live[i] = span
+        b = Boundary(view, i, set(), visible, history_tokens, responses)   # a cut message stays visible
+        for rule, live in zip(policy.rules, candidates):
+            if not fires(rule.trigger, b):
+                continue
+            for j in [j for j in live if j in kept]:
+                del live[j]   # cut by another rule
+            for j in select_messages(rule.action.target, b, list(live), lambda j: saving(j, live[j])):
+                kept[j] = live.pop(j)
+                b.visible_tokens -= saving(j, kept[j])
+        visible = b.visible_tokens
+    return Decision(kept=kept, history=tuple(history) if kept else ())
+
+
+def _kept_span(cut: n.Cut, text: str) -> tuple[int, int] | None:
+    """The characters a cut keeps of `text` (the marker stays), or None where it takes nothing."""
+    at = text.find(cut.marker)
+    if at < 0:
+        return None
+    span = (0, at + len(cut.marker)) if cut.side == "after" else (at, len(text))
+    return None if span == (0, len(text)) else span
 
 
 def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: bool, drop_events: int,

@@ -59,6 +59,8 @@ def format_action(action: n.Action) -> str:
         return f"omit {format_target(action.target)}"
     if isinstance(action, n.Remove):
         return f"remove {format_target(action.target)}"
+    if isinstance(action, n.Cut):
+        return f"cut {action.side} {json.dumps(action.marker)} from {format_target(action.target)}"
     return f"summarize {format_target(action.target)} within {format_num(action.budget)} tokens"
 
 

@@ -88,8 +88,8 @@ class _Checker:
         for rule in policy.rules:
             expect(self, rule, n.Rule, "a rule")
             self.trigger_structure(rule.trigger)
-            expect(self, rule.action, (n.Drop, n.Omit, n.Remove, n.Summarize),
-                   "an action (drop, omit, remove, summarize)")
+            expect(self, rule.action, (n.Drop, n.Omit, n.Remove, n.Summarize, n.Cut),
+                   "an action (drop, omit, remove, summarize, cut)")
             target = rule.action.target
             expect(self, target, (n.Messages, n.Thinking), "a target (messages or thinking)")
             if target.selector is not None:
@@ -147,17 +147,22 @@ class _Checker:
                 raise self.fail(f"unknown role {node.role!r}; expected one of {', '.join(n.ROLES)}", node)
             if isinstance(node, (n.AnyOf, n.AllOf, n.And, n.Or)) and len(node.parts) < 2:
                 raise self.fail("and/or needs at least two parts", node)
-            if isinstance(node, (n.Contains, n.NextTurnContains, n.ToolName)):
-                text = node.name if isinstance(node, n.ToolName) else node.text
+            if isinstance(node, n.Cut) and node.side not in n.CUT_SIDES:
+                raise self.fail(f"unknown cut side {node.side!r}; expected after or before", node)
+            if isinstance(node, (n.Contains, n.NextTurnContains, n.ToolName, n.Cut)):
+                text = getattr(node, {n.ToolName: "name", n.Cut: "marker"}.get(type(node), "text"))
                 if not isinstance(text, str) or not 1 <= len(text) <= 256:
                     raise self.fail("pattern must be 1..256 characters", node)
             if isinstance(node, n.TokensAbove) and node.measure not in ("visible", "history"):
                 raise self.fail(f"unknown measure {node.measure!r}; expected visible or history", node)
 
     def kv(self, policy: n.Policy) -> None:
+        self.cuts(policy)
         thinking_rule, message_rule = None, None
         for rule in policy.rules:
             action = rule.action
+            if isinstance(action, n.Cut):
+                continue
             if not isinstance(action, n.Drop):
                 verb = {n.Omit: "omit", n.Remove: "remove"}.get(type(action), "summarize")
                 raise self.fail(f"{verb} needs mode text; mode kv can only drop", action)
@@ -175,13 +180,32 @@ class _Checker:
         if thinking_rule and not isinstance(policy.reposition, n.RepositionNever):
             raise self.fail("reposition needs message drops; this policy only drops thinking", policy.reposition)
 
+    def cuts(self, policy: n.Policy) -> None:
+        """Cut rules send keep_text_drop, which takes the place of drop_message and hides the cut
+        text after the last message only: no drops beside them, and no gap for a reposition."""
+        cuts = [rule for rule in policy.rules if isinstance(rule.action, n.Cut)]
+        if not cuts:
+            return
+        for rule in cuts:
+            if isinstance(rule.action.target, n.Thinking):
+                raise self.fail("cut takes messages; use 'drop thinking' for reasoning", rule.action.target)
+        others = [rule for rule in policy.rules if not isinstance(rule.action, n.Cut)]
+        if others:
+            raise self.fail("cut rules cannot be combined with drop rules in mode kv (a cut is the API's "
+                            "keep_text_drop, which takes the place of drop_message)",
+                            max(others[0], cuts[0], key=policy.rules.index))
+        if not isinstance(policy.reposition, n.RepositionNever):
+            raise self.fail("reposition needs message drops; a cut leaves attention after the last message only, "
+                            "so there is no gap to close", policy.reposition)
+
     def text(self, policy: n.Policy) -> None:
         if not isinstance(policy.reposition, n.RepositionNever):
             raise self.fail("reposition needs mode kv; mode text rewrites the history instead", policy.reposition)
         for rule in policy.rules:
             action = rule.action
-            if isinstance(action, n.Drop):
-                raise self.fail("drop needs mode kv; mode text can omit, remove or summarize", action)
+            if isinstance(action, (n.Drop, n.Cut)):
+                verb = "drop" if isinstance(action, n.Drop) else "cut"
+                raise self.fail(f"{verb} needs mode kv; mode text can omit, remove or summarize", action)
             target = action.target
             if isinstance(action, n.Summarize) and isinstance(target, n.Thinking):
                 raise self.fail("summarize takes messages; use 'omit thinking' to strip reasoning", target)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from akv_core.cache.text_drop import TextDrop, content_text, remaining_text
+
 from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
 from sandbox.backends import (Backend, BackendError, BackendReply, BackendRequest, Message, check_backend_spec,
                               open_backend)
@@ -118,9 +120,9 @@ class _TaskRun:
     def run(self, env: Any) -> tuple[str, str | None]:
         """Steps until the agent answers or the step budget is spent: (status, answer)."""
         for step in range(self.limits.max_steps):
-            fields = self._decide(step)
+            fields, messages = self._decide(step)
             request = BackendRequest(
-                messages=tuple(self.history), tools=self.tools,
+                messages=tuple(messages), tools=self.tools,
                 drop_message=fields.get("drop_message", {}), reposition=tuple(fields.get("reposition", ())),
                 drop_rule=fields.get("drop_rule"),
                 max_tokens=self.limits.max_tokens if self.is_llm else self.limits.scripted_max_tokens,
@@ -151,11 +153,13 @@ class _TaskRun:
                 self.trajectory.note("server", step=step, url=reply.server)
             self.server = reply.server
 
-    def _decide(self, step: int) -> dict[str, Any]:
-        """The policy's API fields for the current history; text mode edits the history first."""
+    def _decide(self, step: int) -> tuple[dict[str, Any], Sequence[Message]]:
+        """The policy's API fields for the current history and the messages to send (the history,
+        or its kept text under cut rules); text mode edits the history first."""
         decision = self.policy.decide(self.history, self.counter)
-        if self.policy.mode != "text":
-            return decision.api_fields()
+        if self.policy.mode != "text":   # a policy object may offer api_fields() alone (the oracle's)
+            kept = getattr(decision, "kept", None)
+            return decision.api_fields(), decision.sent_messages(self.history) if kept else self.history
         for _ in range(self.limits.text_passes):
             if not decision.text_edits:
                 break
@@ -163,7 +167,7 @@ class _TaskRun:
             self.trajectory.note("text_edits", step=step, edits=[repr(e) for e in decision.text_edits],
                                  history_len=len(self.history))
             decision = self.policy.decide(self.history, self.counter)
-        return decision.api_fields()
+        return decision.api_fields(), self.history
 
     def _run_tools(self, env: Any, message: Message) -> None:
         for call in message.get("tool_calls") or ():
@@ -234,15 +238,31 @@ def agent_view(task: Task, request: BackendRequest, response: Message | None, st
     """What the agent may see after `request`: every drop it carries is in effect for the next message.
 
     A message dropped by `drop_message` or a `message_drop` rule is not visible; under
-    `thinking_drop` the earlier assistant messages are shown without their reasoning.
+    `thinking_drop` the earlier assistant messages are shown without their reasoning; a
+    `text_drop` shows messages without their cut text (a whole cut hides the message), and a
+    `keep_text_drop` shows the kept messages the request sends.
     """
     operations = request.cache_operations()
     dropped = {int(index) for indices in (operations.drop_message or {}).values() for index in indices}
     messages: Sequence[Message] = request.messages
     if operations.thinking_drop:
         messages = tuple(_without_reasoning(m) for m in messages)
+    if operations.text_drop is not None and operations.prompt is None:
+        messages, dropped = _without_cut_text(messages, operations.text_drop)
     visible = tuple(i not in dropped for i in range(len(messages)))
     return AgentView(task, messages, visible, response, step, request.tools)
+
+
+def _without_cut_text(messages: Sequence[Message], text_drop: TextDrop) -> tuple[tuple[Message, ...], set[int]]:
+    """The messages with a text drop's cut characters taken out of their content, and the wholly cut ones."""
+    shown, hidden = list(messages), set()
+    for cut in text_drop.cuts:
+        if cut.whole:
+            hidden.add(cut.message)
+        else:
+            shown[cut.message] = {**shown[cut.message],
+                                  "content": remaining_text(content_text(shown[cut.message]), cut.chars)}
+    return tuple(shown), hidden
 
 
 def _without_reasoning(message: Message) -> Message:

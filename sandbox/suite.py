@@ -61,9 +61,10 @@ class AgentView:
 
     `messages` is the text history as sent, less what the model cannot attend to inside a
     message: under `thinking_drop` the reasoning (`reasoning_content`) of the earlier assistant
-    messages is left out. `visible` marks, per message, whether the model can still attend to
-    it under the policy (False for a message that `drop_message` or a `message_drop` rule
-    dropped). In text mode the history itself is already edited (summaries, placeholders) and
+    messages is left out, and under `text_drop` the cut text (a `keep_text_drop` request sends
+    the kept messages themselves). `visible` marks, per message, whether the model can still
+    attend to it under the policy (False for a message that `drop_message`, a `message_drop`
+    rule or a whole `text_drop` cut dropped). In text mode the history itself is already edited (summaries, placeholders) and
     all is visible. `response` is the backend's reply to this step's request (None for the
     replay backend).
     `tools` are the tool schemas the request offered (the task's, plus `drop_context` where the

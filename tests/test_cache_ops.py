@@ -29,6 +29,10 @@ def test_thinking_drop_is_an_operation_of_its_own_never_with_drop_message():
     assert caught.value.field == "drop_rule"
 
 
+def test_a_trigger_may_drop_itself_as_upstream_allows():
+    assert validate_operations(6, {"3": [3, 1]}, [3]).drops == ((3, (1, 3)),)
+
+
 @pytest.mark.parametrize("drop_message, reposition, field", [
     ({"x": [1]}, None, "drop_message.x"),
     ({"1.5": [0]}, None, "drop_message.1.5"),
@@ -38,7 +42,6 @@ def test_thinking_drop_is_an_operation_of_its_own_never_with_drop_message():
     ({"9": [1]}, None, "drop_message.9"),
     ({"-1": [0]}, None, "drop_message.-1"),
     ({"3": [7]}, None, "drop_message.3[0]"),
-    ({"3": [3]}, None, "drop_message.3[0]"),  # upstream allows a self-drop; ours refuses it (docs/policy-dsl.md)
     ({"2": [3]}, None, "drop_message.2[0]"),
     ({"3": [1, 1]}, None, "drop_message.3[1]"),
     ({"3": [1], "4": [1]}, None, "drop_message.4[0]"),

@@ -32,7 +32,7 @@ def _operations(n, drop_pairs, repositions):
     dropped: set[int] = set()
     drops: dict[str, list[int]] = {}
     for trigger, index in drop_pairs:
-        if index < trigger < n and index not in dropped:
+        if index <= trigger < n and index not in dropped:
             drops.setdefault(str(trigger), []).append(index)
             dropped.add(index)
     repos = sorted({t for t in repositions if t < n})

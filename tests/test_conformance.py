@@ -31,8 +31,7 @@ def test_akv_serve_passes_every_check_it_supports() -> None:
     for name, _ in CHECKS:
         assert name in rows, (name, done.stdout)
     unsupported = [name for name, line in rows.items() if f"  {UNSUPPORTED}  " in line]
-    # Our server implements everything but upstream's two text-span rules (yet).
-    assert sorted(unsupported) == ["drop_rule keep_text_drop", "drop_rule text_drop"], done.stdout
+    assert unsupported == [], done.stdout   # our server implements every upstream drop rule
     assert f"0 {FAIL}" in done.stdout.splitlines()[-1]
 
 

@@ -72,12 +72,13 @@ def new_engine(shared, kv_tokens: int = 2048, max_running: int = 8) -> Engine:
     return Engine(model, tokenizer, kv_tokens, max_running, threads={"prefill": 1, "decode": 1})
 
 
-def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4, thinking: bool = False):
+def run(engine: Engine, messages, drops=None, repos=None, max_tokens: int = 4, thinking: bool = False,
+        text_drop=None):
     """Generate greedily; returns (generation, logits of every sampled token)."""
     logits = []
     engine.logits_probe = lambda handle, row: logits.append(row.clone())
     out = engine.generate(messages, drop_message=drops, reposition=repos, max_tokens=max_tokens,
-                          thinking_drop=thinking)
+                          thinking_drop=thinking, text_drop=text_drop)
     engine.logits_probe = None
     engine.check_integrity()
     usage = out.usage

@@ -179,8 +179,31 @@ def test_request_cache_operations_resolve_the_drop_rule() -> None:
     assert thinking.cache_operations() == CacheOperations(None, (3,), True)
     rule = BackendRequest(messages=(), drop_rule={"type": "message_drop", "drop_messages": {"3": [2]}})
     assert rule.cache_operations() == CacheOperations({"3": [2]}, (), False)
-    with pytest.raises(BackendError, match="drop_rule.type: expected message_drop or thinking_drop"):
+    with pytest.raises(BackendError, match="drop_rule.type: expected message_drop, thinking_drop, text_drop or "
+                                           "keep_text_drop"):
         BackendRequest(messages=(), drop_rule={"type": "forget"}).cache_operations()
+
+
+def test_text_drops_resolve_against_the_history_and_hide_the_cut_text_from_the_agent() -> None:
+    from akv_core.cache.text_drop import TextCut, TextDrop
+    from sandbox.harness import agent_view
+
+    history = THINKING_HISTORY
+    cut = [None, {"role": "user", "content": " the capital"}, {"role": "assistant", "content": "Canberra."}, None]
+    request = BackendRequest(messages=history, drop_rule={"type": "text_drop", "drop_messages": cut})
+    operations = request.cache_operations()
+    assert operations.text_drop == TextDrop(3, (TextCut(1, ((4, 16),)), TextCut(2, ((0, 9),), whole=True)))
+    view = agent_view(None, request, None, 0)
+    assert view.messages[1]["content"] == "Find." and view.visible == (True, True, False, True)
+    kept = (history[0], {"role": "user", "content": "Find"}, history[3])
+    keep = BackendRequest(messages=kept, drop_rule={"type": "keep_text_drop", "full_messages": list(history)})
+    assert keep.cache_operations().prompt == history   # the full history is what is rendered
+    view = agent_view(None, keep, None, 0)
+    assert view.messages == kept and all(view.visible)   # the agent sees the kept messages
+    for rule in ({"type": "text_drop", "drop_messages": [None]},
+                 {"type": "keep_text_drop", "full_messages": [history[3]]}):
+        with pytest.raises(BackendError, match="drop_rule"):
+            BackendRequest(messages=history, drop_rule=rule).cache_operations()
 
 
 THINKING_HISTORY = (

@@ -28,6 +28,9 @@ CANONICAL = [
     "mode text\non each turn: omit thinking where role assistant\n"
     "on history_tokens > 6000: summarize all keep last 2 within 512 in 128..2048 tokens",
     "mode text\non drop_context: omit requested",
+    "mode kv\non each tool_response: cut after \"\\n--\" from role tool keep last 3\nreposition never",
+    "mode kv\non visible_tokens > 4000: cut before \"Summary:\" from role assistant and tokens > 200\n"
+    "reposition never",
     "mode text",
 ]
 
@@ -82,6 +85,10 @@ def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     ("mode text\non each turn: summarize all until visible_tokens <= 9 within 64 tokens", "summarize until"),
     ("mode kv\non each turn: drop not not not all", "nesting past MAX_DEPTH"),
     ('mode kv\non each turn: drop contains ""', "an empty string"),
+    ('mode text\non each turn: cut after "x" from all', "cut in mode text"),
+    ('mode kv\non each turn: cut after "x" from all\non each turn: drop all', "a cut beside a drop"),
+    ('mode kv\non each turn: cut after "x" from all\nreposition after each drop', "a cut with a reposition"),
+    ('mode kv\non each turn: cut after "x" from thinking', "a cut of thinking"),
 ])
 def test_what_the_builder_or_validator_refuses_the_variant_cannot_write(text, why):
     assert not accepts(constrained_grammar(max_rules=2), text), why

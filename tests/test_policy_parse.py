@@ -56,7 +56,7 @@ BAD_INPUT = [
     ("# only a comment\n\n", 1, 1, PolicySyntaxError, "empty policy"),
     ("mode kv\non each tool_response: drop role tool keepx last 3\n", 2, 39, PolicySyntaxError,
      "unknown keyword 'keepx'"),
-    ("mode kv\non each tool_response: discard role tool\n", 2, 24, PolicySyntaxError, "expected 'drop', 'omit'"),
+    ("mode kv\non each tool_response: discard role tool\n", 2, 24, PolicySyntaxError, "expected 'cut', 'drop', 'omit'"),
     ("mode kv\non each tool_response: drop role tool keep last\n", 2, 48, PolicySyntaxError,
      "unexpected end of file"),
     ("mode kv\non each tool_response:\n", 2, 23, PolicySyntaxError, "unexpected end of file"),

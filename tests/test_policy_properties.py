@@ -64,7 +64,15 @@ TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
     st.builds(n.Remove, MESSAGE_TARGETS),
     st.builds(n.Summarize, st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6)), nums(16, 500)),
 ))
-ANY_POLICIES = st.one_of(KV_POLICIES, st.builds(n.Policy, st.just("text"), st.lists(TEXT_RULES, max_size=3).map(tuple)))
+CUT_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Cut, st.sampled_from(n.CUT_SIDES),
+                                                   st.sampled_from(["a", "ok", " ", "\n"]), MESSAGE_TARGETS))
+CUT_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(CUT_RULES, min_size=1, max_size=2).map(tuple),
+                         st.just(n.RepositionNever()), st.booleans())
+ANY_POLICIES = st.one_of(KV_POLICIES, st.builds(n.Policy, st.just("text"), st.lists(TEXT_RULES, max_size=3).map(tuple)),
+                         CUT_POLICIES)
+# Cut rules beside drop rules, or with repositions: refused, and the printer test checks that parse refuses them.
+MIXED_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(st.one_of(KV_RULES, CUT_RULES), max_size=3).map(tuple),
+                           REPOSITIONS)
 
 
 def valid(ast: n.Policy) -> bool:
@@ -137,8 +145,26 @@ def test_text_edits_are_in_range_and_never_touch_protected_messages(history, ast
     assert len(covered) == len(set(covered)) and first_user not in covered
 
 
+@SMALL
+@given(history=histories(max_rounds=8), ast=CUT_POLICIES.filter(valid), counter=COUNTERS)
+def test_random_cut_policies_are_cumulative_and_what_they_send_projects_back(history, ast, counter) -> None:
+    from akv_core.cache.text_drop import project_kept
+
+    policy = compile_policy(ast)
+    full = policy.decide(history, counter)
+    protected = {i for i, m in enumerate(history) if m["role"] == "system"}
+    protected.add(next(i for i, m in enumerate(history) if m["role"] == "user"))
+    assert not protected & set(full.kept) and len(history) - 1 not in full.kept
+    for k in range(1, len(history)):
+        assert policy.decide(history[:k], counter).kept.items() <= full.kept.items()
+    if full.kept:   # the server accepts what the policy sends, and cuts exactly the text it took away
+        sent = full.sent_messages(history)
+        drop = project_kept(full.api_fields()["drop_rule"]["full_messages"], sent).drop
+        assert {cut.message for cut in drop.cuts} == set(full.kept) and not any(cut.whole for cut in drop.cuts)
+
+
 @settings(max_examples=150, deadline=None)
-@given(ast=ANY_POLICIES)
+@given(ast=st.one_of(ANY_POLICIES, MIXED_POLICIES))
 def test_printer_round_trips_every_valid_ast_and_parse_rejects_the_rest(ast) -> None:
     text = format_policy(ast)
     if valid(ast):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.backends import BackendRequest
 from sandbox.backends.http import HttpBackend
 from sandbox.backends.replay import ReplayBackend
 from sandbox.harness import resolve_policy, run_task
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.model, pytest.mark.server]
 KV_TOKENS = 16_384  # both sides; the trajectories stay far below it, so nothing is evicted
 READY_TIMEOUT_S = 300
 TINY_TEXT_POLICY = "mode text\non history_tokens > 700: summarize all within 96 tokens\n"
+CUT_POLICY = 'mode kv\non each tool_response: cut after "\\n" from role tool keep last 1\n'   # keep_text_drop
 
 
 @pytest.fixture(scope="module")
@@ -78,21 +80,49 @@ def test_replay_usage_equals_the_server_token_for_token(server_url: str, tmp_pat
     policy_file.write_text(TINY_TEXT_POLICY)
     kv_run = _recorded(tmp_path, "rolling-3", 5)
     text_run = _recorded(tmp_path, str(policy_file), 5)
+    cut_file = tmp_path.parent / "cut.akvp"
+    cut_file.write_text(CUT_POLICY)
+    cut_run = _recorded(tmp_path, str(cut_file), 3)
     assert any(r.request.drop_message for r in kv_run) and any(r.request.reposition for r in kv_run)
     assert any(r.purpose == "summary" for r in text_run)
+    assert any((r.request.drop_rule or {}).get("type") == "keep_text_drop" for r in cut_run)
     server = HttpBackend(server_url, model="smollm2")
     replay = ReplayBackend(kv_tokens=KV_TOKENS, fresh_cache_per_task=False)
     fields = ("prompt_tokens", "cached_tokens", "repos_tokens", "drop_skipped_tokens", "prefilled_tokens")
     served_all, mismatches = [], []
-    for number, item in enumerate(kv_run + text_run):
+    for number, item in enumerate(kv_run + text_run + cut_run):
         served = server.complete(item.request).usage
         replayed = replay.complete(item.request).usage
         served_all.append(served)
         if any(getattr(served, f) != getattr(replayed, f) for f in fields):
             mismatches.append((number, item.purpose, served, replayed))
+    # Text drops on a short history, on the same two caches: the cut tokens are accounted alike.
+    for number, request in enumerate(text_drop_requests(), start=len(served_all)):
+        served, replayed = server.complete(request).usage, replay.complete(request).usage
+        served_all.append(served)
+        if any(getattr(served, f) != getattr(replayed, f) for f in fields):
+            mismatches.append((number, request.drop_rule["type"], served, replayed))
     server.close()
     assert not mismatches, mismatches[:3]
+    assert sum(u.drop_skipped_tokens for u in served_all[-4:]) > 0
     # The first trajectory met an empty server cache, as the recording's fresh simulator did.
     assert [[getattr(u, f) for f in fields] for u in served_all[:len(kv_run)]] == \
         [[getattr(r.usage, f) for f in fields] for r in kv_run]
     assert sum(u.drop_skipped_tokens for u in served_all) > 0 and sum(u.repos_tokens for u in served_all) > 0
+
+
+def text_drop_requests() -> list[BackendRequest]:
+    """A text_drop, its repeat, then keep_text_drop on the grown history (a tool result trimmed)."""
+    history = [{"role": "system", "content": "You read documents (parity of text drops)."},
+               {"role": "user", "content": "Note the code 4721, then read doc-1. The code is only for now."},
+               {"role": "assistant", "content": "Reading doc-1."},
+               {"role": "user", "content": "Here is doc-1: the library opened in 1901 and holds 3 million books."}]
+    cut = [None, {"role": "user", "content": ["4721", " The code is only for now."]}, None,
+           {"role": "user", "content": "opened in 1901 and "}]
+    grown = history + [{"role": "assistant", "content": "It holds 3 million books."},
+                       {"role": "user", "content": "And when did it open?"}]
+    kept = [grown[0], {"role": "user", "content": "then read doc-1."}, grown[2],
+            {"role": "user", "content": "the library opened in 1901"}, grown[5]]
+    text = BackendRequest(messages=tuple(history), drop_rule={"type": "text_drop", "drop_messages": cut})
+    keep = BackendRequest(messages=tuple(kept), drop_rule={"type": "keep_text_drop", "full_messages": grown})
+    return [text, text, keep, keep]

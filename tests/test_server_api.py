@@ -44,12 +44,15 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     info = server.client.get("/server_info").json()
     assert info["model"] == MODEL and models["data"][0]["akv"] == info["akv"]
     # The report is what the server accepts: each listed rule type passes validation, others do not.
-    assert info["akv"]["drop_rule_types"] == ["message_drop", "thinking_drop"]
+    assert info["akv"]["drop_rule_types"] == ["message_drop", "thinking_drop", "text_drop", "keep_text_drop"]
     assert set(info["akv"]["usage_details"]) == {"cached_tokens", "drop_skipped_tokens", "repos_tokens",
                                                  "prefilled_tokens"}
-    for kind in ("thinking_drop", "text_drop"):
-        refused = server.chat({"messages": greeting("Hi."), "max_tokens": 1, "drop_rule": {"type": kind}})
-        assert (refused.status_code == 200) == (kind in info["akv"]["drop_rule_types"]), refused.text
+    hi = greeting("Hi.")
+    valid = {"thinking_drop": {}, "text_drop": {"drop_messages": [None] * len(hi)},
+             "keep_text_drop": {"full_messages": hi}, "forget": {}}
+    for kind, fields in valid.items():
+        answer = server.chat({"messages": hi, "max_tokens": 1, "drop_rule": {"type": kind, **fields}})
+        assert (answer.status_code == 200) == (kind in info["akv"]["drop_rule_types"]), answer.text
     # OpenAI fields that change nothing here are accepted (clients send them by default).
     assert server.chat({"messages": greeting("Say hi."), "max_tokens": 1, "store": False,
                         "metadata": {"run": "t"}, "n": 1}).status_code == 200
@@ -82,6 +85,26 @@ BAD_REQUESTS = [
     ({"drop_rule": {"type": "thinking_drop"}, "reposition": [4]}, 400, "reposition[0]"),
     ({"drop_rule": {"type": "message_drop", "drop_messages": {"3": [5]}}},
      400, "drop_rule.drop_messages.3[0]"),
+    # text_drop entries are aligned with messages; keep_text_drop's kept messages project full_messages
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [None, None]}}, 400, "drop_rule.drop_messages"),
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [None, {"role": "user", "content": "Canberra"}, None, None]}},
+     400, "drop_rule.drop_messages[1].content"),
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [
+        None, {"role": "user", "content": "the", "occurrence": 2}, None, None]}},
+     400, "drop_rule.drop_messages[1].occurrence"),
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [
+        None, {"role": "user", "content": "capital", "colour": "red"}, None, None]}},
+     400, "drop_rule.drop_messages[1].colour"),
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [None] * 4, "force": True}}, 400, "drop_rule.force"),
+    ({"drop_rule": {"type": "text_drop", "drop_messages": [None, {"role": "user", "content": ["x"] * 1025},
+                                                           None, None]}}, 400, "drop_rule.drop_messages[1].content"),
+    ({"drop_rule": {"type": "keep_text_drop", "full_messages": README_HISTORY[:2]}}, 400, "drop_rule.full_messages"),
+    ({"drop_rule": {"type": "keep_text_drop", "full_messages": README_HISTORY[::-1]}}, 400, "drop_rule.full_messages"),
+    ({"drop_rule": {"type": "keep_text_drop", "full_messages": README_HISTORY, "force": "yes"}},
+     400, "drop_rule.force"),
+    ({"drop_rule": {"type": "keep_text_drop", "full_messages": README_HISTORY, "kept": []}}, 400, "drop_rule.kept"),
+    ({"drop_rule": {"type": "keep_text_drop", "full_messages": [{"role": "wizard", "content": "x"}]}},
+     400, "drop_rule.full_messages[0].role"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"max_tokens": 0}, 400, "max_tokens"),
@@ -269,3 +292,22 @@ def test_every_request_gets_one_access_log_line(server: LiveServer, caplog: pyte
     assert lines[0].startswith(served) and lines[2].startswith(served), lines
     assert lines[1].startswith("POST /v1/chat/completions 400 prompt=- completion=- cached=- latency=")
     assert all(line.endswith("s") and "latency=" in line for line in lines)
+
+
+def test_text_drops_skip_the_cut_tokens_and_bad_ones_change_nothing(server: LiveServer) -> None:
+    text_drop = {"type": "text_drop", "drop_messages": [
+        None, {"role": "user", "content": " and its population"}, {"role": "assistant", "content": "Canberra"}, None]}
+    kept = [README_HISTORY[0], {"role": "user", "content": "Find the capital of Australia"}, README_HISTORY[3]]
+    keep_text_drop = {"type": "keep_text_drop", "full_messages": README_HISTORY}
+    for rule, messages in ((text_drop, README_HISTORY), (keep_text_drop, kept)):
+        body = {"messages": messages, "max_tokens": 1, "temperature": 0, "drop_rule": rule}
+        first = server.chat(body)
+        assert first.status_code == 200, first.text
+        bad = server.chat({**body, "drop_rule": {**rule, "force": 1}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "drop_rule.force"
+        again = server.chat(body).json()
+        assert_usage_adds_up(again)
+        # a full hit: the cut tokens were matched and not read (upstream's drop_skipped_tokens)
+        assert details(again)["prefilled_tokens"] == 1 and details(again)["drop_skipped_tokens"] > 0, again
+        assert again["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"]
+    server.check_idle_and_intact()

@@ -10,11 +10,14 @@ A drop record hides whole messages (`drop_message`) or, under `thinking_drop`,
 the rendered reasoning of the message it follows: every message with a
 reasoning span and at least one message after it gets a record right after
 itself, so its own content was computed seeing its reasoning and nothing
-later does.
+later does. A text drop (`text_drop`, `keep_text_drop`) hides, right after its
+trigger, the tokens wholly inside the cut characters of message contents (whole
+messages where a cut says so), mapped through the renderer's provenance.
 """
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +31,9 @@ class RenderedPrompt(Protocol):
     spans: tuple[tuple[int, int], ...]
     header_start: int
     reasoning_spans: tuple[tuple[int, int] | None, ...]
+
+    def content_tokens(self, index: int, chars: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Absolute token ranges of message `index` wholly inside characters `chars` of its content."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,14 @@ def _hidden_by_trigger(rendered: RenderedPrompt, operations: Operations) -> dict
         for trigger, reasoning in enumerate(rendered.reasoning_spans[:len(rendered.spans) - 1]):
             if reasoning is not None:
                 hidden.setdefault(trigger, []).append(reasoning)
+    text_drop = operations.text_drop
+    if text_drop is not None:
+        cut = hidden.setdefault(text_drop.trigger, [])
+        for part in text_drop.cuts:
+            if part.whole:
+                cut.append(rendered.spans[part.message])
+            else:
+                cut.extend(rendered.content_tokens(part.message, part.chars))
     return hidden
 
 

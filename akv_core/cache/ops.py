@@ -3,14 +3,19 @@
 The fields are cumulative: a request carries every operation since the start of
 its history (`thinking_drop` applies to every earlier message with reasoning).
 Checking happens once, here, so the server (400 naming the field), the engine
-and the replay simulator reject exactly the same inputs.
+and the replay simulator reject exactly the same inputs. The drop rules that cut
+parts of messages (`text_drop`, `keep_text_drop`) are read in `akv_core.cache.text_drop`
+and join the operations as a `TextDrop`.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from akv_core.cache.text_drop import TextDrop
 
 _DECIMAL = re.compile(r"-?[0-9]+")   # fullmatch, so no surrounding whitespace either
 
@@ -27,36 +32,43 @@ class OperationError(ValueError):
 @dataclass(frozen=True)
 class Operations:
     """Validated operations: per trigger message the messages it drops, the reposition triggers,
-    and whether each message's reasoning is dropped right after it (`thinking_drop`)."""
+    whether each message's reasoning is dropped right after it (`thinking_drop`), and the
+    parts of messages a `text_drop` / `keep_text_drop` cuts."""
 
     drops: tuple[tuple[int, tuple[int, ...]], ...]  # (trigger, dropped messages), trigger order
     repositions: tuple[int, ...]                    # sorted triggers
     thinking_drop: bool = False
+    text_drop: TextDrop | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.drops and not self.repositions and not self.thinking_drop
+        return not self.drops and not self.repositions and not self.thinking_drop and self.text_drop is None
 
 
 NO_OPERATIONS = Operations((), ())
 
 
 def validate_operations(n_messages: int, drop_message: Mapping[Any, Any] | None,
-                        reposition: Sequence[Any] | None, thinking_drop: bool = False) -> Operations:
+                        reposition: Sequence[Any] | None, thinking_drop: bool = False,
+                        text_drop: TextDrop | None = None) -> Operations:
     """Check the operation fields of a history of `n_messages` messages; raise OperationError.
 
-    `thinking_drop` is the API's `drop_rule: {"type": "thinking_drop"}`, which takes the
-    place of `drop_message`: the two never come together.
+    `thinking_drop` is the API's `drop_rule: {"type": "thinking_drop"}` and `text_drop` a
+    parsed `text_drop` / `keep_text_drop` rule; each takes the place of `drop_message`, and
+    a request has at most one of the three.
     """
     if not isinstance(thinking_drop, bool):
         raise OperationError("drop_rule", f"thinking_drop must be true or false, got {thinking_drop!r}")
-    if thinking_drop and drop_message is not None:
+    if sum((thinking_drop, drop_message is not None, text_drop is not None)) > 1:
         raise OperationError("drop_rule", "send either drop_message or drop_rule, not both")
+    if text_drop is not None and not 0 <= text_drop.trigger < n_messages:
+        raise OperationError("drop_rule", f"the text drop's trigger {text_drop.trigger} is not a message "
+                                          f"of the history (0..{n_messages - 1})")
     drops = _validate_drops(n_messages, drop_message)
     repositions = _validate_repositions(n_messages, reposition)
-    if not drops and not repositions and not thinking_drop:
+    if not drops and not repositions and not thinking_drop and text_drop is None:
         return NO_OPERATIONS
-    return Operations(drops, repositions, thinking_drop)
+    return Operations(drops, repositions, thinking_drop, text_drop)
 
 
 def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> tuple:
@@ -80,9 +92,9 @@ def _validate_drops(n_messages: int, drop_message: Mapping[Any, Any] | None) -> 
             # A plain in-range int is the usual case; anything else gets _index's checks and message.
             valid = type(raw) is int and 0 <= raw < n_messages
             index = raw if valid else _index(raw, f"{field}[{position}]", n_messages, allow_string=False)
-            if index >= trigger:
-                raise OperationError(f"{field}[{position}]", f"message {index} cannot be dropped at or before "
-                                     f"itself (trigger {trigger}); only earlier messages can be dropped")
+            if index > trigger:
+                raise OperationError(f"{field}[{position}]", f"message {index} is after its trigger {trigger}; "
+                                     "a trigger drops itself or earlier messages, never a future one")
             if index in dropped_by:
                 raise OperationError(f"{field}[{position}]", f"message {index} is already dropped "
                                                              f"(by trigger {dropped_by[index]})")

@@ -13,6 +13,7 @@ from typing import Any
 from akv_core.cache.key import RenderedPrompt, build_key
 from akv_core.cache.kv_cache import KVCache, KVCapacityError, PoolStats
 from akv_core.cache.ops import validate_operations
+from akv_core.cache.text_drop import TextDrop
 from akv_core.cache.usage import Usage
 
 
@@ -24,13 +25,14 @@ class CacheSimulator:
 
     def request(self, rendered: RenderedPrompt, drop_message: Mapping[Any, Any] | None = None,
                 reposition: Sequence[Any] | None = None, completion_tokens: int = 0,
-                max_tokens: int = 0, thinking_drop: bool = False) -> Usage:
+                max_tokens: int = 0, thinking_drop: bool = False, text_drop: TextDrop | None = None) -> Usage:
         """Serve one request's prompt; `max_tokens` reserves decode slots as the engine does.
 
-        Raises OperationError for invalid operations and KVCapacityError for a prompt the
-        pool can never hold.
+        `text_drop` is a parsed text_drop / keep_text_drop rule (akv_core.cache.text_drop) of
+        the history `rendered` is. Raises OperationError for invalid operations and
+        KVCapacityError for a prompt the pool can never hold.
         """
-        operations = validate_operations(len(rendered.spans), drop_message, reposition, thinking_drop)
+        operations = validate_operations(len(rendered.spans), drop_message, reposition, thinking_drop, text_drop)
         plan = self.cache.plan(build_key(rendered, operations), max_tokens)
         if not self.cache.can_admit(plan, max_tokens):
             self.cache.check_fits(plan, max_tokens)

@@ -95,7 +95,7 @@ class EngineLoop:
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                thinking_drop=args.thinking_drop, grammar=args.grammar)
+                thinking_drop=args.thinking_drop, grammar=args.grammar, text_drop=args.text_drop)
         except GrammarError as error:
             raise APIError(f"{args.grammar_field}: invalid grammar: {error}", param=args.grammar_field) from None
         except OperationError as error:
@@ -154,7 +154,7 @@ def prompt_end_position(engine: Any, args: GenerationArgs) -> int:
     """
     rendered = engine.tokenizer.render(args.messages, args.tools)
     operations = validate_operations(len(args.messages), args.drop_message, args.reposition,
-                                     args.thinking_drop)
+                                     args.thinking_drop, args.text_drop)
     key = build_key(rendered, operations)
     return plan_request(RadixCache(SlotAllocator(1)), key).end_position
 

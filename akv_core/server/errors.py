@@ -67,7 +67,8 @@ def field_path(loc: Sequence[Any]) -> str | None:
     return path or None
 
 
-_SCHEMA_LABELS = {"str", "int", "float", "bool", "list", "dict", "message_drop", "thinking_drop"}
+_SCHEMA_LABELS = {"str", "int", "float", "bool", "list", "dict", "message_drop", "thinking_drop", "text_drop",
+                  "keep_text_drop"}
 
 
 def _is_schema_label(part: str) -> bool:

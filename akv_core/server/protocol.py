@@ -116,7 +116,31 @@ class ThinkingDropRule(BaseModel):
     type: Literal["thinking_drop"]
 
 
-DropRule = Annotated[MessageDropRule | ThinkingDropRule, Field(discriminator="type")]
+class TextDropRule(BaseModel):
+    """Drop substrings of messages: `drop_messages` is aligned with `messages`, each entry null
+    or `{"role", "content": str | [str], "occurrence": int | [int]}`; the cut tokens leave
+    attention after the latest user message (akv_core.cache.text_drop checks the entries)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text_drop"]
+    drop_messages: list[dict[str, Any] | None]
+
+
+class KeepTextDropRule(BaseModel):
+    """`messages` is what the client keeps of `full_messages`, the full history: the server
+    renders the full history and drops what the kept messages leave out, after its last message.
+    `force`: a kept history that is not a projection of the full one is served as sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["keep_text_drop"]
+    full_messages: list[ChatMessage]
+    force: StrictBool = False
+
+
+DropRule = Annotated[MessageDropRule | ThinkingDropRule | TextDropRule | KeepTextDropRule,
+                     Field(discriminator="type")]
 
 
 class ChatCompletionRequest(BaseModel):

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from akv_core.cache.ops import OperationError, validate_operations
+from akv_core.cache.text_drop import TextDrop, parse_text_drop, project_kept
 from akv_core.constrain import Grammar
 from akv_core.server.constraint import output_constraint
 from akv_core.server.errors import APIError
-from akv_core.server.protocol import ChatCompletionRequest, MessageDropRule, ThinkingDropRule
+from akv_core.server.protocol import (ChatCompletionRequest, KeepTextDropRule, MessageDropRule, TextDropRule,
+                                      ThinkingDropRule)
 
 
 @dataclass(frozen=True)
@@ -33,23 +35,26 @@ class GenerationArgs:
     stop: list[str] | None
     grammar: Grammar | None = None
     grammar_field: str | None = None   # the request field the grammar came from, for its 400
+    text_drop: TextDrop | None = None  # a text_drop / keep_text_drop rule, resolved
 
 
 def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
     if not request.messages:
         raise APIError("messages: the history must contain at least one message", param="messages")
     _reject_unsupported(request)
-    drop_message, reposition, thinking_drop = cache_operations(request)
+    messages, text_drop = prompt_messages(request)
+    drop_message, reposition, thinking_drop = cache_operations(request, messages, text_drop)
     grammar, grammar_field = output_constraint(request)
     tools = None
     if request.tools and request.tool_choice != "none":
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
     return GenerationArgs(
-        messages=[_engine_message(message) for message in request.messages],
+        messages=messages,
         tools=tools,
         drop_message=drop_message,
         reposition=reposition,
         thinking_drop=thinking_drop,
+        text_drop=text_drop,
         max_tokens=_max_tokens(request),
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -60,11 +65,29 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
     )
 
 
+def prompt_messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], TextDrop | None]:
+    """The messages to render (the full history under keep_text_drop) and the text drop, if any."""
+    messages = [_engine_message(message) for message in request.messages]
+    rule = request.drop_rule
+    try:
+        if isinstance(rule, TextDropRule):
+            return messages, parse_text_drop(rule.drop_messages, messages)
+        if isinstance(rule, KeepTextDropRule):
+            full = [_engine_message(message) for message in rule.full_messages]
+            kept = project_kept(full, messages, rule.force)
+            return kept.messages, kept.drop
+    except OperationError as error:
+        raise APIError(str(error), param=error.field) from None
+    return messages, None
+
+
 def cache_operations(
-    request: ChatCompletionRequest,
+    request: ChatCompletionRequest, messages: list[dict[str, Any]] | None = None,
+    text_drop: TextDrop | None = None,
 ) -> tuple[dict[str, list[int]] | None, list[int] | None, bool]:
     """(drop_message, reposition, thinking_drop) from `drop_message` / `drop_rule` and
-    `reposition`, checked against the history."""
+    `reposition`, checked against the history (`messages`, the prompt, when it is not the
+    request's own: the full history of a keep_text_drop) with its text drop."""
     if request.drop_message is not None and request.drop_rule is not None:
         raise APIError(
             "drop_rule: send either drop_message or drop_rule, not both", param="drop_rule"
@@ -73,8 +96,9 @@ def cache_operations(
     if isinstance(request.drop_rule, MessageDropRule):
         field, drops = "drop_rule.drop_messages", request.drop_rule.drop_messages
     thinking_drop = isinstance(request.drop_rule, ThinkingDropRule)
+    n_messages = len(request.messages if messages is None else messages)
     try:
-        validate_operations(len(request.messages), drops, request.reposition, thinking_drop)
+        validate_operations(n_messages, drops, request.reposition, thinking_drop, text_drop)
     except OperationError as error:
         param = _rename(error.field, field)
         raise APIError(f"{param}: {error.message}", param=param) from None

@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
+from akv_core.cache.ops import OperationError
+from akv_core.cache.text_drop import TextDrop, parse_text_drop, project_kept
+
 from sandbox.cost import Usage
 
 Message = dict[str, Any]
@@ -66,8 +69,8 @@ class BackendRequest:
     def cache_operations(self) -> CacheOperations:
         """The operations as the engine and the replay simulator take them.
 
-        Raises BackendError for a `drop_rule` that is not message_drop or thinking_drop,
-        as the server would answer with HTTP 400.
+        Raises BackendError for a `drop_rule` the server would answer with HTTP 400: an
+        unknown type, or a text_drop / keep_text_drop whose entries do not fit the history.
         """
         reposition = tuple(self.reposition)
         if not self.drop_rule:
@@ -77,16 +80,33 @@ class BackendRequest:
             return CacheOperations(None, reposition, True)
         if kind == "message_drop":
             return CacheOperations(dict(self.drop_rule.get("drop_messages") or {}), reposition, False)
-        raise BackendError(f"drop_rule.type: expected message_drop or thinking_drop, got {kind!r}")
+        if kind in ("text_drop", "keep_text_drop"):
+            return self._text_operations(kind, reposition)
+        raise BackendError(f"drop_rule.type: expected message_drop, thinking_drop, text_drop or keep_text_drop, "
+                           f"got {kind!r}")
+
+    def _text_operations(self, kind: str, reposition: tuple[int, ...]) -> CacheOperations:
+        rule, messages = self.drop_rule, list(self.messages)
+        try:
+            if kind == "text_drop":
+                return CacheOperations(None, reposition, False, parse_text_drop(rule.get("drop_messages"), messages))
+            kept = project_kept(rule.get("full_messages"), messages, rule.get("force") is True)
+        except OperationError as err:
+            raise BackendError(f"the request was rejected: {err}") from err
+        return CacheOperations(None, reposition, False, kept.drop, tuple(kept.messages))
 
 
 @dataclass(frozen=True)
 class CacheOperations:
-    """A request's cache fields, `drop_rule` resolved: drop_message or thinking_drop, and reposition."""
+    """A request's cache fields, `drop_rule` resolved: drop_message, thinking_drop or a text drop
+    (`text_drop` against `prompt`, the history to render: the full one of a keep_text_drop,
+    None for the request's own messages), and reposition."""
 
     drop_message: Mapping[str, Sequence[int]] | None
     reposition: tuple[int, ...]
     thinking_drop: bool
+    text_drop: TextDrop | None = None
+    prompt: tuple[Message, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class EmbeddedBackend:
         fields = request.cache_operations()
         try:
             generation = self._engine.generate(
-                list(request.messages),
+                list(fields.prompt or request.messages),
                 drop_message=fields.drop_message,
                 reposition=list(fields.reposition) or None,
                 tools=list(request.tools) or None,
@@ -49,6 +49,7 @@ class EmbeddedBackend:
                 temperature=request.temperature,
                 seed=request.seed,
                 thinking_drop=fields.thinking_drop,
+                text_drop=fields.text_drop,
             )
         except (ValueError, RuntimeError) as err:  # a request the engine refused or could not finish
             raise BackendError(f"the embedded engine could not serve the request: {err}") from err

@@ -85,8 +85,9 @@ class ReplayBackend:
             self._pending = []
 
     def complete(self, request: BackendRequest) -> BackendReply:
-        rendered = self._tokenizer.render(request.messages, list(request.tools) or None)
-        operations = (request.cache_operations(), request.max_tokens)
+        fields = request.cache_operations()
+        rendered = self._tokenizer.render(fields.prompt or request.messages, list(request.tools) or None)
+        operations = (fields, request.max_tokens)
         if self._memo is None:
             usage = self._account(rendered, operations)
         else:
@@ -111,7 +112,7 @@ class ReplayBackend:
         fields, max_tokens = operations
         try:
             usage = self._simulator.request(rendered, fields.drop_message, fields.reposition, max_tokens=max_tokens,
-                                            thinking_drop=fields.thinking_drop)
+                                            thinking_drop=fields.thinking_drop, text_drop=fields.text_drop)
         except (OperationError, KVCapacityError) as err:  # what the server would answer with HTTP 400
             raise BackendError(f"the request was rejected: {err}") from err
         return Usage.from_fields(usage)
@@ -133,4 +134,6 @@ def _chained(previous: bytes, rendered: Rendered, operations: _Operations) -> by
     fields, max_tokens = operations
     digest.update(json.dumps([fields.drop_message or {}, list(fields.reposition), fields.thinking_drop, max_tokens],
                              sort_keys=True).encode())
+    if fields.text_drop is not None:   # its characters, which the tokens and spans above do not show
+        digest.update(repr(fields.text_drop).encode())
     return digest.digest()

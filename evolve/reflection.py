@@ -5,9 +5,11 @@ policy's traces are its message timelines. `timeline_of` reduces one task's traj
 proposer needs (kept in the store with the train result, a few KB per task): for each message
 its role, tool, size, when it arrived, when the policy dropped it, which agent steps read it
 (the scripted agents' use records, `used`), and whether it is a re-fetch of an earlier result
-(the same tool called with the same arguments). `digest` renders that as text within a token
-budget: the failure reason, the re-fetches each drop caused, the visible tokens paid for and
-never used again, then the message lines that matter most. A digest over its budget is
+(the same tool called with the same arguments); for a result read at most once, the start of
+the agent's next message (its verdict on a dead end, which `next_turn contains` can match).
+`digest` renders that as text within a token budget: the failure reason, the re-fetches each
+drop caused, the visible tokens paid for and never used again, the costliest results read once
+and then kept (with that next message), then the message lines that matter most. A digest over its budget is
 shortened, line by line, never sent whole.
 
 Only train trajectories are kept (the evaluator keeps none for held-out), and they reach a
@@ -22,6 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 from sandbox.trajectory import Trajectory
 
 Timeline = dict[str, Any]  # JSON-ready: see timeline_of
+NEXT_TURN_CHARS = 100  # of the agent's next message, kept for a tool result read at most once
+ONCE_LINES = 3  # results read once and then kept idle, quoted with that next message
 Count = Callable[[str], int]  # tokens of a text, with the proposer's model's tokenizer or an estimate
 
 
@@ -50,9 +54,12 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
         # Visible from its arrival until its drop: the requests after its last read paid for it in vain.
         last_read = max(uses, default=arrived - 1)
         end = dropped if dropped is not None else first + len(steps)
-        lines.append({"i": index, "role": message.get("role", "?"), "tool": _tool(message, call),
-                      "tokens": count(message), "arrived": arrived, "dropped": dropped, "uses": uses,
-                      "refetch_of": refetch_of, "idle": max(0, end - last_read - 1) if uses or steps[0].used is not None else 0})
+        line = {"i": index, "role": message.get("role", "?"), "tool": _tool(message, call),
+                "tokens": count(message), "arrived": arrived, "dropped": dropped, "uses": uses,
+                "refetch_of": refetch_of, "idle": max(0, end - last_read - 1) if uses or steps[0].used is not None else 0}
+        if call and len(uses) <= 1:   # read once at most: what the agent said next is the verdict on it
+            line["next_turn"] = _next_turn(messages, index)
+        lines.append(line)
     result = next((n for n in reversed(trajectory.notes) if n.get("type") == "result"), {})
     grade = next((n for n in reversed(trajectory.notes) if n.get("type") == "grade"), {})
     return {"task_id": trajectory.header.get("task_id"), "split": trajectory.header.get("split"),
@@ -60,6 +67,13 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
             "requests": result.get("n_requests", len(agent)), "steps": len(agent), "rewrites": rewrites,
             "uses_recorded": bool(steps) and all(e.used is not None for e in steps),
             "reason": result.get("reason") or grade.get("detail"), "messages": lines}
+
+
+def _next_turn(messages: Sequence[Mapping[str, Any]], index: int) -> str | None:
+    """The start of the first assistant message after `index` (what `next_turn contains` matches)."""
+    following = next((m for m in messages[index + 1:] if m.get("role") == "assistant"), None)
+    text = " ".join(str((following or {}).get("content") or "").split())
+    return _short(text, NEXT_TURN_CHARS) if text else None
 
 
 def _extends(before: Sequence[Any], now: Sequence[Any]) -> bool:
@@ -112,7 +126,7 @@ def digest(timeline: Timeline, budget: int, count: Count) -> Digest:
     Returns an empty digest when not even the task's header line fits.
     """
     head = _header(timeline)
-    body = _refetch_lines(timeline) + _waste_lines(timeline)
+    body = _refetch_lines(timeline) + _waste_lines(timeline) + _read_once_lines(timeline)
     table = _message_lines(timeline)
     out, used, shortened = [], 0, False
     for kind, lines in (("head", head), ("body", body), ("table", table)):
@@ -178,6 +192,23 @@ def _waste_lines(t: Timeline) -> list[str]:
         lines.append(f" tool results never read after arriving: {', '.join('#' + str(m['i']) for m in never[:12])}"
                      + (" …" if len(never) > 12 else ""))
     return lines
+
+
+def _read_once_lines(t: Timeline) -> list[str]:
+    """The costliest tool results read once and then kept visible, with what the agent said next:
+    a verdict there ("... is not relevant") is text a `next_turn contains` selector can match."""
+    if not t["uses_recorded"]:
+        return []
+    once = sorted((m for m in t["messages"] if len(m["uses"]) == 1 and m["idle"] and m.get("next_turn")),
+                  key=lambda m: (-m["tokens"] * m["idle"], m["i"]))
+    shown, tools = [], set()
+    for m in once:   # the costliest of each tool first, so each kind of result is quoted
+        if m["tool"].split()[0] not in tools:
+            tools.add(m["tool"].split()[0])
+            shown.append(m)
+    shown = shown[:ONCE_LINES] + [m for m in once if m not in shown][: ONCE_LINES - len(shown)]
+    return [f" read once, then idle {m['idle']} requests: #{m['i']} [{m['tool']}] {m['tokens']}t; the agent's "
+            f"next turn: {json.dumps(m['next_turn'], ensure_ascii=False)}" for m in shown]
 
 
 def _message_lines(t: Timeline) -> list[str]:

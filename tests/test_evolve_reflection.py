@@ -127,3 +127,13 @@ def test_held_out_timelines_never_reach_a_proposer():
     leak = TimelineRecord(1, "localcomp-heldout-000", "heldout", {"split": "heldout", "task_id": "x"})
     with pytest.raises(HeldOutLeak, match="timeline of policy #1"):
         build_context([info], [], ["t"], random.Random(0), 0, [leak])
+
+
+def test_a_result_read_once_and_kept_is_quoted_with_the_agents_next_turn(localcomp):
+    timeline = _timeline(localcomp, "full", None)
+    once = [m for m in timeline["messages"] if m.get("next_turn") and "is not relevant" in m["next_turn"]]
+    assert once and all(m["role"] == "tool" and len(m["uses"]) <= 1 for m in once)   # edition 2's dead ends
+    text = digest(timeline, 100_000, count).text
+    quoted = [line for line in text.splitlines() if line.startswith(" read once, then idle")]
+    assert quoted and any("is not relevant" in line for line in quoted)
+    assert all(len(line) < 300 for line in quoted)

@@ -59,14 +59,26 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
         options = {} if edition is None else {"edition": edition}
         if options and "edition" not in inspect.signature(suite_obj.build).parameters:
             fail(f"{name} has a single edition: drop --edition")
+        before = _built_version(suite_obj)
         try:
             suite_obj.build(akv_home(), seed, **options)
         except ValueError as err:  # a data package missing, an archive unreachable or corrupt
             fail(f"{name}: {err}")
-        typer.echo(f"{name}: built under {akv_home()} in {time.perf_counter() - started:.1f} s "
-                   f"(version {suite_obj.version(akv_home())})")
+        version = suite_obj.version(akv_home())
+        done = "already built" if version == before else f"built in {time.perf_counter() - started:.1f} s"
+        typer.echo(f"{name}: {done} under {akv_home()} (version {version})")
     if failed:
         raise typer.Exit(code=USAGE)
+
+
+def _built_version(suite_obj: object) -> str | None:
+    """The version of what is built now; None when nothing (or not all of it) is (SuiteNotBuilt, a ValueError)."""
+    from akv_core.home import akv_home
+
+    try:
+        return suite_obj.version(akv_home())
+    except ValueError:
+        return None
 
 
 class ImportKind(str, Enum):

@@ -73,6 +73,7 @@ def test_tasks_build_prints_the_version_a_run_records(built_copy):
     built = CliRunner().invoke(app, ["tasks", "build", "--suite", "localcomp"], env={"AKV_HOME": str(built_copy)})
     assert built.exit_code == 0, built.output
     assert f"(version {get_suite('localcomp').version(built_copy)})" in built.output
+    assert built.output.startswith("localcomp: already built under ")  # nothing was built: it does not say it was
 
 
 def _recorded_run(url: str, name: str, suite_version: str) -> None:

@@ -51,8 +51,8 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
     for info, _role, _label in entries:  # all queued first: workers of a shared run take them side by side
         cascade.enqueue(info.id, heldout_ids, split=HELDOUT)
     runs: dict[int, list[TaskResult]] = {}
-    for info, _role, label in entries:
-        results = cascade.run_missing(info.id, info.text or "", label, heldout_ids, split=HELDOUT)
+    for info, _role, _label in entries:  # progress names the policy (standard-8k), not its role (standard)
+        results = cascade.run_missing(info.id, info.text or "", info.label, heldout_ids, split=HELDOUT)
         runs[info.id] = [results[t] for t in heldout_ids]
     means = {pid: summarize(rows) for pid, rows in runs.items()}
     front = {p.policy_id for p in pareto_front([Point(pid, m.score, m.cost) for pid, m in means.items()])}

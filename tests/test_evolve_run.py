@@ -115,6 +115,11 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(killed_and_resum
     assert "exported" in out and ".akvp" in out
 
 
+def test_held_out_progress_names_the_policies_not_their_roles(killed_and_resumed):
+    progress = [line for line in killed_and_resumed["stdout"].splitlines() if " on heldout: " in line]
+    assert progress and not [line for line in progress if line.split()[0] in ("standard", "text_engineering")]
+
+
 def test_runs_list_show_and_lineage(killed_and_resumed):
     runner, url, name = CliRunner(), killed_and_resumed["url"], killed_and_resumed["name"]
     listed = runner.invoke(app, ["runs", "list", "--db", url], env={"COLUMNS": "200"})

@@ -82,6 +82,7 @@ def headroom(
                                                       "localswe)."),
     margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),
     alpha: float = typer.Option(0.05, help="The champion rule's significance level."),
+    seed: int = typer.Option(0, help="The suites' build seed (another seed: other bugs and documents, fresh splits)."),
     workers: int = typer.Option(1, min=1, help="Processes running tasks (each task's policies in one of them)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -89,7 +90,7 @@ def headroom(
     module = _benchmark("headroom")
     chosen = None if policies is None else tuple(p.strip() for p in policies.split(",") if p.strip())
     settings = module.Settings(_names(suites), _names(splits, "--splits"), limit or None, swe_limit or None, chosen,
-                               margin, alpha, workers=workers)
+                               margin, alpha, seed=seed, workers=workers)
     _report(module, settings, as_json)
 
 

@@ -15,7 +15,7 @@ cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring a
 every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
 
     python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
-                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--workers 1] [--json]
+                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--seed 0] [--workers 1] [--json]
 
 JSON: costs are USD per task (`cost_usd`), as in the other benchmarks' JSON; the table shows cents.
 """
@@ -339,6 +339,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     parser.add_argument("--policies", default=None,
                         help="comma-separated hand-written kv policies for every suite (built-in names or .akvp "
                              "files; default: each suite's own, research for localcomp, drop-stale for localswe)")
+    parser.add_argument("--seed", type=int, default=Settings.seed,
+                        help="the suites' build seed (another seed: other bugs and documents, fresh splits)")
     parser.add_argument("--workers", type=int, default=Settings.workers,
                         help="processes running tasks (each task's policies in one of them)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -347,7 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
         raise SystemExit(f"--workers expects a positive number of processes, got {args.workers}")
     names = None if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
     settings = Settings(_names(args.suites, "--suites"), _names(args.splits, "--splits"), args.limit or None,
-                        args.swe_limit or None, names, workers=args.workers)
+                        args.swe_limit or None, names, seed=args.seed, workers=args.workers)
     return settings, args.json
 
 

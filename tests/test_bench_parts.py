@@ -195,6 +195,15 @@ def test_headroom_runs_each_suites_own_hand_written_built_ins_unless_told() -> N
     assert headroom.Settings().handwritten("another") == ()
 
 
+def test_headroom_options_reach_its_settings_and_bad_ones_are_named() -> None:
+    settings, as_json = headroom.parse_args(["--suites", "localswe", "--swe-limit", "0", "--seed", "1",
+                                             "--workers", "2", "--json"])
+    assert (settings.suites, settings.swe_limit, settings.seed, settings.workers, as_json) == (
+        ("localswe",), None, 1, 2, True)
+    with pytest.raises(SystemExit, match="--workers expects a positive number of processes, got 0"):
+        headroom.parse_args(["--workers", "0"])
+
+
 def test_the_llama_cpp_peer_is_found_in_another_venv_or_its_absence_explained(tmp_path) -> None:
     import importlib.util
     import sys

@@ -22,7 +22,7 @@ proposers: [llm]
 max_candidates: 1
 cascade: {subset_size: 1, train_limit: 2}
 validation: {heldout_limit: 2, top_k: 1}
-llm: {model: smollm2, max_tokens: 128, inspirations: 1, retries: 1, backoff_s: 0.2, timeout_s: 600}
+llm: {model: smollm2, max_tokens: 128, context_tokens: 2048, inspirations: 1, retries: 1, backoff_s: 0.2, timeout_s: 600}
 """
 
 

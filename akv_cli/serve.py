@@ -29,6 +29,10 @@ class LogLevel(str, Enum):
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 (faster on the CPU; "
                   "docs/engine-model.md).")
+CONTEXT_HELP = ("Context to serve in tokens (default: the model's); beyond the trained one it needs "
+                "--rope-scaling.")
+ROPE_SCALING_HELP = ("Stretch RoPE past the trained context: yarn, linear, KIND:FACTOR (yarn:4) or none; "
+                     "without a factor it is --context over the trained context (docs/server.md).")
 
 
 def register(app: typer.Typer) -> None:
@@ -47,6 +51,8 @@ def serve(
     prefill_chunk: int | None = typer.Option(None, min=0, help="Prompt tokens computed per engine step, shared "
                                              "by the prompts in progress (default: the engine's; 0: whole "
                                              "prompts)."),
+    context: int | None = typer.Option(None, min=1, help=CONTEXT_HELP),
+    rope_scaling: str | None = typer.Option(None, help=ROPE_SCALING_HELP),
     log_level: LogLevel = typer.Option(LogLevel.info, help="info logs one access line per request; "
                                        "warning and error only problems."),
 ) -> None:
@@ -62,9 +68,11 @@ def serve(
         fail(str(error))
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
+    _check_context(model, context, rope_scaling)
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
-    engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk)
+    engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk,
+                          context, rope_scaling)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
     app = create_app(engine, name, aliases=frozenset({model}))
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"),
@@ -83,11 +91,25 @@ def _device(device: Device) -> str:
     return device.value
 
 
+def _check_context(model: str, context: int | None, rope_scaling: str | None) -> None:
+    """A bad --context / --rope-scaling ends the command before the weights load, naming the option."""
+    from akv_core.model.loader import model_config
+    from akv_core.model.stretch import stretch
+
+    if context is None and rope_scaling is None:
+        return
+    try:
+        stretch(model_config(model), context, rope_scaling, fields=("--context", "--rope-scaling"))
+    except ValueError as error:
+        fail(str(error))
+
+
 def _load_engine(model: str, device: str, kv_tokens: int | None, max_running: int | None,  # noqa: ANN202
-                 precision: str, prefill_chunk: int | None):
+                 precision: str, prefill_chunk: int | None, context: int | None = None,
+                 rope_scaling: str | None = None):
     from akv_core import Engine
 
-    options = {"device": device, "precision": precision}
+    options = {"device": device, "precision": precision, "context_length": context, "rope_scaling": rope_scaling}
     if prefill_chunk is not None:
         options["prefill_chunk"] = prefill_chunk or None   # 0: whole prompts in one step
     if kv_tokens is not None:

@@ -94,10 +94,13 @@ class Engine:
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2", device: str = "auto", kv_tokens: int | None = None,
                         max_running: int = 8, precision: str = "float32",
-                        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> Engine:
+                        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, context_length: int | None = None,
+                        rope_scaling: str | None = None) -> Engine:
         """Load `smollm2`, a GGUF file or a safetensors folder onto `device` ("auto", "cpu" or "cuda").
 
         `precision` is the weights' (see `akv_core.model.loader.load_model`); "float32" is exact.
+        `context_length` and `rope_scaling` serve it at a longer context with its RoPE scaled
+        (`Engine.from_pretrained("smollm2", context_length=32768, rope_scaling="yarn")`: YaRN x4).
         """
         from akv_core.model.loader import load_model
 
@@ -105,7 +108,8 @@ class Engine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
-        model = load_model(name_or_path, device=device, precision=precision)
+        model = load_model(name_or_path, device=device, precision=precision, context_length=context_length,
+                           rope_scaling=rope_scaling)
         if kv_tokens is None:
             kv_tokens = _default_kv_tokens(model, device)
         return cls(model, ChatTokenizer.from_model(name_or_path), kv_tokens, max_running,

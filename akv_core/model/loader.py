@@ -22,13 +22,15 @@ from akv_core.model.llama import CausalLM, LayerWeights
 from akv_core.model.locate import EMBEDDED_NAME, locate
 from akv_core.model.precisions import CPU_ONLY_PRECISIONS, check_precision
 from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear, require_kernel
+from akv_core.model.stretch import stretch
 
 Fetch = Callable[[str], Tensor | None]
 FetchInt4 = Callable[[str], Int4Groups | None]
 
 
 def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: torch.dtype = torch.float32,
-               precision: str = "float32") -> CausalLM:
+               precision: str = "float32", context_length: int | None = None,
+               rope_scaling: str | None = None) -> CausalLM:
     """Load `smollm2`, a `.gguf` file or a safetensors folder.
 
     `dtype` is the activations' and the KV pool's; `precision` the matmul weights': "float32" (exact, the
@@ -36,6 +38,9 @@ def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: to
     decode, bf16 for prefill where the CPU has native bf16), "int8" (int8 per row) or "int4" (4-bit in
     groups of 32, a GGUF's Q4_0 / Q4_1 tensors as stored; the output projection int8). int8 and int4 run
     on the CPU only. See docs/engine-model.md.
+
+    `context_length` and `rope_scaling` ("yarn", "yarn:4", "linear:4", "none") serve the model at another
+    context, past its trained one with its RoPE scaled (`akv_core.model.stretch`); None keeps the file's.
     """
     check_precision(precision)
     if precision in CPU_ONLY_PRECISIONS:
@@ -48,7 +53,17 @@ def load_model(name_or_path: str = EMBEDDED_NAME, device: str = "cpu", dtype: to
         config, fetch, fetch_int4 = _open_gguf(files.path)
     else:
         (config, fetch), fetch_int4 = _open_hf(files.path), None
+    config = stretch(config, context_length, rope_scaling)
     return _assemble(config, fetch, fetch_int4, device, dtype, precision)
+
+
+def model_config(name_or_path: str = EMBEDDED_NAME) -> ModelConfig:
+    """The model's config as its files give it, without loading the weights (a GGUF's header only)."""
+    files = locate(name_or_path)
+    if files.kind == "gguf":
+        gguf = GGUFFile(files.path)
+        return config_from_gguf(gguf.meta, has_output_weight="output.weight" in gguf.tensors)
+    return config_from_hf(json.loads((files.path / "config.json").read_text(encoding="utf-8")))
 
 
 def _assemble(config: ModelConfig, fetch: Fetch, fetch_int4: FetchInt4 | None, device: str, dtype: torch.dtype,

@@ -40,13 +40,21 @@ def serving(
     suites: str = typer.Option("localcomp,localswe", help=SUITES_HELP),
     preview: bool = typer.Option(False, "--preview", help="Only the replay accounting's prefill in the pool, "
                                                          "requests served in turn (seconds, no server)."),
+    context: int | None = typer.Option(None, help="Serve the model at this longer context (32768: RoPE "
+                                       "stretched by YaRN) with the baselines scaled to it (default: the "
+                                       "model's 8,192)."),
+    without_text_engineering: bool = typer.Option(False, "--without-text-engineering",
+                                                  help="AKV and Standard only (a shorter run)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Replay recorded agent trajectories against `akv serve`: throughput, latency, prefill, attention."""
     module = _benchmark("serving")
     levels = _numbers(concurrency, "--concurrency")
+    if context is not None and context not in module.LONG_CONTEXTS:
+        fail(f"--context: expected one of {', '.join(map(str, module.LONG_CONTEXTS))} (the contexts with "
+             f"scaled baselines), got {context}")
     settings = module.Settings(streams, steps, levels, max_tokens, kv_tokens, module.Settings.pool_fraction,
-                               _names(suites))
+                               _names(suites), context=context, text_engineering=not without_text_engineering)
     if preview:
         figures = _guarded(lambda: module.preview(settings, progress=lambda text: typer.echo(text, err=True)))
         typer.echo(json.dumps(figures) if as_json else module.render_preview(figures))

@@ -32,7 +32,7 @@ PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 
 CONTEXT_HELP = ("Context to serve in tokens (default: the model's); beyond the trained one it needs "
                 "--rope-scaling.")
 ROPE_SCALING_HELP = ("Stretch RoPE past the trained context: yarn, linear, KIND:FACTOR (yarn:4) or none; "
-                     "without a factor it is --context over the trained context (docs/server.md).")
+                     "without a factor it is --context over the trained context (default: none; docs/server.md).")
 
 
 def register(app: typer.Typer) -> None:
@@ -66,9 +66,9 @@ def serve(
         located = locate(model)
     except ModelNotFoundError as error:
         fail(str(error))
+    _check_context(model, context, rope_scaling)
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
-    _check_context(model, context, rope_scaling)
     chosen = _device(device)
     typer.echo(f"loading {model} on {chosen} ...", err=True)
     engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk,

@@ -44,6 +44,25 @@ def test_serving_ratios_put_akv_over_each_baseline_per_concurrency() -> None:
     assert rows[1]["input_throughput"] == 2.0
 
 
+def test_serving_at_the_stretched_context_uses_the_scaled_baselines_and_tells_the_server() -> None:
+    from policy_dsl import load_policy
+
+    settings = serving.Settings(context=32768)
+    assert settings.policies == (serving.AKV, "standard-32k", "text-engineering-32k")
+    assert all(load_policy(name).name == name for name in settings.policies)
+    assert settings.server_options == ("--context", "32768", "--rope-scaling", "yarn")
+    assert serving.Settings().server_options == () and serving.Settings().policies == serving.POLICIES
+    short = serving.Settings(context=32768, text_engineering=False, concurrency=(1,))
+    assert short.policies == (serving.AKV, "standard-32k")
+    cells = [_cell(serving.AKV, 1, input_tok_s=300.0), _cell("standard-32k", 1)]
+    assert [(r["baseline"], r["input_throughput"]) for r in serving.ratios(cells, short.policies)] == [
+        ("standard-32k", 3.0)]
+    streams = {"standard-32k": [_stream("standard-32k", (9000,), (9000,), (9000,))]}
+    assert serving.standard_need(streams, short) == 9000
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--context", "16384"])   # no baselines scaled to it
+
+
 def _stream(policy: str, visible: tuple[int, ...], prompt: tuple[int, ...], cold: tuple[int, ...]
             ) -> serving.Stream:
     return serving.Stream(policy, "t", (), ("agent",) * len(visible), visible, prompt, cold)

@@ -62,6 +62,9 @@ def test_evolve_help_states_the_config_s_own_defaults(option: str, value) -> Non
     (["tasks", "list"], 2, "error: --suite: expected a suite name"),
     (["run", "--suite", "nosuch", "--policy", "expert"], 2, "error: unknown suite 'nosuch'"),
     (["bench", "cost", "--suites", ","], 2, "error: --suites expects at least one name"),
+    (["bench", "serving", "--context", "16384"], 2, "error: --context: expected one of 32768"),
+    (["serve", "--context", "32768"], 2, "error: --context: 32768 is beyond the model's trained context of 8192"),
+    (["serve", "--context", "32768", "--rope-scaling", "yarn:2"], 2, "error: --rope-scaling: yarn:2 stretches"),
 ])
 def test_errors_start_with_error_and_exit_2_when_the_command_cannot_do_it(args, code, words) -> None:
     result = runner.invoke(app, args)

@@ -15,7 +15,7 @@ from evolve.proposers.base import ProposerUnavailable
 
 EMBEDDED = "embedded"
 MODEL = "smollm2"
-PRECISION = "mixed"  # fp16 decode, bf16 prefill: about 3x faster decode on a CPU (docs/engine-model.md)
+PRECISION = "mixed"  # fp16 decode, bf16 prefill where the CPU has native bf16: the fastest decode (docs/benchmarks.md, Engine)
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from akv_core.kernels import cpu_gemv
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.config import ModelConfig
 from akv_core.model.kv_buffers import KVBuffers
@@ -80,6 +81,15 @@ class CausalLM:
         self.rope = Rope(config, device=device)
         self.attention_probe: AttentionProbe | None = None
         self._scale = config.head_dim ** -0.5
+        self.fused_decode = self._can_fuse_decode()
+
+    def _can_fuse_decode(self) -> bool:
+        """Whether decode steps can run as five fused CPU kernels per layer (`_decode_fused`): every
+        projection on `cpu_gemv` (int8 / int4 where this CPU runs it), fp32 activations, no q/k norms."""
+        projections = [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
+        return (self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim % 8 == 0
+                and all(getattr(p, "fused", False) for p in projections)
+                and all(w.q_norm is None and w.o.bias is None and w.down.bias is None for w in self.layers))
 
     def new_kv_buffers(self, num_slots: int) -> KVBuffers:
         c = self.config
@@ -89,6 +99,8 @@ class CausalLM:
     def forward(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
         """Write the new tokens' K/V into `kv` and return logits [R, vocab] (fp32)."""
         self._check(batch, kv)
+        if self.fused_decode and self._decode_only(batch, kv):
+            return self._decode_fused(batch, kv)
         x = self.embed[batch.input_ids].to(self.dtype)
         cos, sin = self.rope.cos_sin(batch.positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
@@ -108,6 +120,30 @@ class CausalLM:
             raise ValueError("ForwardBatch: the sequences' q_len must add up to the number of input tokens")
         if kv.num_layers != self.config.num_layers or kv.head_dim != self.config.head_dim:
             raise ValueError("KVBuffers were made for a different model; use model.new_kv_buffers()")
+
+    def _decode_only(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
+        """One new token per sequence, row m of the batch being sequence m's, no mask, no probe."""
+        return (self.attention_probe is None and kv.dtype == torch.float32 and len(batch.seqs) <= cpu_gemv.max_rows()
+                and all(seq.q_len == 1 and seq.mask is None and seq.q_start == m for m, seq in enumerate(batch.seqs)))
+
+    def _decode_fused(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
+        """The decode step in five kernels per layer: norm + qkv, RoPE + K/V write + attention, o added into
+        the residual, norm + gate/up, SwiGLU + down added into the residual (`akv_core.kernels.cpu_gemv`)."""
+        c, eps = self.config, self.config.rms_norm_eps
+        x = self.embed[batch.input_ids].float()   # a fresh tensor: the residual stream, updated in place
+        cos, sin = (t.reshape(len(batch.seqs), -1).contiguous() for t in self.rope.cos_sin(batch.positions))
+        slots = torch.cat([seq.kv_slots for seq in batch.seqs])
+        offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0)
+        glu = cpu_gemv.Prologue(glu=True)
+        for index, w in enumerate(self.layers):
+            qkv = w.qkv.product(x, cpu_gemv.Prologue(w.attn_norm, eps))
+            if w.qkv.bias is not None:
+                qkv += w.qkv.bias
+            attended = cpu_gemv.decode_attention(qkv, c.num_heads, c.num_kv_heads, cos, sin, kv.k[index], kv.v[index],
+                                                 batch.out_slots, slots, offsets, self._scale)
+            w.o.product(attended, out=x)
+            w.down.product(w.gate_up.product(x, cpu_gemv.Prologue(w.mlp_norm, eps)), glu, out=x)
+        return self.lm_head(rms_norm(x[batch.logits_rows], self.final_norm, eps)).float()
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from akv_core.kernels import cpu_gemv
 from akv_core.model.linear import GEMV_ROWS, PrefillWeights
 
 INT4_GROUP = 32
@@ -54,17 +55,26 @@ class _QuantizedLinear:
     bias: Tensor | None
     prefill: PrefillWeights
 
+    fused: bool   # decode through `cpu_gemv` (fp32 in and out), chosen at load where this CPU runs it
+
     def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
         out_dtype = out_dtype if self.bias is None else None
         if x.shape[0] > GEMV_ROWS:
             y = self.prefill(x, out_dtype)
+        elif self.fused:
+            y = self.product(x)
         else:
             y = self._decode(x.to(torch.bfloat16).contiguous())
             y = y if out_dtype == torch.bfloat16 else y.float()
         return y if self.bias is None else y + self.bias
 
     def _decode(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
+        """The fused kernel (only where `fused`): h(x) times the weight, without the bias, into a new tensor
+        or added into `out` (`cpu_gemv.Prologue`: RMSNorm / SwiGLU of the input on the way)."""
         raise NotImplementedError
 
 
@@ -77,9 +87,13 @@ class Int8Linear(_QuantizedLinear):
         self.q, self.scale = quantize_int8_rows(weight)
         self.scale_bf16 = self.scale.bfloat16()
         self.prefill = PrefillWeights(self.dequantize())
+        self.fused = cpu_gemv.available() and weight.shape[1] % cpu_gemv.BLOCK == 0
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale_bf16)
+
+    def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
+        return cpu_gemv.q8_gemv(x, self.q, self.scale, prologue, out)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.q.to(dtype) * self.scale[:, None].to(dtype)
@@ -137,14 +151,20 @@ class Int4Linear(_QuantizedLinear):
     def __init__(self, groups: Int4Groups, bias: Tensor | None = None) -> None:
         _require_cpu(groups.nibbles, "int4")
         self.groups, self.bias, self.out_features = groups, bias, groups.nibbles.shape[0]
-        # torch's kernel computes (q - 8) * scale + zero, in bf16 scales and zeros [K / 32, N, 2].
-        zero = groups.offset + 8.0 * groups.scale
-        self.scale_zeros = torch.stack((groups.scale, zero), dim=-1).transpose(0, 1).contiguous().bfloat16()
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.values().to(torch.int32), 1)
+        self.fused = cpu_gemv.available()
+        if self.fused:  # the fused kernel's own layout; torch's packing is not made
+            self.packed = cpu_gemv.pack_q4(groups.values())
+        else:  # torch's kernel computes (q - 8) * scale + zero, in bf16 scales and zeros [K / 32, N, 2].
+            zero = groups.offset + 8.0 * groups.scale
+            self.scale_zeros = torch.stack((groups.scale, zero), dim=-1).transpose(0, 1).contiguous().bfloat16()
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.values().to(torch.int32), 1)
         self.prefill = PrefillWeights(groups.dequantize())
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scale_zeros)
+
+    def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
+        return cpu_gemv.q4_gemv(x, self.packed, self.groups.scale, self.groups.offset, prologue, out)
 
 
 def _require_cpu(tensor: Tensor, precision: str) -> None:

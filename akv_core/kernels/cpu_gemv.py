@@ -1,0 +1,181 @@
+"""Fused int4 / int8 weight-only products for decode steps on x86 CPUs, built at run time.
+
+`cpu_gemv.c` multiplies a few fp32 rows (decode: one row per running sequence) by 4-bit group
+weights (Q4_1) or int8 row weights, quantizing the rows per block of 32 to int8 as llama.cpp
+does, so the weights meet them in integer SIMD and are read once for all rows. torch's own
+weight-only kernels dequantize every weight to bf16 on CPUs without AVX-512 and run several
+times slower (`python benchmarks/engine.py --kernels`).
+
+The kernel is compiled on first use with the C compiler found at run time (`$CC`, `cc`, `gcc` or
+`clang`, with `-mavx2 -mfma`, never `-march=native`) into the data folder, keyed by the source,
+the flags and the compiler, and loaded with ctypes. It is used only where torch reports AVX2 on
+the running CPU (the CPU changes between machines, so nothing is decided at install); without
+AVX2, without a compiler, or with `AKV_CPU_GEMV=off`, `available()` is False and the callers keep
+torch's kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from akv_core.home import data_path
+
+SOURCE = Path(__file__).with_name("cpu_gemv.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c11", "-shared", "-fPIC")
+BLOCK = 32
+SWITCH = "AKV_CPU_GEMV"  # "off": keep torch's kernels
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def why_unavailable() -> str | None:
+    """None when the kernel can run here, else the reason (for benchmark headers and tests)."""
+    if os.environ.get(SWITCH, "").lower() in ("off", "0", "no"):
+        return f"{SWITCH}=off"
+    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
+        return "the CPU has no AVX2"
+    if compiler() is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    if _library() is None:
+        return "the C compiler failed on akv_core/kernels/cpu_gemv.c"
+    return None
+
+
+def available() -> bool:
+    return why_unavailable() is None
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    cc = compiler()
+    if cc is None:
+        return None
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    target = data_path("kernels", f"cpu_gemv-{digest}.so")
+    if not target.exists():
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
+            built = Path(tmp) / target.name
+            result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                    text=True)
+            if result.returncode != 0:
+                return None
+            built.replace(target)
+    library = ctypes.CDLL(str(target))
+    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    prologue = [ptr, i64, i64, ptr, f32, i32, i32]
+    library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr]
+    library.akv_q8_gemv.argtypes = [*prologue, ptr, ptr, i64, ptr]
+    library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr]
+    for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows):
+        function.restype = ctypes.c_int
+    return library
+
+
+def max_rows() -> int:
+    return _library().akv_max_rows()
+
+
+def pack_q4(values: Tensor) -> Tensor:
+    """q [N, K] in 0..15 -> uint8 [N, K / 2], each group of 32 as 16 bytes: byte j holds q[j] low, q[j+16] high."""
+    n, k = values.shape
+    groups = values.to(torch.uint8).reshape(n, k // BLOCK, BLOCK)
+    return (groups[..., :BLOCK // 2] | (groups[..., BLOCK // 2:] << 4)).reshape(n, k // 2).contiguous()
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What happens to the input rows x before the product (fused into their quantization): with `glu`,
+    x [M, 2K] is the MLP's gate and up halves and becomes SiLU(gate) * up; with `norm` (fp32 [K]),
+    RMSNorm(h) * norm with `eps`."""
+
+    norm: Tensor | None = None
+    eps: float = 0.0
+    glu: bool = False
+
+
+PLAIN = Prologue()
+
+
+def _inputs(x: Tensor, prologue: Prologue) -> tuple[Tensor, int]:
+    """x as contiguous fp32 and the product's K, checked."""
+    x = x.float().contiguous()
+    k = x.shape[-1] // 2 if prologue.glu else x.shape[-1]
+    if x.dim() != 2 or k % BLOCK or not 0 <= x.shape[0] <= max_rows() or (prologue.glu and x.shape[1] != 2 * k):
+        raise ValueError(f"cpu_gemv: x must be [0..{max_rows()}, K] with K a multiple of {BLOCK}"
+                         f"{' (2K with glu)' if prologue.glu else ''}, got {tuple(x.shape)}")
+    if prologue.norm is not None and (prologue.norm.dtype != torch.float32 or prologue.norm.numel() != k):
+        raise ValueError(f"cpu_gemv: the norm weight must be fp32 [{k}]")
+    return x, k
+
+
+def _output(rows: int, n: int, out: Tensor | None) -> Tensor:
+    if out is None:
+        return torch.empty(rows, n)
+    if out.shape != (rows, n) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"cpu_gemv: out must be contiguous fp32 [{rows}, {n}], got {tuple(out.shape)} {out.dtype}")
+    return out
+
+
+def _call(function, x: Tensor, k: int, prologue: Prologue, out: Tensor | None, weights: tuple, n: int) -> Tensor:
+    y = _output(x.shape[0], n, out)
+    if x.shape[0] == 0:  # a pass that asks for no logits
+        return y
+    norm = prologue.norm.data_ptr() if prologue.norm is not None else None
+    status = function(x.data_ptr(), x.shape[0], k, norm, prologue.eps, int(prologue.glu), int(out is not None),
+                      *(w.data_ptr() for w in weights), n, y.data_ptr())
+    if status:
+        raise MemoryError(f"cpu_gemv: {function.__name__} failed ({status})")
+    return y
+
+
+def q4_gemv(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, prologue: Prologue = PLAIN,
+            out: Tensor | None = None) -> Tensor:
+    """h(x) [M, K] times the 4-bit weights (`pack_q4`; scale and offset fp32 [N, K / 32]) -> [M, N] fp32,
+    written to a new tensor or added into `out`."""
+    x, k = _inputs(x, prologue)
+    return _call(_library().akv_q4_gemv, x, k, prologue, out, (packed, scale, offset), packed.shape[0])
+
+
+def q8_gemv(x: Tensor, q: Tensor, scale: Tensor, prologue: Prologue = PLAIN, out: Tensor | None = None) -> Tensor:
+    """h(x) [M, K] times int8 weights q [N, K] with fp32 scales [N] -> [M, N] fp32 (new, or added into `out`)."""
+    x, k = _inputs(x, prologue)
+    return _call(_library().akv_q8_gemv, x, k, prologue, out, (q, scale), q.shape[0])
+
+
+def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
+                     v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float) -> Tensor:
+    """One new token per sequence (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by
+    cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
+    [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
+    (int64) read in place -> [M, H D]."""
+    m_rows, d = qkv.shape[0], k_pool.shape[-1]
+    tensors = (qkv, cos, signed_sin, k_pool, v_pool)
+    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors) or d % 8 \
+            or qkv.shape[1] != (heads + 2 * kv_heads) * d or cos.shape[0] != m_rows:
+        raise ValueError("cpu_gemv.decode_attention: contiguous fp32 tensors of matching shapes, head_dim a multiple of 8")
+    indices = [t.to(torch.int64).contiguous() for t in (out_slots, slots, offsets)]
+    out = torch.empty(m_rows, heads * d)
+    status = _library().akv_decode_attention(qkv.data_ptr(), m_rows, heads, kv_heads, d, cos.shape[-1],
+                                             cos.data_ptr(), signed_sin.data_ptr(), k_pool.data_ptr(),
+                                             v_pool.data_ptr(), *(t.data_ptr() for t in indices), scale,
+                                             out.data_ptr())
+    if status:
+        raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
+    return out

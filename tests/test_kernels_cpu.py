@@ -1,0 +1,133 @@
+"""The fused CPU decode kernels (`akv_core.kernels.cpu_gemv`) against torch: int4 / int8 products with their
+prologues, decode attention with RoPE and the K/V write, the model's fused decode step, and the fallback."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from akv_core.kernels import cpu_gemv
+from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear
+
+pytestmark = pytest.mark.filterwarnings("ignore:fbgemm_linear_fp16_weight_fp32_activation is deprecated")
+needs_kernel = pytest.mark.skipif(not cpu_gemv.available(), reason=f"cpu_gemv: {cpu_gemv.why_unavailable()}")
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@needs_kernel
+def test_products_are_exact_on_inputs_that_quantize_exactly():
+    """Integer inputs whose blocks reach 127 quantize with scale 1, and small-integer weights are held exactly:
+    the kernels must then return the exact product (a layout or sign error cannot hide in a tolerance)."""
+    n, k = 40, 96
+    x = torch.randint(-127, 128, (3, k), generator=generator(0)).float()
+    x.view(3, -1, 32)[:, :, 0] = 127.0
+    q4 = torch.randint(0, 16, (n, k), generator=generator(1))
+    groups = Int4Groups.from_values(q4, torch.full((n, k // 32), 0.5), torch.full((n, k // 32), -3.0))
+    q8 = torch.randint(-127, 128, (n, k), generator=generator(2)).to(torch.int8)
+    got4 = cpu_gemv.q4_gemv(x, cpu_gemv.pack_q4(groups.values()), groups.scale, groups.offset)
+    got8 = cpu_gemv.q8_gemv(x, q8, torch.full((n,), 0.25))
+    assert torch.equal(got4, x.double().matmul(groups.dequantize().double().T).float())
+    assert torch.equal(got8, (x.double() @ q8.double().T * 0.25).float())
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5])
+def test_prologues_and_accumulation_match_torch(rows: int):
+    """RMSNorm and SwiGLU of the input, and the product added into `out`, within the int8 rounding of the input."""
+    n, k, eps = 64, 128, 1e-5
+    weight = torch.randn(n, k, generator=generator(3)) * 0.05
+    norm = torch.rand(k, generator=generator(4)) + 0.5
+    x, gate_up = torch.randn(rows, k, generator=generator(5)), torch.randn(rows, 2 * k, generator=generator(6))
+    residual = torch.randn(rows, n, generator=generator(7))
+    normed = norm * (x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
+    swiglu = F.silu(gate_up[:, :k]) * gate_up[:, k:]
+    for layer in (Int4Linear(Int4Groups.quantize(weight)), Int8Linear(weight)):
+        held = layer.groups.dequantize() if isinstance(layer, Int4Linear) else layer.dequantize()
+        cases = [(x, cpu_gemv.Prologue(norm, eps), normed), (gate_up, cpu_gemv.Prologue(glu=True), swiglu)]
+        for inputs, prologue, h in cases:
+            expected = residual + h @ held.T
+            out = residual.clone()
+            assert layer.product(inputs, prologue, out=out) is out
+            assert (out - expected).abs().max() < 0.01 * (h @ held.T).abs().max()
+
+
+@needs_kernel
+def test_products_refuse_inputs_they_cannot_take():
+    q = torch.zeros(8, 64, dtype=torch.int8)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_gemv.q8_gemv(torch.zeros(1, 48), q, torch.ones(8))
+    with pytest.raises(ValueError, match=r"\[0\.\.16, K\]"):
+        cpu_gemv.q8_gemv(torch.zeros(17, 64), q, torch.ones(8))
+    assert cpu_gemv.q8_gemv(torch.zeros(0, 64), q, torch.ones(8)).shape == (0, 8)   # a pass without logits
+
+
+@needs_kernel
+def test_decode_attention_rotates_writes_and_attends_over_the_listed_slots():
+    """Two sequences with different visible slots (grouped-query heads, partial rotary dims) against
+    torch's RoPE and SDPA over the gathered slots; each new K/V lands in its own slot."""
+    heads, kv_heads, d, rotary, num_slots = 6, 2, 16, 8, 40
+    qkv = torch.randn(2, (heads + 2 * kv_heads) * d, generator=generator(8))
+    angles = torch.rand(2, rotary // 2, generator=generator(9)) * 6
+    cos, signed_sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((-angles.sin(), angles.sin()), -1)
+    k_pool, v_pool = (torch.randn(num_slots, kv_heads, d, generator=generator(s)) for s in (10, 11))
+    out_slots = torch.tensor([30, 31])
+    seen = [torch.tensor([0, 3, 4, 9, 30]), torch.tensor([1, 2, 31])]
+
+    def rotated(heads_: torch.Tensor, m: int) -> torch.Tensor:
+        rot = heads_[..., :rotary]
+        rot = rot * cos[m] + rot.roll(rotary // 2, -1) * signed_sin[m]
+        return torch.cat((rot, heads_[..., rotary:]), -1)
+
+    k_expected, v_expected, expected = k_pool.clone(), v_pool.clone(), []
+    for m in range(2):
+        row = qkv[m].view(heads + 2 * kv_heads, d)
+        k_expected[out_slots[m]], v_expected[out_slots[m]] = rotated(row[heads:heads + kv_heads], m), row[heads + kv_heads:]
+    for m in range(2):
+        q = rotated(qkv[m].view(-1, d)[:heads], m)
+        keys, values = k_expected[seen[m]].transpose(0, 1), v_expected[seen[m]].transpose(0, 1)
+        expected.append(F.scaled_dot_product_attention(q[:, None], keys, values, scale=0.3, enable_gqa=True).reshape(-1))
+    offsets = torch.tensor([0, 5, 8])
+    got = cpu_gemv.decode_attention(qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool, out_slots,
+                                    torch.cat(seen), offsets, 0.3)
+    assert torch.allclose(got, torch.stack(expected), atol=1e-5)
+    assert torch.allclose(k_pool, k_expected, atol=1e-6) and torch.equal(v_pool, v_expected)
+
+
+def test_the_switch_keeps_torchs_kernels(monkeypatch):
+    monkeypatch.setenv(cpu_gemv.SWITCH, "off")
+    assert not cpu_gemv.available() and cpu_gemv.why_unavailable() == f"{cpu_gemv.SWITCH}=off"
+    layer = Int4Linear(Int4Groups.quantize(torch.randn(32, 64, generator=generator(12))))
+    assert not layer.fused and hasattr(layer, "scale_zeros")   # torch's packing, made only for its kernel
+    assert layer(torch.randn(1, 64)).shape == (1, 32)
+
+
+@needs_kernel
+@pytest.mark.model
+def test_the_models_fused_decode_step_agrees_with_torchs_path():
+    """A decode step of two sequences (different visible slots) through the fused kernels and through the
+    generic path (torch's int4 kernel, bf16 activations): the same K/V slots written, logits close."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+    from test_model_support import smollm2
+
+    model = smollm2("int4")
+    assert model.fused_decode
+    prompt, slots = torch.randint(100, 40000, (24,), generator=generator(13)), torch.arange(32)
+    kv = model.new_kv_buffers(32)
+    model.forward(ForwardBatch(prompt, slots[:24], slots[:24], [SeqAttention(0, 24, slots[:24])], torch.tensor([23])), kv)
+    step = ForwardBatch(torch.tensor([5, 77]), torch.tensor([24, 10]), torch.tensor([24, 25]),
+                        [SeqAttention(0, 1, slots[:25]), SeqAttention(1, 1, torch.cat([slots[:10], slots[25:26]]))],
+                        torch.tensor([0, 1]))
+    fused = model.forward(step, kv)
+    written = [kv.k[layer][24:26].clone() for layer in (0, 29)]
+    try:
+        model.fused_decode = False
+        generic = model.forward(step, kv)
+    finally:
+        model.fused_decode = True
+    kl = F.kl_div(fused.log_softmax(-1), generic.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    assert (kl < 0.01).all(), kl
+    for layer, keys in zip((0, 29), written):
+        assert (keys - kv.k[layer][24:26]).abs().max() < 0.05 * keys.abs().max()

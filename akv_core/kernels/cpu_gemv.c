@@ -191,6 +191,31 @@ static inline float dot(const float *a, const float *b, int d) {  /* d a multipl
     return hsum(acc);
 }
 
+/* o [D] = sum over t of p[t] * v_t, v_t the rows `stride` floats apart selected by `seen` (o in registers). */
+static void weighted_sum(const float *p, int64_t count, const float *v_pool, const int64_t *seen, int64_t stride,
+                         int64_t d, float *o) {
+    if (d == 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t t = 0; t < count; t++) {
+            const __m256 w = _mm256_set1_ps(p[t]);
+            const float *v = v_pool + seen[t] * stride;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2); a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
+            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a4); a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a5);
+            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a6); a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a7);
+        }
+        _mm256_storeu_ps(o, a0);      _mm256_storeu_ps(o + 8, a1);  _mm256_storeu_ps(o + 16, a2); _mm256_storeu_ps(o + 24, a3);
+        _mm256_storeu_ps(o + 32, a4); _mm256_storeu_ps(o + 40, a5); _mm256_storeu_ps(o + 48, a6); _mm256_storeu_ps(o + 56, a7);
+        return;
+    }
+    for (int64_t i = 0; i < d; i += 8) {  /* other head sizes: one 8-wide strip of o at a time */
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t t = 0; t < count; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v_pool + seen[t] * stride + i), a);
+        _mm256_storeu_ps(o + i, a);
+    }
+}
+
 /* qkv [M, (H + 2 Hkv) D] (row m: sequence m's one new token, q then k then v heads), cos / ssin [M, rotary],
  * pools [slots, Hkv, D] of one layer, out_slots [M], the sequences' visible slots concatenated with
  * offsets [M + 1] -> out [M, H D]. q and k are rotated in qkv itself. */
@@ -198,13 +223,13 @@ int akv_decode_attention(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_h
                          const float *cos, const float *ssin, float *k_pool, float *v_pool, const int64_t *out_slots,
                          const int64_t *slots, const int64_t *offsets, float scale, float *out) {
     if (d % 8 || rotary > 512 || rotary > d || heads % kv_heads) return -2;
-    const int64_t width = (heads + 2 * kv_heads) * d, group = heads / kv_heads;
+    const int64_t width = (heads + 2 * kv_heads) * d, group = heads / kv_heads, stride = kv_heads * d;
     for (int64_t m = 0; m < m_rows; m++) {  /* every new K/V is in the pool before anyone attends */
         float *row = qkv + m * width;
         for (int64_t h = 0; h < heads + kv_heads; h++) rotate(row + h * d, (int)rotary, cos + m * rotary, ssin + m * rotary);
-        for (int64_t i = 0; i < kv_heads * d; i++) {
-            k_pool[out_slots[m] * kv_heads * d + i] = row[heads * d + i];
-            v_pool[out_slots[m] * kv_heads * d + i] = row[(heads + kv_heads) * d + i];
+        for (int64_t i = 0; i < stride; i++) {
+            k_pool[out_slots[m] * stride + i] = row[heads * d + i];
+            v_pool[out_slots[m] * stride + i] = row[(heads + kv_heads) * d + i];
         }
     }
     for (int64_t m = 0; m < m_rows; m++) {
@@ -212,27 +237,72 @@ int akv_decode_attention(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_h
         float *scores = malloc(sizeof(float) * (size_t)(group * (count > 0 ? count : 1)));
         if (!scores) return -1;
         for (int64_t g = 0; g < kv_heads; g++) {
+            const float *q = qkv + m * width + g * group * d;
+            for (int64_t t = 0; t < count; t++) {  /* each key row is read once for the group's heads */
+                const float *key = k_pool + seen[t] * stride + g * d;
+                for (int64_t j = 0; j < group; j++) scores[j * count + t] = dot(q + j * d, key, (int)d) * scale;
+            }
             for (int64_t j = 0; j < group; j++) {
-                const int64_t h = g * group + j;
-                const float *q = qkv + m * width + h * d;
                 float *p = scores + j * count, top = -INFINITY, total = 0.0f;
-                for (int64_t t = 0; t < count; t++) {
-                    p[t] = dot(q, k_pool + (seen[t] * kv_heads + g) * d, (int)d) * scale;
-                    top = fmaxf(top, p[t]);
-                }
+                for (int64_t t = 0; t < count; t++) top = fmaxf(top, p[t]);
                 for (int64_t t = 0; t < count; t++) { p[t] = expf(p[t] - top); total += p[t]; }
-                float *o = out + m * heads * d + h * d;
-                for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
                 const float norm = total > 0.0f ? 1.0f / total : 0.0f;
-                for (int64_t t = 0; t < count; t++) {
-                    const __m256 weight = _mm256_set1_ps(p[t] * norm);
-                    const float *v = v_pool + (seen[t] * kv_heads + g) * d;
-                    for (int64_t i = 0; i < d; i += 8)
-                        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
-                }
+                for (int64_t t = 0; t < count; t++) p[t] *= norm;
+                weighted_sum(p, count, v_pool + g * d, seen, stride, d, out + m * heads * d + (g * group + j) * d);
             }
         }
         free(scores);
     }
     return 0;
+}
+
+/* One projection of a layer: `bits` 4 (w: packed groups, scale and offset [N, K / 32]) or 8 (w: int8
+ * [N, K], scale [N], offset unused). */
+typedef struct {
+    int64_t bits, n, k;
+    const void *w;
+    const float *scale, *offset;
+} AkvProjection;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm, *qkv_bias;  /* qkv_bias may be NULL */
+    AkvProjection qkv, o, gate_up, down;
+} AkvLayer;
+
+static int project(const AkvProjection *p, const float *x, int64_t m_rows, const float *norm, float eps, int glu,
+                   int accumulate, float *y) {
+    if (p->bits == 4)
+        return akv_q4_gemv(x, m_rows, p->k, norm, eps, glu, accumulate, p->w, p->scale, p->offset, p->n, y);
+    if (p->bits == 8) return akv_q8_gemv(x, m_rows, p->k, norm, eps, glu, accumulate, p->w, p->scale, p->n, y);
+    return -3;
+}
+
+/* A whole decode step through every layer, the residual stream x [M, hidden] updated in place: per layer
+ * RMSNorm + qkv, RoPE + K/V write + attention, o added into x, RMSNorm + gate/up, SwiGLU + down added
+ * into x. k_pools / v_pools: each layer's pool [slots, Hkv, D]. */
+int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *k_pools, float *const *v_pools,
+                      float *x, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
+                      float eps, const float *cos, const float *ssin, const int64_t *out_slots,
+                      const int64_t *slots, const int64_t *offsets, float scale) {
+    if (num_layers < 1) return 0;
+    const int64_t width = layers[0].qkv.n, intermediate2 = layers[0].gate_up.n;
+    float *qkv = malloc(sizeof(float) * (size_t)(m_rows * width));
+    float *attended = malloc(sizeof(float) * (size_t)(m_rows * heads * d));
+    float *gate_up = malloc(sizeof(float) * (size_t)(m_rows * intermediate2));
+    int status = (qkv && attended && gate_up) ? 0 : -1;
+    for (int64_t i = 0; i < num_layers && !status; i++) {
+        const AkvLayer *l = layers + i;
+        status = project(&l->qkv, x, m_rows, l->attn_norm, eps, 0, 0, qkv);
+        if (!status && l->qkv_bias)
+            for (int64_t m = 0; m < m_rows; m++)
+                for (int64_t j = 0; j < width; j++) qkv[m * width + j] += l->qkv_bias[j];
+        if (!status)
+            status = akv_decode_attention(qkv, m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pools[i], v_pools[i],
+                                          out_slots, slots, offsets, scale, attended);
+        if (!status) status = project(&l->o, attended, m_rows, NULL, 0.0f, 0, 1, x);
+        if (!status) status = project(&l->gate_up, x, m_rows, l->mlp_norm, eps, 0, 0, gate_up);
+        if (!status) status = project(&l->down, gate_up, m_rows, NULL, 0.0f, 1, 1, x);
+    }
+    free(qkv); free(attended); free(gate_up);
+    return status;
 }

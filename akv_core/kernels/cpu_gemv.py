@@ -31,7 +31,7 @@ from torch import Tensor
 from akv_core.home import data_path
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 BLOCK = 32
 SWITCH = "AKV_CPU_GEMV"  # "off": keep torch's kernels
 
@@ -179,3 +179,90 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     if status:
         raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
     return out
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One projection as the kernels hold it: `bits` 4 (`pack_q4` groups, scale and offset [N, K / 32]) or
+    8 (int8 [N, K], scale [N], no offset)."""
+
+    bits: int
+    weight: Tensor
+    scale: Tensor
+    offset: Tensor | None
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One transformer block for `DecodeStack`: its norms (fp32), the qkv bias if any, four projections."""
+
+    attn_norm: Tensor
+    mlp_norm: Tensor
+    qkv_bias: Tensor | None
+    qkv: Weights
+    o: Weights
+    gate_up: Weights
+    down: Weights
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("bits", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("w", ctypes.c_void_p),
+                ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
+
+
+def _pointer(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class DecodeStack:
+    """A whole decode step through every layer in one call (`akv_decode_layers`), the residual stream
+    updated in place: no tensor operation and no Python between the embedding and the final norm."""
+
+    def __init__(self, layers: list[Layer], heads: int, kv_heads: int, head_dim: int, rotary_dim: int,
+                 eps: float) -> None:
+        self.heads, self.kv_heads, self.head_dim, self.rotary_dim, self.eps = heads, kv_heads, head_dim, rotary_dim, eps
+        self._held = [t.contiguous() for layer in layers for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias)
+                      if t is not None]   # kept alive: the structures below hold raw pointers
+        self._layers = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
+        function = _library().akv_decode_layers
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, f32]
+        function.restype = ctypes.c_int
+        self._function = function
+
+    def _layer(self, layer: Layer) -> _Layer:
+        def held(t: Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.float().contiguous()
+            self._held.append(t)
+            return t.data_ptr()
+
+        def projection(w: Weights) -> _Projection:
+            self._held.extend(t for t in (w.weight, w.scale, w.offset) if t is not None)
+            return _Projection(w.bits, w.n, w.k, w.weight.data_ptr(), w.scale.data_ptr(), _pointer(w.offset))
+
+        return _Layer(held(layer.attn_norm), held(layer.mlp_norm), held(layer.qkv_bias),
+                      *(projection(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)))
+
+    def __call__(self, x: Tensor, cos: Tensor, signed_sin: Tensor, k_pools: list[Tensor], v_pools: list[Tensor],
+                 out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float) -> None:
+        """x [M, hidden] fp32 contiguous (changed in place); cos / signed sin [M, rotary]; one pool per layer."""
+        count = len(self._layers)
+        if len(k_pools) != count or x.dtype != torch.float32 or not x.is_contiguous() or not 1 <= x.shape[0] <= max_rows():
+            raise ValueError(f"DecodeStack: x must be contiguous fp32 [1..{max_rows()}, hidden] and pools given "
+                             f"for all {count} layers")
+        pools = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in p)) for p in (k_pools, v_pools)]
+        indices = [t.to(torch.int64).contiguous() for t in (out_slots, slots, offsets)]
+        status = self._function(self._layers, count, *pools, x.data_ptr(), x.shape[0], self.heads, self.kv_heads,
+                                self.head_dim, self.rotary_dim, self.eps, cos.data_ptr(), signed_sin.data_ptr(),
+                                *(t.data_ptr() for t in indices), scale)
+        if status:
+            raise MemoryError(f"cpu_gemv: akv_decode_layers failed ({status})")

@@ -82,6 +82,7 @@ class CausalLM:
         self.attention_probe: AttentionProbe | None = None
         self._scale = config.head_dim ** -0.5
         self.fused_decode = self._can_fuse_decode()
+        self._stack: cpu_gemv.DecodeStack | None = None   # built on the first fused decode step
 
     def _can_fuse_decode(self) -> bool:
         """Whether decode steps can run as five fused CPU kernels per layer (`_decode_fused`): every
@@ -127,23 +128,23 @@ class CausalLM:
                 and all(seq.q_len == 1 and seq.mask is None and seq.q_start == m for m, seq in enumerate(batch.seqs)))
 
     def _decode_fused(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
-        """The decode step in five kernels per layer: norm + qkv, RoPE + K/V write + attention, o added into
-        the residual, norm + gate/up, SwiGLU + down added into the residual (`akv_core.kernels.cpu_gemv`)."""
+        """The decode step in one call through all layers (`cpu_gemv.DecodeStack`: per layer norm + qkv,
+        RoPE + K/V write + attention, o into the residual, norm + gate/up, SwiGLU + down into the residual)."""
         c, eps = self.config, self.config.rms_norm_eps
+        if self._stack is None:
+            self._stack = cpu_gemv.DecodeStack(
+                [cpu_gemv.Layer(w.attn_norm, w.mlp_norm, w.qkv.bias, w.qkv.kernel_weights(), w.o.kernel_weights(),
+                                w.gate_up.kernel_weights(), w.down.kernel_weights()) for w in self.layers],
+                c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim, eps)
         x = self.embed[batch.input_ids].float()   # a fresh tensor: the residual stream, updated in place
         cos, sin = (t.reshape(len(batch.seqs), -1).contiguous() for t in self.rope.cos_sin(batch.positions))
         slots = torch.cat([seq.kv_slots for seq in batch.seqs])
         offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0)
-        glu = cpu_gemv.Prologue(glu=True)
-        for index, w in enumerate(self.layers):
-            qkv = w.qkv.product(x, cpu_gemv.Prologue(w.attn_norm, eps))
-            if w.qkv.bias is not None:
-                qkv += w.qkv.bias
-            attended = cpu_gemv.decode_attention(qkv, c.num_heads, c.num_kv_heads, cos, sin, kv.k[index], kv.v[index],
-                                                 batch.out_slots, slots, offsets, self._scale)
-            w.o.product(attended, out=x)
-            w.down.product(w.gate_up.product(x, cpu_gemv.Prologue(w.mlp_norm, eps)), glu, out=x)
-        return self.lm_head(rms_norm(x[batch.logits_rows], self.final_norm, eps)).float()
+        self._stack(x, cos, sin, kv.k, kv.v, batch.out_slots, slots, offsets, self._scale)
+        rows = x[batch.logits_rows]
+        if getattr(self.lm_head, "fused", False):
+            return self.lm_head.product(rows, cpu_gemv.Prologue(self.final_norm.float().contiguous(), eps))
+        return self.lm_head(rms_norm(rows, self.final_norm, eps)).float()
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"

@@ -95,6 +95,9 @@ class Int8Linear(_QuantizedLinear):
     def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
         return cpu_gemv.q8_gemv(x, self.q, self.scale, prologue, out)
 
+    def kernel_weights(self) -> cpu_gemv.Weights:
+        return cpu_gemv.Weights(8, self.q, self.scale, None, *self.q.shape)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.q.to(dtype) * self.scale[:, None].to(dtype)
 
@@ -165,6 +168,10 @@ class Int4Linear(_QuantizedLinear):
 
     def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
         return cpu_gemv.q4_gemv(x, self.packed, self.groups.scale, self.groups.offset, prologue, out)
+
+    def kernel_weights(self) -> cpu_gemv.Weights:
+        n, half = self.packed.shape
+        return cpu_gemv.Weights(4, self.packed, self.groups.scale, self.groups.offset, n, 2 * half)
 
 
 def _require_cpu(tensor: Tensor, precision: str) -> None:

@@ -378,16 +378,21 @@ def kernel_table(repeats: int = 20) -> None:
     """Every CPU matmul kernel torch offers for these precisions, on SmolLM2's projection shapes, one thread:
     median CPU microseconds per product (weights stay in cache except lm_head's)."""
     from akv_core.model.linear import Linear
-    from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear
+    from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear, torch_int4_pack
 
     kernels = {"fp32 (MKL)": lambda w: Linear(w), "fp16 (fbgemm)": lambda w: Linear(w, None, "fp16"),
                "bf16": lambda w: (lambda x, b=w.bfloat16(): torch.nn.functional.linear(x.bfloat16(), b)),
                "int8 weight-only": lambda w: (lambda x, l=Int8Linear(w): torch.ops.aten._weight_int8pack_mm(
                    x.bfloat16(), l.q, l.scale_bf16)),
-               "int4 weight-only": lambda w: (lambda x, l=Int4Linear(Int4Groups.quantize(w)):
-                                              torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), l.packed, 32,
-                                                                                         l.scale_zeros)),
+               "int4 weight-only": lambda w: (lambda x, packed=torch_int4_pack(Int4Groups.quantize(w)):
+                                              torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[0], 32,
+                                                                                         packed[1])),
                "int8 dynamic (fbgemm)": DynamicInt8}
+    from akv_core.kernels import cpu_gemv
+
+    if cpu_gemv.available():  # ours, decode-sized inputs only (at most 16 rows)
+        kernels["int8 fused (cpu_gemv)"] = lambda w: Int8Linear(w).product
+        kernels["int4 fused (cpu_gemv)"] = lambda w: Int4Linear(Int4Groups.quantize(w)).product
     rows_tried = (1, 8, 512)
     print(f"kernels, 1 thread, median CPU us per product ({', '.join(f'{r} rows' for r in rows_tried)}):")
     generator = torch.Generator().manual_seed(0)
@@ -397,7 +402,8 @@ def kernel_table(repeats: int = 20) -> None:
             for kernel_name, make in kernels.items():
                 product = make(weight)
                 cells = []
-                for rows in rows_tried if shape_name != "lm_head" else rows_tried[:2]:
+                decode_only = shape_name == "lm_head" or "fused" in kernel_name
+                for rows in rows_tried[:2] if decode_only else rows_tried:
                     x = torch.randn(rows, k, generator=generator)
                     product(x)
                     times = []
@@ -450,8 +456,13 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    from akv_core.kernels import cpu_gemv
+
+    fused = cpu_gemv.why_unavailable()
     print(f"{cpu_model()} ({cpu_summary()}), {os.cpu_count()} cores, torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+          f"load average {os.getloadavg()[0]:.2f} at the start; int8 / int4 decode on "
+          + ("the fused C kernels (akv_core.kernels.cpu_gemv)" if fused is None else f"torch's kernels ({fused})"),
+          flush=True)
     if args.kernels:
         kernel_table()
         return

@@ -26,6 +26,7 @@
 
 #define AKV_BLOCK 32
 #define AKV_MAX_ROWS 16
+#define AKV_PREFETCH 1024  /* bytes ahead of the weights being read */
 
 int akv_max_rows(void) { return AKV_MAX_ROWS; }
 
@@ -160,6 +161,26 @@ int akv_q8_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, fl
     const int64_t blocks = k / AKV_BLOCK;
     for (int64_t row = 0; row < n; row++) {
         const int8_t *wr = w + row * k;
+        if (m_rows == 1) {  /* one stream: two accumulators, so the FMA chain does not stall */
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+            int64_t b = 0;
+            for (; b + 1 < blocks; b += 2) {
+                _mm_prefetch((const char *)(wr + b * 32 + AKV_PREFETCH), _MM_HINT_T0);
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wr + b * 32));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wr + b * 32 + 32));
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a.q + b * 32));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a.q + b * 32 + 32));
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(a.d[b]), dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0)), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(a.d[b + 1]), dot_u8_s8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1)), acc1);
+            }
+            for (; b < blocks; b++) {
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wr + b * 32));
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a.q + b * 32));
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(a.d[b]), dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0)), acc0);
+            }
+            store(y + row, hsum(_mm256_add_ps(acc0, acc1)) * w_scale[row], accumulate);
+            continue;
+        }
         __m256 acc[AKV_MAX_ROWS];
         for (int64_t m = 0; m < m_rows; m++) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {

@@ -148,6 +148,14 @@ class Int4Groups:
         return torch.addcmul(self.offset[..., None].to(dtype), q, self.scale[..., None].to(dtype)).reshape(n, k)
 
 
+def torch_int4_pack(groups: Int4Groups) -> tuple[Tensor, Tensor]:
+    """The weight and scales as torch's `_weight_int4pack_mm_for_cpu` takes them: it computes (q - 8) * scale
+    + zero, with bf16 scales and zeros [K / 32, N, 2]."""
+    zero = groups.offset + 8.0 * groups.scale
+    scale_zeros = torch.stack((groups.scale, zero), dim=-1).transpose(0, 1).contiguous().bfloat16()
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.values().to(torch.int32), 1), scale_zeros
+
+
 class Int4Linear(_QuantizedLinear):
     """int4 weights in groups of 32."""
 
@@ -157,10 +165,8 @@ class Int4Linear(_QuantizedLinear):
         self.fused = cpu_gemv.available()
         if self.fused:  # the fused kernel's own layout; torch's packing is not made
             self.packed = cpu_gemv.pack_q4(groups.values())
-        else:  # torch's kernel computes (q - 8) * scale + zero, in bf16 scales and zeros [K / 32, N, 2].
-            zero = groups.offset + 8.0 * groups.scale
-            self.scale_zeros = torch.stack((groups.scale, zero), dim=-1).transpose(0, 1).contiguous().bfloat16()
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.values().to(torch.int32), 1)
+        else:
+            self.packed, self.scale_zeros = torch_int4_pack(groups)
         self.prefill = PrefillWeights(groups.dequantize())
 
     def _decode(self, x: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
-"""A live model as proposer: `akv serve` with the embedded 135M model on loopback, no mock.
+"""A live model as proposer: the embedded 135M model served on loopback for the run, no mock.
 
-The run first meets a dead endpoint (it stops, resumable), then resumes against the live
-server; every proposal is stored with its prompt, answer and cost, a rejection with its reason.
+The run first meets a dead endpoint (it stops, resumable), then resumes with `--proposer-endpoint
+embedded`; every proposal is stored with its prompt, answer and cost, a rejection with its reason.
 """
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
-from test_server_support import interrupt, ready_url
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 TINY = """\
@@ -42,64 +40,43 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    process = subprocess.Popen([*AKV, "serve", "--port", "0", "--kv-tokens", "8192", "--device", "cpu"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    try:
-        yield ready_url(process) + "/v1"
-    finally:
-        interrupt(process)
-
-
-@pytest.mark.server
 @pytest.mark.model
 @pytest.mark.slow
-def test_live_model_proposes_and_its_rejections_are_stored_with_reasons(server, tmp_path):
+def test_a_run_stopped_by_a_dead_endpoint_resumes_on_the_embedded_model_and_stores_its_proposals(tmp_path):
+    """One run, one model load: the dead endpoint stops it (resumable); the resume serves the embedded
+    model for the run (`--proposer-endpoint embedded`), and the served port is never stored."""
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
     url = f"sqlite:///{tmp_path / 'akv.db'}"
+    dead_endpoint = f"http://127.0.0.1:{closed_port()}/v1"
     dead = akv("evolve", "--config", str(config), "--db", url, "--run-name", "live",
-               "--proposer-endpoint", f"http://127.0.0.1:{closed_port()}/v1")
+               "--proposer-endpoint", dead_endpoint)
     assert dead.returncode == 3, dead.stderr
     assert "failed after 2 attempts" in dead.stderr and "--resume --run-name live" in dead.stderr
     assert "Traceback" not in dead.stderr
 
-    resumed = akv("evolve", "--resume", "--run-name", "live", "--db", url, "--proposer-endpoint", server)
+    resumed = akv("evolve", "--resume", "--run-name", "live", "--db", url, "--proposer-endpoint", "embedded")
     assert resumed.returncode == 0, resumed.stderr
+    assert "llm proposer: the embedded model at http://127.0.0.1:" in resumed.stdout
 
     with sqlite3.connect(tmp_path / "akv.db") as conn:
         proposals = conn.execute("SELECT status, rejection_reason, prompt, response, prompt_tokens, "
-                                 "completion_tokens FROM akv_policies WHERE proposer = 'llm' ORDER BY id").fetchall()
+                                 "completion_tokens, meta FROM akv_policies WHERE proposer = 'llm' "
+                                 "ORDER BY id").fetchall()
         heldout = [t for (t,) in conn.execute("SELECT DISTINCT task_id FROM akv_evaluations WHERE split='heldout'")]
-        run_status = conn.execute("SELECT status FROM akv_runs").fetchone()[0]
+        run_status, stored = conn.execute("SELECT status, config FROM akv_runs").fetchone()
     assert len(proposals) == 1 and run_status == "finished"
     assert heldout  # validation ran, after proposing
-    for status, reason, prompt, response, p_tok, c_tok in proposals:
+    # The run keeps the endpoint it was given; the port the resume served on is not stored.
+    assert json.loads(stored)["llm"]["endpoint"] == dead_endpoint
+    for status, reason, prompt, response, p_tok, c_tok, meta in proposals:
         assert prompt and response is not None and p_tok > 0 and c_tok > 0
         assert status in ("rejected", "evaluated", "pruned", "duplicate")
-        assert response.startswith("```akvp\n")   # akv serve takes the lark grammar (llm.constrain: auto)
+        assert response.startswith("```akvp\n")   # the served model takes the lark grammar (llm.constrain: auto)
         if status == "rejected":
             # Under the policy grammar the answer is a valid policy unless max_tokens cut it off;
             # when it echoes its parent, that is a duplicate.
             assert reason and reason.startswith(("truncated", "duplicate of"))
         assert not any(task in prompt for task in heldout)
         assert "heldout" not in prompt
-
-
-@pytest.mark.model
-@pytest.mark.slow
-def test_the_embedded_endpoint_serves_the_model_for_the_run_and_stores_no_port(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(TINY)
-    url = f"sqlite:///{tmp_path / 'akv.db'}"
-    done = akv("evolve", "--config", str(config), "--db", url, "--run-name", "embedded",
-               "--proposer-endpoint", "embedded")
-    assert done.returncode == 0, done.stderr
-    assert "llm proposer: the embedded model at http://127.0.0.1:" in done.stdout
-    with sqlite3.connect(tmp_path / "akv.db") as conn:
-        (stored,) = conn.execute("SELECT config FROM akv_runs").fetchone()
-        (response, meta) = conn.execute("SELECT response, meta FROM akv_policies WHERE proposer = 'llm'").fetchone()
-    assert json.loads(stored)["llm"]["endpoint"] == "embedded"  # a resume serves the model again
-    assert response and json.loads(meta)["model"] == "smollm2"
-    assert json.loads(meta)["endpoint"].startswith("http://127.0.0.1:")
+        assert json.loads(meta)["model"] == "smollm2" and json.loads(meta)["endpoint"].startswith("http://127.0.0.1:")

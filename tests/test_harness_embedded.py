@@ -22,17 +22,27 @@ def _usage_rows(trajectory) -> list[list[int]]:
     return [[getattr(e.usage, f) for f in USAGE_FIELDS] for e in trajectory.exchanges]
 
 
-def test_scripted_run_of_three_tasks_on_the_embedded_engine() -> None:
+@pytest.fixture(scope="module")
+def embedded():
+    """One float32 engine for the tests below (loading the model is their main cost); its pool is the
+    parity test's, which the replay backends take too."""
+    backend = EmbeddedBackend(kv_tokens=PARITY_POOL)
+    yield backend
+    backend.close()
+
+
+def test_scripted_run_of_three_tasks_on_the_embedded_engine(embedded: EmbeddedBackend) -> None:
     limits = RunLimits(max_steps=1)
     runs = {}
-    for fresh in (True, False):  # True is the default of both backends
-        backend = EmbeddedBackend(fresh_cache_per_task=fresh)
-        replay = ReplayBackend(kv_tokens=backend.kv_tokens, fresh_cache_per_task=fresh)
-        try:
+    embedded.start_task()  # an empty cache: fresh_cache_per_task is the default of both backends
+    try:
+        for fresh in (False, True):
+            embedded.fresh_cache_per_task = fresh
+            replay = ReplayBackend(kv_tokens=embedded.kv_tokens, fresh_cache_per_task=fresh)
             runs[fresh] = [run_tasks("localcomp", "train", "expert-8k", backend=b, limit=3, limits=limits)
-                           for b in (backend, replay)]
-        finally:
-            backend.close()
+                           for b in (embedded, replay)]
+    finally:
+        embedded.fresh_cache_per_task = True
     (served_fresh, fresh), (served, shared) = runs[True], runs[False]
     assert served.summary["errors"] == {} and served_fresh.summary["errors"] == {}
     assert [r.status for r in served.results] == ["max_steps"] * 3
@@ -40,38 +50,35 @@ def test_scripted_run_of_three_tasks_on_the_embedded_engine() -> None:
     # One cache across tasks: later tasks find the system prompt and tools cached, on both backends.
     assert [r.tokens for r in served.results] == [r.tokens for r in shared.results]
     assert all(r.tokens.cached > 0 for r in served.results[1:])
-    # A fresh cache per task (the default of both backends): every token class agrees, none is cached.
+    # A fresh cache per task: every token class agrees, none is cached.
     assert [r.tokens for r in served_fresh.results] == [r.tokens for r in fresh.results]
     assert all(r.tokens.cached == 0 for r in served_fresh.results)
 
 
 @pytest.mark.slow
-def test_replay_equals_the_embedded_engine_request_for_request_on_two_localcomp_tasks() -> None:
+def test_replay_equals_the_embedded_engine_request_for_request_on_two_localcomp_tasks(
+        embedded: EmbeddedBackend) -> None:
     suite = get_suite("localcomp")
     tasks = suite.tasks("train")[:2]
     policy = resolve_policy("expert-8k")
     # The first task runs to step 6 (step 6 is the first to drop and reposition); the second one needs only
     # its first two steps to show that it does not see the first task's cache (prefill is the cost here).
     steps = {tasks[0].id: 6, tasks[1].id: 2}
-    engine = EmbeddedBackend(kv_tokens=PARITY_POOL)
     replay = ReplayBackend(kv_tokens=PARITY_POOL, memo=None)
-    try:
-        for task in tasks:  # in turn on one engine: the second task must not see the first one's cache
-            limits = RunLimits(max_steps=steps[task.id])
-            _, served = run_task(task, suite, policy, suite.scripted_agent(task), engine, limits=limits)
-            _, replayed = run_task(task, suite, policy, suite.scripted_agent(task), replay, limits=limits)
-            assert [e.request for e in served.exchanges] == [e.request for e in replayed.exchanges]
-            assert _usage_rows(served) == _usage_rows(replayed), task.id
-            assert len(served.exchanges) == limits.max_steps
-            assert served.exchanges[0].usage.cached_tokens == 0, task.id  # a fresh cache per task
-            if task is tasks[0]:
-                last = served.exchanges[-1].usage
-                assert last.repos_tokens > 0 and last.drop_skipped_tokens > 0
-    finally:
-        engine.close()
+    for task in tasks:  # in turn on one engine: the second task must not see the first one's cache
+        limits = RunLimits(max_steps=steps[task.id])
+        _, served = run_task(task, suite, policy, suite.scripted_agent(task), embedded, limits=limits)
+        _, replayed = run_task(task, suite, policy, suite.scripted_agent(task), replay, limits=limits)
+        assert [e.request for e in served.exchanges] == [e.request for e in replayed.exchanges]
+        assert _usage_rows(served) == _usage_rows(replayed), task.id
+        assert len(served.exchanges) == limits.max_steps
+        assert served.exchanges[0].usage.cached_tokens == 0, task.id  # a fresh cache per task
+        if task is tasks[0]:
+            last = served.exchanges[-1].usage
+            assert last.repos_tokens > 0 and last.drop_skipped_tokens > 0
 
 
-def test_thinking_drop_on_the_embedded_engine_accounts_as_replay() -> None:
+def test_thinking_drop_on_the_embedded_engine_accounts_as_replay(embedded: EmbeddedBackend) -> None:
     from sandbox.backends import BackendRequest
 
     history = ({"role": "system", "content": "You research."},
@@ -82,17 +89,15 @@ def test_thinking_drop_on_the_embedded_engine_accounts_as_replay() -> None:
     requests = [BackendRequest(messages=history[:2], max_tokens=2),
                 BackendRequest(messages=history, drop_rule=rule, max_tokens=2),
                 BackendRequest(messages=history, drop_rule=rule, reposition=(3,), max_tokens=2)]
-    backend, replay = open_backend("embedded"), open_backend("replay")
+    replay = open_backend("replay")
+    embedded.start_task()
     replay.start_task()
     fields = ("prompt_tokens", "cached_tokens", "repos_tokens", "drop_skipped_tokens", "prefilled_tokens")
-    try:
-        for request in requests:
-            served, replayed = backend.complete(request), replay.complete(request)
-            assert served.message is not None
-            assert [getattr(served.usage, f) for f in fields] == [getattr(replayed.usage, f) for f in fields]
-        assert served.usage.drop_skipped_tokens > 0 and served.usage.repos_tokens > 0
-    finally:
-        backend.close()
+    for request in requests:
+        served, replayed = embedded.complete(request), replay.complete(request)
+        assert served.message is not None
+        assert [getattr(served.usage, f) for f in fields] == [getattr(replayed.usage, f) for f in fields]
+    assert served.usage.drop_skipped_tokens > 0 and served.usage.repos_tokens > 0
 
 
 def test_an_int4_embedded_backend_serves_a_task_on_int4_weights_and_accounts_as_replay() -> None:

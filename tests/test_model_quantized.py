@@ -100,6 +100,26 @@ def test_the_gguf_4bit_tensors_are_read_as_stored():
 
 
 @pytest.mark.model
+def test_gguf_tensors_dequantize_bit_for_bit_as_gguf_quants_does():
+    """`GGUFFile.array` dequantizes a tensor in one call; gguf's `dequantize` goes 16 rows at a time."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from akv_core.model.gguf_file import GGUFFile
+    from akv_core.model.locate import embedded_gguf
+
+    gguf = GGUFFile(embedded_gguf())
+    kinds = set()
+    for name in ("token_embd.weight", "blk.3.attn_k.weight", "blk.29.ffn_down.weight", "output_norm.weight"):
+        info = gguf.tensors[name]
+        kinds.add(GGMLQuantizationType(info.ggml_type).name)
+        raw = np.fromfile(embedded_gguf(), dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        expected = dequantize(raw.reshape(info.shape[0], -1) if len(info.shape) == 2 else raw, info.ggml_type)
+        assert gguf.array(name).tobytes() == np.asarray(expected, np.float32).reshape(info.shape).tobytes(), name
+    assert kinds == {"Q8_0", "Q4_1", "F32"}
+
+
+@pytest.mark.model
 def test_int4_model_holds_the_files_own_weights():
     """The fused, un-permuted q/k/v and gate/up of the int4 model dequantize to float32's weights exactly."""
     exact, int4 = smollm2(), smollm2("int4")

@@ -22,7 +22,7 @@ class EmbeddedBackend:
         """`precision`: the weights' (`akv_core.model.loader.load_model`); float32 is exact."""
         from akv_core import Engine  # torch loads only when this backend is chosen
 
-        self._fresh = fresh_cache_per_task
+        self.fresh_cache_per_task = fresh_cache_per_task   # may change between tasks (one engine, both modes)
         try:
             self._engine: Any = Engine.from_pretrained(model, kv_tokens=kv_tokens, precision=precision)
         except (FileNotFoundError, ValueError) as err:
@@ -34,7 +34,7 @@ class EmbeddedBackend:
         return int(self._engine.cache.allocator.total)
 
     def start_task(self) -> None:
-        if self._fresh:
+        if self.fresh_cache_per_task:
             self._engine.clear_cache()
 
     def complete(self, request: BackendRequest) -> BackendReply:

@@ -215,7 +215,7 @@ class ChatTokenizer:
     def _content_start(self, message: Mapping, first: bool, tools: Sequence[Mapping] | None, text: str) -> int:
         """Where `message`'s content starts in `text`, its rendering; ValueError if the template
         does not render the content verbatim (one that trims or escapes it)."""
-        content = _text(message.get("content"))
+        content = content_text(message)
         marker = _unused_chars(text + content, 1)[0]
         marked = self._message_text({**message, "content": marker}, first, tools)
         at = marked.find(marker)
@@ -442,13 +442,18 @@ def _raise_template_error(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
 
 
-def _text(content: Any) -> str:
-    """OpenAI content: a string, None, or a list of parts whose text parts are joined."""
+def content_text(message: Mapping[str, Any]) -> str:
+    """A message's OpenAI content as one string: a string, None, or a list of parts whose text parts are
+    joined (as the renderer joins them); InvalidText for any other type."""
+    content = message.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    if isinstance(content, (list, tuple)):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    raise InvalidText("content", f"a message's content must be a string, a list of parts or null, "
+                                 f"got {type(content).__name__}")
 
 
 def _think_block(reasoning: Any) -> str:
@@ -479,7 +484,7 @@ def _covering_tokens(offsets: Sequence[tuple[int, int]], chars: tuple[int, int])
 def _message_key(message: Mapping, first: bool, tools_key: str | None, native_tools: bool) -> tuple:
     """What the template reads of a message (with `_plain`'s shaping when the template has no tools)."""
     calls = message.get("tool_calls")
-    key = (first, message.get("role"), _text(message.get("content")), message.get("reasoning_content"),
+    key = (first, message.get("role"), content_text(message), message.get("reasoning_content"),
            tools_key if first else None)
     if native_tools:
         return key + (json.dumps(calls, ensure_ascii=False) if calls else None, message.get("name"),
@@ -500,7 +505,7 @@ def _calls_key(calls: Sequence[Mapping]) -> tuple:
 
 def _plain(message: Mapping) -> dict:
     """One message with reasoning and tool calls written into its content (Hermes/Qwen style)."""
-    content = _text(message.get("content"))
+    content = content_text(message)
     reasoning = message.get("reasoning_content")
     if reasoning:
         content = _think_block(reasoning) + content

@@ -251,6 +251,7 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
         trigger = _trigger_options(rule.trigger, refuse)
         window = _window(rule.action, refuse)
         _check_response_trigger(rule, {**window, **trigger}, refuse)
+        _check_target(rule, {**window, **trigger}, refuse)
         options = AkvalgoOptions(**window, **trigger)
     return _with_reposition(policy.reposition, options, refuse)
 
@@ -345,10 +346,16 @@ def _window(action: n.Action, refuse: Any) -> dict[str, int]:
     if target.selector != n.Role("tool"):
         raise refuse(target.selector, format_selector(target.selector), "akvalgo rolls out tool responses "
                      "only (`role tool`)")
-    if target.until_visible is not None:
+    if target.until_visible is not None and not target.trigger_included:
         raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens may drop the "
-                     "response that triggered it, which this policy never does (our selectors never pick "
-                     "the trigger)")
+                     "response that triggered it, which this form never does: write `until visible_tokens <= "
+                     f"{target.until_visible.value} trigger included`")
+    if target.until_visible is not None:
+        if target.keep_last is not None:
+            raise refuse(target.keep_last, "keep last", "with drop_target_tokens upstream keeps no window: it "
+                         "drops oldest first down to the target; write the rule without `keep last`")
+        # keep_tool_responses is required (> 0) but decides nothing beside drop_target_tokens.
+        return {"keep_tool_responses": 1, "drop_target_tokens": target.until_visible.value}
     if target.keep_last is None or target.keep_last.value < 1:
         raise refuse(target, format_target(target), "AKVPolicy keeps keep_tool_responses > 0 tool responses; "
                      "write `keep last K` with K >= 1")
@@ -357,9 +364,23 @@ def _window(action: n.Action, refuse: Any) -> dict[str, int]:
 
 def _check_response_trigger(rule: n.Rule, options: dict[str, int], refuse: Any) -> None:
     responses, keep = options.get("drop_trigger_responses"), options["keep_tool_responses"]
-    if responses is not None and responses <= keep:
+    if responses is not None and responses <= keep and "drop_target_tokens" not in options:
         raise refuse(rule.trigger, format_trigger(rule.trigger), "upstream needs drop_trigger_responses "
                      f"above keep_tool_responses ({keep})")
+
+
+def _check_target(rule: n.Rule, options: dict[str, int], refuse: Any) -> None:
+    """drop_target_tokens needs a drop trigger, and a target below a token trigger's threshold."""
+    target = options.get("drop_target_tokens")
+    if target is None:
+        return
+    if not any(t in options for t in DROP_TRIGGERS):
+        raise refuse(rule.trigger, format_trigger(rule.trigger), "upstream drops down to drop_target_tokens only "
+                     "on a drop trigger (a call schedule, or `each tool_call and visible_tokens > T` or "
+                     "`... and visible_tool_responses >= R`)")
+    if target >= options.get("drop_trigger_tokens", target + 1):
+        raise refuse(rule.action.target.until_visible, "until visible_tokens", "upstream needs drop_target_tokens "
+                     f"below drop_trigger_tokens ({options['drop_trigger_tokens']})")
 
 
 def _first_contains(selector: n.Selector) -> n.Contains | None:

@@ -15,8 +15,8 @@ range, `omit` in mode kv. This variant expresses those checks in the grammar its
 - strings are JSON strings of 1..STRING_CHARS characters;
 - the statement level follows the validator's mode rules: mode kv drops or cuts, and either
   message drops with any reposition, or thinking drops with none, or cuts with none; mode text
-  omits or summarizes (messages only, without `until`); `requested` only under a `drop_context`
-  trigger;
+  omits or summarizes (messages only, without `until`); `trigger included` only after a drop's
+  `until`; `requested` only under a `drop_context` trigger;
 - at most `max_rules` rules (default 1: then no two can be duplicates), and/or chains of at most
   MAX_CHAIN + 1 parts, parentheses and `not` at most MAX_DEPTH levels deep: the language is
   finite, so an answer cannot grow without end.
@@ -80,7 +80,7 @@ STATEMENTS = """\
 kv_body: ("\\n" kv_rule){0,%RULES%} ("\\n" reposition_stmt)?
     | ("\\n" kv_thinking_rule){1,%RULES%} ("\\nreposition never")?
     | ("\\n" kv_cut_rule){1,%RULES%} ("\\nreposition never")?
-kv_rule: "on " trigger ": drop " message_target | "on " drop_context_trigger ": drop " requested_target
+kv_rule: "on " trigger ": drop " drop_target | "on " drop_context_trigger ": drop " drop_requested_target
 kv_thinking_rule: "on " trigger ": drop " "thinking"
 kv_cut_rule: "on " trigger ": cut " ("after " | "before ") JSON_STRING " from " message_target
 text_body: ("\\n" text_rule){0,%RULES%}
@@ -88,8 +88,10 @@ text_rule: "on " trigger ": omit " (message_target | thinking_target)
     | "on " drop_context_trigger ": omit " requested_target
     | "on " trigger ": summarize " selector (" " keep)? " within " {budget} " tokens"
 message_target: selector (" " keep)? (" " until)?
+drop_target: selector (" " keep)? (" " until (" " "trigger included")?)?
 thinking_target: "thinking" (" where " selector)?
 requested_target: "requested" ((" and " | " or ") sel_not){0,%CHAIN%} (" " keep)? (" " until)?
+drop_requested_target: "requested" ((" and " | " or ") sel_not){0,%CHAIN%} (" " keep)? (" " until (" " "trigger included")?)?
 drop_context_trigger: "drop_context" (" or " trig_and){0,%CHAIN%}
 """
 

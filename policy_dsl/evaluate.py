@@ -26,8 +26,10 @@ class Boundary:
     history_tokens: int   # tokens of messages 0..i
     visible_responses: int = 0  # tool messages of 0..i that attention still sees
 
-    def protected(self, j: int) -> bool:
-        return j in self.view.protected or j >= self.i
+    def protected(self, j: int, trigger: bool = True) -> bool:
+        """Never picked: the leading system messages, the first user message, later messages and (unless
+        `trigger` is False: `trigger included`) the message at this boundary."""
+        return j in self.view.protected or j > self.i or (trigger and j == self.i)
 
 
 def fires(trigger: n.Trigger, b: Boundary) -> bool:
@@ -137,13 +139,14 @@ def select_messages(target: n.Messages, b: Boundary, live: list[int],
     `live` lists, in order, the messages 0..i not yet gone that may match (all of them, or those
     passing the selector's prefilter). keep_last N spares the N most recent live
     matches (the trigger message and protected ones count among them); until_visible takes picks
-    oldest first only while visible tokens exceed the target, each pick saving token_cost(j).
+    oldest first only while visible tokens exceed the target, each pick saving token_cost(j); with
+    trigger_included the trigger (the newest pick) may be taken too, last.
     """
     picked = [j for j in live if matches(target.selector, j, b)]
     if target.keep_last is not None:
         keep = target.keep_last.value
         picked = picked[: max(len(picked) - keep, 0)]
-    picked = [j for j in picked if not b.protected(j)]
+    picked = [j for j in picked if not b.protected(j, trigger=not target.trigger_included)]
     if target.until_visible is None:
         return picked
     goal, visible, chosen = target.until_visible.value, b.visible_tokens, []

@@ -18,7 +18,7 @@ Triggers (when a rule fires, evaluated at each message boundary):
 
 Actions (what a rule does) and their targets:
     Drop(target)  (kv)     Omit(target) / Remove(target)  (text)     Summarize(target, budget)  (text)
-    Messages(selector, keep_last=None, until_visible=None)
+    Messages(selector, keep_last=None, until_visible=None, trigger_included=False)
     Thinking(selector=None)                the reasoning part of assistant messages
 
 Selectors (which messages; protected messages are never selected):
@@ -214,6 +214,7 @@ class Messages:
     selector: Selector
     keep_last: Num | None = None
     until_visible: Num | None = None
+    trigger_included: bool = False   # `until ... trigger included`: the trigger may be dropped too (last)
     loc: Loc | None = _loc()
 
 

@@ -236,11 +236,12 @@ class _Builder:
         kids, loc = tree.children, _loc(tree)
         if tree.data == "thinking_target":
             return n.Thinking(None if kids[0] is None else self.selector(kids[0], 0), loc=loc)
-        selector, keep, until = kids
+        selector, keep, until, trigger_too = kids
         return n.Messages(
             self.selector(selector, 0),
             keep_last=None if keep is None else self.number(keep.children[0]),
             until_visible=None if until is None else self.number(until.children[0]),
+            trigger_included=trigger_too is not None,
             loc=loc,
         )
 

@@ -72,6 +72,8 @@ def format_target(target: n.Target) -> str:
         text += f" keep last {format_num(target.keep_last)}"
     if target.until_visible is not None:
         text += f" until visible_tokens <= {format_num(target.until_visible)}"
+    if target.trigger_included:
+        text += " trigger included"
     return text
 
 

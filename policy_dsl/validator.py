@@ -215,6 +215,21 @@ class _Checker:
                 raise self.fail("summarize cannot take 'until visible_tokens'; select the messages to summarize",
                                 target)
 
+    def trigger_included(self, action: n.Action) -> None:
+        """`trigger included` lets a drop down to a target take its trigger too (upstream's drop_target_tokens)."""
+        target = action.target
+        if not isinstance(target, n.Messages) or target.trigger_included is False:
+            return
+        if target.trigger_included is not True:
+            raise self.fail("trigger_included must be True or False", target)
+        if not isinstance(action, n.Drop):
+            verb = {n.Omit: "omit", n.Remove: "remove", n.Cut: "cut"}.get(type(action), "summarize")
+            raise self.fail(f"{verb} cannot take 'trigger included'; only drop (mode kv) may drop its trigger",
+                            target)
+        if target.until_visible is None:
+            raise self.fail("'trigger included' goes with 'until visible_tokens <= T' (drop oldest first down to "
+                            "T, the trigger last); add the until clause", target)
+
     def rules(self, policy: n.Policy) -> None:
         seen: dict[n.Rule, n.Rule] = {}
         for rule in policy.rules:
@@ -223,6 +238,7 @@ class _Checker:
                 where = f" (same as line {first.line})" if first else ""
                 raise self.fail(f"duplicate rule{where}", rule)
             seen[rule] = rule
+            self.trigger_included(rule.action)
             uses_requested = any(isinstance(x, n.Requested) for x in _walk(rule.action))
             if uses_requested and not any(isinstance(x, n.DropContextCalled) for x in _walk(rule.trigger)):
                 raise self.fail("'requested' selects the ids of a drop_context call; "

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from akv_core.cache.text_drop import TextDrop, content_text, remaining_text
+from akv_core.cache.text_drop import TextDrop, remaining_text
+from akv_core.chat import content_text
 
 from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
 from sandbox.backends import (Backend, BackendError, BackendReply, BackendRequest, Message, check_backend_spec,

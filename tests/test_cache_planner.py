@@ -105,6 +105,21 @@ def test_dropped_kv_is_freed_once_no_running_request_needs_it():
     assert cache.tree.holes == 0
 
 
+def test_a_trigger_dropping_itself_is_accounted_as_the_reference_does():
+    """`trigger included` policies send a message dropped at its own boundary (upstream's drop_target_tokens)."""
+    sim = CacheSimulator(1000)
+    serve(sim, agent_history(3))
+    messages = agent_history(4)
+    usage = serve(sim, messages, {"9": [3, 4, 9]}, [9])
+    reused = len(render(agent_history(3)).token_ids) - 2
+    expected = account(build_key(render(messages), validate_operations(10, {"9": [3, 4, 9]}, [9])), reused, 0)
+    kept = account(build_key(render(messages), validate_operations(10, {"9": [3, 4]}, [9])), reused, 0)
+    assert (usage.drop_skipped_tokens, usage.repos_tokens, usage.cached_tokens, usage.prefilled_tokens) == \
+        (expected["drop_skipped"], expected["repos"], expected["cached"], expected["prefilled"])
+    # The reposition after it leaves the dropped trigger no position.
+    assert expected["end_position"] == kept["end_position"] - len(RESULT) - 1
+
+
 def test_drop_then_reposition_accounting_matches_the_reference():
     sim = CacheSimulator(1000)
     serve(sim, agent_history(3))

@@ -47,7 +47,7 @@ def test_check_prints_location_source_line_and_caret(tmp_path) -> None:
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[0] == f"error: {bad}:2:39: unknown keyword 'keepx'; expected ')', 'and', 'keep', 'on', 'or', " \
-                       "'reposition', 'until', 'within', end of file"
+                       "'reposition', 'trigger', 'until', 'within', end of file"
     assert lines[1] == "on each tool_response: drop role tool keepx last 3"
     assert lines[2] == " " * 38 + "^"
     assert "Traceback" not in result.output

@@ -23,6 +23,9 @@ CANONICAL = [
     "mode kv\non (every 4 in 1..16 turns or after 2 tool_calls) and visible_tokens > 900: "
     "drop role tool and (age >= 3 turns or tokens > 500) until visible_tokens <= 400 in 100..800\n"
     "reposition when gap > 64",
+    "mode kv\non each tool_call and visible_tokens > 6000: drop role tool until visible_tokens <= 3000 trigger included\n"
+    "reposition after 1 tool_calls then every 1",
+    "mode kv\non drop_context: drop requested until visible_tokens <= 900 trigger included\nreposition never",
     "mode kv\non each tool_response: drop tool_name \"search\" or contains \"a \\\"quoted\\\" \\\\ word\"\n"
     "reposition when positions > 4096",
     "mode text\non each turn: omit thinking where role assistant\n"
@@ -89,6 +92,10 @@ def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     ('mode kv\non each turn: cut after "x" from all\non each turn: drop all', "a cut beside a drop"),
     ('mode kv\non each turn: cut after "x" from all\nreposition after each drop', "a cut with a reposition"),
     ('mode kv\non each turn: cut after "x" from thinking', "a cut of thinking"),
+    ("mode kv\non each turn: drop all trigger included", "trigger included without until"),
+    ("mode kv\non each turn: drop all keep last 2 trigger included", "trigger included after keep, no until"),
+    ('mode kv\non each turn: cut after "x" from all until visible_tokens <= 9 trigger included', "a cut of its trigger"),
+    ("mode text\non each turn: omit all until visible_tokens <= 9 trigger included", "omit trigger included"),
 ])
 def test_what_the_builder_or_validator_refuses_the_variant_cannot_write(text, why):
     assert not accepts(constrained_grammar(max_rules=2), text), why

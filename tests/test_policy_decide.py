@@ -72,6 +72,17 @@ def test_token_based_drops_oldest_tool_responses_down_to_the_target() -> None:
     assert decision.reposition[0] == tools[4]
 
 
+def test_trigger_included_drops_the_trigger_last_when_the_older_picks_do_not_reach_the_target() -> None:
+    source = ("mode kv\non visible_tokens > 1000: drop role tool until visible_tokens <= {} trigger included\n"
+              "reposition never\n")
+    history = agent_history(8, response="r" * 200, system=False)
+    tools = tool_indices(history)
+    # After tool 5 visible = 1017: the four older tools leave 217; a target of 100 takes tool 5 itself too.
+    assert decide(source.format(100), history).drop_message[str(tools[4])] == tools[:5]
+    # A target the older picks reach spares the trigger, as without the clause.
+    assert decide(source.format(500), history).drop_message[str(tools[4])] == tools[:3]
+
+
 def test_turn_based_drops_by_age_in_turns() -> None:
     source = "mode kv\non every 2 turns: drop role tool and age >= 3 turns\nreposition never\n"
     history = agent_history(6, system=False)  # user 0, then assistant 1,3,5,... tool 2,4,6,...

@@ -57,6 +57,11 @@ ROWS: dict[str, tuple[str, dict[str, Any], dict[str, list[int]], list[int]]] = {
         "on each tool_call and visible_tool_responses >= 5: drop role tool keep last 2\nreposition never",
         {"keep_tool_responses": 2, "drop_trigger_responses": 5},
         {"10": [3, 5, 6, 7], "15": [9, 10, 12], "19": [14, 15, 17]}, []),
+    "drop_target_tokens: oldest first down to the target, the triggering response included": (
+        "on each tool_call and visible_tokens > 500: drop role tool until visible_tokens <= 50 trigger included\n"
+        "reposition never",
+        {"keep_tool_responses": 1, "drop_trigger_tokens": 500, "drop_target_tokens": 50},
+        {"10": [3, 5, 6, 7, 9, 10], "19": [12, 14, 15, 17, 18, 19]}, []),
     "rolling_drop_target assistant: callers retire when their batch leaves the window": (
         "on each tool_response: drop callers outside last 3\nreposition never",
         {"keep_tool_responses": 3, "rolling_drop_target": "assistant"},
@@ -88,14 +93,6 @@ def test_each_upstream_option_has_a_policy_form_that_decides_as_upstream(name: s
     assert (final.drop_message, final.reposition) == (drops, repos)
     for r in final.reposition:
         assert r + 1 == len(HISTORY) or HISTORY[r + 1]["role"] != "tool"
-
-
-def test_drop_target_tokens_may_drop_the_trigger_which_our_api_refuses() -> None:
-    """Upstream's drop_target_tokens: oldest visible responses first, the triggering one included,
-    until the visible tokens are at most the target. Our reader decides it; no policy of ours can."""
-    options = AkvalgoOptions(keep_tool_responses=1, drop_trigger_tokens=500, drop_target_tokens=50)
-    got = decide_akvalgo(options, HISTORY, ParityCounter())
-    assert got.drop_message == {"10": [3, 5, 6, 7, 9, 10], "19": [12, 14, 15, 17, 18, 19]}
 
 
 def test_text_drop_removes_what_upstream_leaves_out_of_each_request() -> None:
@@ -131,7 +128,13 @@ def test_upstream_constraints_on_the_new_options_name_the_option(kwargs: dict[st
      "write `reposition after 2 tool_calls then every 2`"),
     ("on each tool_call and visible_tool_responses >= 3: drop role tool keep last 3", "above keep_tool_responses"),
     ("on each tool_call and visible_tokens > 90: drop role tool until visible_tokens <= 50",
-     "until visible_tokens: upstream's drop_target_tokens may drop the response that triggered it"),
+     "write `until visible_tokens <= 50 trigger included`"),
+    ("on each tool_response: drop role tool until visible_tokens <= 50 trigger included",
+     "drop_target_tokens only on a drop trigger"),
+    ("on each tool_call and visible_tokens > 90: drop role tool keep last 2 until visible_tokens <= 50 trigger included",
+     "upstream keeps no window"),
+    ("on each tool_call and visible_tokens > 90: drop role tool until visible_tokens <= 90 trigger included",
+     "below drop_trigger_tokens"),
     ("on each tool_response: drop callers outside last 3\non each tool_response: drop role tool keep last 3",
      "rules beside callers outside"),
 ])

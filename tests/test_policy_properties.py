@@ -51,7 +51,8 @@ SELECTORS = SIMPLE_SELECTORS | st.recursive(SELECTOR_ATOMS, lambda inner: st.one
     st.lists(inner, min_size=2, max_size=3).map(lambda ps: n.Or(tuple(ps))),
 ), max_leaves=5)
 MESSAGE_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000))
-KV_TARGETS = MESSAGE_TARGETS
+# In mode kv a drop down to a target may take its trigger too (`trigger included`).
+KV_TARGETS = st.builds(n.Messages, SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000), st.booleans())
 KV_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, KV_TARGETS))
 REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDrop()),
                         st.builds(n.RepositionEvery, nums(1, 4), st.sampled_from(n.REPOSITION_UNITS)),
@@ -98,11 +99,12 @@ def check_cumulative_and_safe(policy, history, counter) -> None:
     protected = {0} if history[0]["role"] == "system" else set()
     protected.add(next(i for i, m in enumerate(history) if m["role"] == "user"))
     seen: set[int] = set()
+    self_drops = any(getattr(r.action.target, "trigger_included", False) for r in policy.ast.rules)
     for key, dropped in full.drop_message.items():
         trigger = int(key)
         assert 0 <= trigger < len(history)
         assert dropped == sorted(dropped) and dropped, key
-        assert all(0 <= j < trigger for j in dropped), key
+        assert all(0 <= j < trigger or (j == trigger and self_drops) for j in dropped), key
         assert not protected & set(dropped)
         assert not seen & set(dropped), "dropped twice"
         seen |= set(dropped)

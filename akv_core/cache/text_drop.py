@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from akv_core.cache.ops import OperationError
+from akv_core.chat import InvalidText, content_text
 
 MAX_MESSAGES = 4096
 MAX_SELECTORS = 1024
@@ -170,18 +171,6 @@ def _positive(value: Any, field: str) -> int:
     return value
 
 
-def content_text(message: Mapping[str, Any]) -> str:
-    """A message's content as one string (text parts joined, as the renderer joins them)."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-    raise OperationError("messages", f"a message's content must be a string, got {type(content).__name__}")
-
-
 def _match_starts(text: str, pattern: str) -> list[int]:
     """Every start of `pattern` in `text`, overlapping matches included, left to right."""
     starts, at = [], text.find(pattern)
@@ -244,8 +233,8 @@ def _content_of(message: Mapping[str, Any], field: str) -> str:
         raise OperationError(field, "expected a message object")
     try:
         return content_text(message)
-    except OperationError as error:
-        raise OperationError(f"{field}.content", error.message) from None
+    except InvalidText as error:
+        raise OperationError(f"{field}.content", error.reason) from None
 
 
 def _projection(full: list[dict[str, Any]], kept: Sequence[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:

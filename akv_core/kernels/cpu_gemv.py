@@ -52,7 +52,7 @@ def why_unavailable() -> str | None:
     if compiler() is None:
         return "no C compiler (cc, gcc or clang) on PATH"
     if _library() is None:
-        return "the C compiler failed on akv_core/kernels/cpu_gemv.c"
+        return "akv_core/kernels/cpu_gemv.c could not be compiled or loaded"
     return None
 
 
@@ -68,16 +68,19 @@ def _library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    target = data_path("kernels", f"cpu_gemv-{digest}.so")
-    if not target.exists():
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
-            built = Path(tmp) / target.name
-            result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
-                                    text=True)
-            if result.returncode != 0:
-                return None
-            built.replace(target)
-    library = ctypes.CDLL(str(target))
+    try:
+        target = data_path("kernels", f"cpu_gemv-{digest}.so")
+        if not target.exists():
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
+                built = Path(tmp) / target.name
+                result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                        text=True)
+                if result.returncode != 0:
+                    return None
+                built.replace(target)
+        library = ctypes.CDLL(str(target))
+    except OSError:  # a data folder that cannot be written, or a library that cannot be loaded: torch's kernels
+        return None
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     prologue = [ptr, i64, i64, ptr, f32, i32, i32]
     library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr]

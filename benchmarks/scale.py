@@ -3,7 +3,9 @@
 1. **Workers.** Replay evaluations per second with 1 and 2 `akv worker` processes sharing a run
    through a throwaway PostgreSQL cluster: the same work each time (localcomp train tasks under
    several built-in policies), queued in one transaction only once every worker has joined, and
-   timed from then until the last result is stored. Each level gets a fresh database.
+   timed from then until the last result is stored. Each level gets a fresh database. Beside the
+   wall clock, the CPU seconds over the same window of the workers, of the PostgreSQL server and of
+   this process (read from /proc): CPU per evaluation does not depend on what else the machine runs.
 2. **Concurrent tasks.** Tasks per second of the `llm` agent against `akv serve` (the embedded
    SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
    level (so that no level finds the prefixes of another cached).
@@ -49,9 +51,12 @@ class Settings:
     llm_tasks: int = 8
     llm_steps: int = 3
     llm_max_tokens: int = 32
+    multistep_tasks: int = 8
+    multistep_steps: int = 6
+    reply_tokens: int = 48
     concurrency: tuple[int, ...] = (1, 4, 8)
     kv_tokens: int = 32_768
-    parts: tuple[str, ...] = field(default=("workers", "llm"))
+    parts: tuple[str, ...] = field(default=("workers", "llm", "multistep"))
 
 
 # -- 1. workers sharing a run ------------------------------------------------------------------------
@@ -95,11 +100,14 @@ def _workers_level(url: str, n: int, settings: Settings, say: Say) -> dict[str, 
                                           stderr=subprocess.STDOUT) for i in range(n)]
             try:
                 _wait(lambda: len(store.work.workers(run.id)) == n, processes, logs, "the workers to join")
+                server = _server_pid(store)
+                cpu_before = _cpu_now(processes, server)
                 started = time.perf_counter()
                 for policy_id, tasks in items.items():
                     store.work.enqueue(run.id, policy_id, "train", tasks)
                 _wait(lambda: store.work.unfinished(run.id) == 0, processes, logs, "the queued work")
                 wall = time.perf_counter() - started
+                cpu = {k: round(v - cpu_before[k], 2) for k, v in _cpu_now(processes, server).items()}
                 store.set_run_status(run.id, "finished")
                 for process in processes:
                     process.wait(timeout=60)
@@ -112,9 +120,54 @@ def _workers_level(url: str, n: int, settings: Settings, say: Say) -> dict[str, 
         stored = len(store.evaluations(run.id))
     finally:
         store.close()
-    say(f"workers {n}: {stored} evaluations in {wall:.1f} s ({per_worker})")
+    load = os.getloadavg()[0]
+    say(f"workers {n}: {stored} evaluations in {wall:.1f} s ({per_worker}); CPU s {cpu}; load {load:.2f}")
     return {"workers": n, "evaluations": stored, "wall_s": round(wall, 2),
-            "evaluations_per_s": round(stored / wall, 2), "per_worker": per_worker}
+            "evaluations_per_s": round(stored / wall, 2), "per_worker": per_worker, "cpu_s": cpu,
+            "worker_cpu_ms_per_evaluation": round(cpu["workers"] / max(stored, 1) * 1000, 1),
+            "load_1min": round(load, 2)}
+
+
+def _server_pid(store: Any) -> int:
+    """The PostgreSQL server's main process (the parent of our connection's backend)."""
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    return int(_proc_stat(backend)[1])
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ...), after the command name."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def _cpu_of(pid: int, reaped: bool = False) -> float:
+    """CPU seconds of a process (user + system), with those of its children it waited for."""
+    try:
+        fields = _proc_stat(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    ticks = sum(int(v) for v in fields[11:13 + (2 if reaped else 0)])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(workers: Sequence[subprocess.Popen], server: int) -> dict[str, float]:
+    """CPU seconds so far of the worker processes, the PostgreSQL server (its live and ended processes)
+    and this process."""
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == server]
+    times = os.times()
+    return {"workers": sum(_cpu_of(p.pid) for p in workers),
+            "postgres": _cpu_of(server, reaped=True) + sum(_cpu_of(pid) for pid in children),
+            "benchmark": times.user + times.system}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(_proc_stat(pid)[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
 
 
 def _queued_run(store: Any, settings: Settings) -> tuple[Any, dict[int, list[str]]]:
@@ -149,27 +202,44 @@ def _wait(done: Callable[[], bool], processes: Sequence[subprocess.Popen], logs:
         if failed or time.monotonic() > deadline:
             tails = "; ".join(p.read_text()[-500:] for p in sorted(Path(logs).glob("*.log")))
             raise RuntimeError(f"waiting for {what}: {'a worker exited' if failed else 'timed out'}: {tails}")
-        time.sleep(0.05)
+        time.sleep(0.1)  # each look is a query: polling more often takes CPU from the workers it times
 
 
 # -- 2. the llm agent at concurrency 1, 4, 8 -------------------------------------------------------------
 
 
 def measure_llm(settings: Settings, say: Say) -> list[dict[str, Any]]:
+    """The llm agent: the embedded model's replies are its actions."""
+    from sandbox.harness import RunLimits
+
+    limits = RunLimits(max_steps=settings.llm_steps, max_tokens=settings.llm_max_tokens)
+    return _concurrency_levels(settings, "llm", settings.llm_tasks, limits, say)
+
+
+def measure_multistep(settings: Settings, say: Say) -> list[dict[str, Any]]:
+    """Multi-step tasks with real replies: the scripted agent's trajectories (the same requests at every
+    level, whatever the model writes) while the server decodes `reply_tokens` tokens for each request."""
+    from sandbox.harness import RunLimits
+
+    limits = RunLimits(max_steps=settings.multistep_steps, scripted_max_tokens=settings.reply_tokens)
+    return _concurrency_levels(settings, "scripted", settings.multistep_tasks, limits, say)
+
+
+def _concurrency_levels(settings: Settings, agent: str, n_tasks: int, limits: Any, say: Say) -> list[dict[str, Any]]:
     from benchmarks.serving import akv_server
-    from sandbox.harness import RunLimits, run_tasks
+    from sandbox.harness import run_tasks
 
     cells = []
     for level in settings.concurrency:
         with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
             with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
                 started = time.perf_counter()
-                report = run_tasks(settings.suite, "train", "expert-8k", agent="llm", backend=url,
-                                   limit=settings.llm_tasks, concurrency=level, model="smollm2",
-                                   limits=RunLimits(max_steps=settings.llm_steps, max_tokens=settings.llm_max_tokens))
+                report = run_tasks(settings.suite, "train", "expert-8k", agent=agent, backend=url, limit=n_tasks,
+                                   concurrency=level, model="smollm2", limits=limits)
                 wall = time.perf_counter() - started
         cells.append(_llm_cell(level, report.results, wall))
-        say(f"concurrency {level}: {len(report.results)} tasks in {wall:.1f} s")
+        say(f"{agent} agent, concurrency {level}: {len(report.results)} tasks, {cells[-1]['requests']} requests "
+            f"in {wall:.1f} s; load {cells[-1]['load_1min']}")
     return cells
 
 
@@ -182,7 +252,8 @@ def _llm_cell(level: int, results: Sequence[Any], wall: float) -> dict[str, Any]
             "per_request": {"computed_prompt_tokens": round(tokens["input"] / max(requests, 1), 1),
                             "cached_prompt_tokens": round(tokens["cached"] / max(requests, 1), 1),
                             "completion_tokens": round(tokens["output"] / max(requests, 1), 1),
-                            "seconds": round(wall / max(requests, 1) * level, 3)}}
+                            "seconds": round(wall / max(requests, 1) * level, 3)},
+            "load_1min": round(os.getloadavg()[0], 2)}
 
 
 # -- the run and its table ----------------------------------------------------------------------------------
@@ -197,6 +268,8 @@ def measure(settings: Settings = Settings(), progress: Say | None = None) -> dic
         figures["cpu_ceiling_after"] = cpu_ceiling(max(settings.workers))
     if "llm" in settings.parts:
         figures["llm"] = measure_llm(settings, say)
+    if "multistep" in settings.parts:
+        figures["multistep"] = measure_multistep(settings, say)
     figures["ratios"] = ratios(figures)
     return figures
 
@@ -207,10 +280,11 @@ def ratios(figures: Mapping[str, Any]) -> dict[str, float | None]:
     for n, rate in workers.items():
         if n != 1 and 1 in workers:
             out[f"workers {n} vs 1 (evaluations/s)"] = ratio(rate, workers[1])
-    llm = {c["concurrency"]: c["tasks_per_s"] for c in figures.get("llm", [])}
-    for level, rate in llm.items():
-        if level != 1 and 1 in llm:
-            out[f"llm concurrency {level} vs 1 (tasks/s)"] = ratio(rate, llm[1])
+    for part, name in (("llm", "llm"), ("multistep", "multi-step")):
+        rates = {c["concurrency"]: c["tasks_per_s"] for c in figures.get(part, [])}
+        for level, rate in rates.items():
+            if level != 1 and 1 in rates:
+                out[f"{name} concurrency {level} vs 1 (tasks/s)"] = ratio(rate, rates[1])
     return out
 
 
@@ -218,19 +292,27 @@ def render(figures: Mapping[str, Any]) -> str:
     parts = []
     if figures.get("workers"):
         parts.append("replay evaluations by akv worker processes sharing a run (PostgreSQL)")
-        parts.append(format_table(["workers", "evaluations", "wall s", "evaluations/s", "per worker"],
+        parts.append(format_table(["workers", "evaluations", "wall s", "evaluations/s", "per worker",
+                                   "worker CPU s", "postgres CPU s", "benchmark CPU s", "worker CPU ms/eval",
+                                   "load"],
                                   [[c["workers"], c["evaluations"], c["wall_s"], c["evaluations_per_s"],
-                                    "/".join(map(str, c["per_worker"]))] for c in figures["workers"]]))
+                                    "/".join(map(str, c["per_worker"])), c["cpu_s"]["workers"],
+                                    c["cpu_s"]["postgres"], c["cpu_s"]["benchmark"],
+                                    c["worker_cpu_ms_per_evaluation"], c["load_1min"]] for c in figures["workers"]]))
         parts.append(f"CPU the machine offered {max(c['workers'] for c in figures['workers'])} busy processes vs 1, "
                      f"measured just before and after: {figures['cpu_ceiling_before']}x, "
                      f"{figures['cpu_ceiling_after']}x (2.0 on two idle cores)")
-    if figures.get("llm"):
-        parts.append("llm agent against akv serve (embedded SmolLM2, CPU)")
-        parts.append(format_table(
-            ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
-             "completion/req", "s/request"],
-            [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
-              *c["per_request"].values()] for c in figures["llm"]]))
+    titles = {"llm": "llm agent against akv serve (embedded SmolLM2, CPU)",
+              "multistep": "multi-step tasks against akv serve: the scripted agent's requests, each reply decoded "
+                           "by the model (embedded SmolLM2, CPU)"}
+    for part, title in titles.items():
+        if figures.get(part):
+            parts.append(title)
+            parts.append(format_table(
+                ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
+                 "completion/req", "s/request", "load"],
+                [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
+                  *c["per_request"].values(), c["load_1min"]] for c in figures[part]]))
     parts.append("ratios, measured side by side in this run:")
     parts += [f"  {name}: {value}x" for name, value in figures["ratios"].items()]
     return "\n".join(parts)
@@ -239,19 +321,24 @@ def render(figures: Mapping[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     parser = argparse.ArgumentParser(prog="benchmarks/scale.py", description=__doc__.splitlines()[0])
     defaults = Settings()
-    parser.add_argument("--parts", default=",".join(defaults.parts), help="workers,llm (default: both)")
+    parser.add_argument("--parts", default=",".join(defaults.parts),
+                        help="workers,llm,multistep (default: all three)")
     parser.add_argument("--train-tasks", type=int, default=defaults.train_tasks)
     parser.add_argument("--workers", default=",".join(map(str, defaults.workers)))
     parser.add_argument("--llm-tasks", type=int, default=defaults.llm_tasks)
     parser.add_argument("--llm-steps", type=int, default=defaults.llm_steps)
     parser.add_argument("--llm-max-tokens", type=int, default=defaults.llm_max_tokens)
+    parser.add_argument("--multistep-tasks", type=int, default=defaults.multistep_tasks)
+    parser.add_argument("--multistep-steps", type=int, default=defaults.multistep_steps)
+    parser.add_argument("--reply-tokens", type=int, default=defaults.reply_tokens,
+                        help="tokens the server decodes for each request of the multi-step tasks")
     parser.add_argument("--concurrency", default=",".join(map(str, defaults.concurrency)))
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     parts = tuple(p for p in args.parts.split(",") if p)
-    unknown = set(parts) - {"workers", "llm"}
+    unknown = set(parts) - {"workers", "llm", "multistep"}
     if unknown:
-        parser.error(f"--parts: unknown part {sorted(unknown)[0]!r}; expected workers, llm")
+        parser.error(f"--parts: unknown part {sorted(unknown)[0]!r}; expected workers, llm, multistep")
     numbers = {}
     for option in ("workers", "concurrency"):
         try:
@@ -262,7 +349,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
             parser.error(f"--{option}: expected positive integers separated by commas")
     settings = Settings(train_tasks=args.train_tasks, workers=numbers["workers"], llm_tasks=args.llm_tasks,
                         llm_steps=args.llm_steps, llm_max_tokens=args.llm_max_tokens,
-                        concurrency=numbers["concurrency"], parts=parts)
+                        multistep_tasks=args.multistep_tasks, multistep_steps=args.multistep_steps,
+                        reply_tokens=args.reply_tokens, concurrency=numbers["concurrency"], parts=parts)
     return settings, args.json
 
 

@@ -2,8 +2,9 @@
 
 The evolve process queues the tasks each step needs (a candidate's cascade stage, the held-out
 split of the finalists and the baselines; `store/work.py`) and then works on the queue itself
-until they are done. Workers on other machines lease tasks from the same queue and commit each
-result with its lease. Proposals stay with the evolve process, one at a time, so the lineage does
+until they are done. Workers on other machines lease tasks from the same queue (a few at a time:
+their share of what is free, so the last tasks are not held by one) and commit the results with
+their leases, several in one transaction. Proposals stay with the evolve process, one at a time, so the lineage does
 not depend on how many workers helped: every step waits for all of its tasks, whoever ran them.
 """
 from __future__ import annotations
@@ -19,13 +20,16 @@ from store import Lease, RunInfo, Store, TaskResult
 
 POLL_S = 0.2  # how often a process with nothing to run asks the queue again
 SQLITE_LEASE = 64  # a SQLite run has one process: it may take many tasks at a time
+LEASE_AHEAD = 4  # a shared run: at most this many tasks per lane in one lease (fewer near the end)
+FLUSH_S = 1.0  # results wait at most this long to be committed together (a crash loses no more)
 
 
 class Worker:
-    """One process's part of a run: leases tasks, evaluates them, commits each with its lease.
+    """One process's part of a run: leases tasks, evaluates them, commits the results with their leases.
 
     A heartbeat thread renews the leases every third of `lease_s`; a process that dies stops
-    renewing, and its tasks go to another worker once `lease_s` has passed.
+    renewing, and its tasks go to another worker once `lease_s` has passed (its results not yet
+    committed included: they are evaluated again, and stored once).
     """
 
     def __init__(self, store: Store, run: RunInfo, evaluator: Evaluator, role: str, concurrency: int,
@@ -33,12 +37,15 @@ class Worker:
         self.store, self.run, self.evaluator = store, run, evaluator
         self.queue = store.work
         self.lease_s = lease_s
-        self.batch = concurrency if self.queue.shared else max(concurrency, SQLITE_LEASE)
+        self.concurrency = concurrency
+        self.batch = concurrency * LEASE_AHEAD if self.queue.shared else max(concurrency, SQLITE_LEASE)
         if not self.queue.shared:
             self.queue.release_run(run.id)  # leases of an earlier process of this SQLite run: it is gone
         self.id = self.queue.register(run.id, role, concurrency, backend)
         self.done = 0
         self._policies: dict[int, tuple[str, str]] = {}
+        self._unsaved: list[tuple[Lease, TaskResult]] = []
+        self._saved_at = time.monotonic()
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="akv-heartbeat", daemon=True)
         self._beat.start()
@@ -51,18 +58,29 @@ class Worker:
                 continue
 
     def work_once(self) -> int:
-        """Lease what is free (up to the batch size), evaluate it, commit each result; how many were leased."""
-        leases = self.queue.lease(self.run.id, self.id, self.batch, self.lease_s)
+        """Lease this worker's share of what is free, evaluate it, commit the results; how many were leased."""
+        least = self.concurrency if self.queue.shared else None
+        leases = self.queue.lease(self.run.id, self.id, self.batch, self.lease_s, least=least)
         for (policy_id, split), group in groupby(leases, key=lambda lease: (lease.policy_id, lease.split)):
             by_task = {lease.task_id: lease for lease in group}
             text, label = self._policy(policy_id)
-            self.evaluator.evaluate(text, label, split, list(by_task),
-                                    lambda result, by_task=by_task: self._complete(by_task[result.task_id], result))
+            try:
+                self.evaluator.evaluate(text, label, split, list(by_task),
+                                        lambda result, by_task=by_task: self._heard(by_task[result.task_id], result))
+            finally:
+                self._save()
         return len(leases)
 
-    def _complete(self, lease: Lease, result: TaskResult) -> None:
-        if self.queue.complete(lease, self.id, self.run.id, result):
-            self.done += 1
+    def _heard(self, lease: Lease, result: TaskResult) -> None:
+        self._unsaved.append((lease, result))
+        if time.monotonic() - self._saved_at >= FLUSH_S:
+            self._save()
+
+    def _save(self) -> None:
+        """Commit the results heard so far in one transaction (each only while its lease is still ours)."""
+        unsaved, self._unsaved = self._unsaved, []
+        self.done += self.queue.complete_many(unsaved, self.id, self.run.id)
+        self._saved_at = time.monotonic()
 
     def _policy(self, policy_id: int) -> tuple[str, str]:
         if policy_id not in self._policies:

@@ -18,7 +18,7 @@ import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterator, Sequence
 
 from sqlalchemy import ColumnElement, Connection, and_, func, literal_column, or_, select, text, update
@@ -122,12 +122,19 @@ class WorkQueue:
             s.add_all([WorkItem(run_id=run_id, policy_id=policy_id, split=split, task_id=t)
                        for t in dict.fromkeys(task_ids) if t not in known])
 
-    def lease(self, run_id: int, worker_id: int, limit: int, lease_s: float) -> list[Lease]:
+    def lease(self, run_id: int, worker_id: int, limit: int, lease_s: float, least: int | None = None) -> list[Lease]:
         """Up to `limit` pending tasks of the run (or ones whose lease ran out), in queue order, now this
-        worker's for `lease_s` seconds."""
+        worker's for `lease_s` seconds.
+
+        With `least`, the worker takes its share of what is free instead (the free tasks over the
+        workers seen within `lease_s`, this one included), between `least` and `limit`: a worker
+        that leases a few tasks at a time leaves the last ones to the others rather than holding them.
+        """
         with self.store._tx() as s:
             free = or_(WorkItem.status == "pending",
                        and_(WorkItem.status == "leased", WorkItem.lease_until < self._now()))
+            if least is not None and least < limit:
+                limit = min(limit, max(least, self._share(s, run_id, worker_id, free, lease_s)))
             query = select(WorkItem).where(WorkItem.run_id == run_id, free).order_by(WorkItem.id).limit(limit)
             rows = list(s.scalars(query.with_for_update(skip_locked=True) if self.shared else query))
             leases = [Lease(r.id, r.policy_id, r.split, r.task_id, r.attempts + 1) for r in rows]
@@ -136,6 +143,14 @@ class WorkQueue:
                     status="leased", worker_id=worker_id, lease_until=self._now() + lease_s,
                     attempts=WorkItem.attempts + 1), execution_options={"synchronize_session": False})
             return leases
+
+    def _share(self, s: Session, run_id: int, worker_id: int, free: ColumnElement, lease_s: float) -> int:
+        """The free tasks of the run over the workers alive (heard from within `lease_s`), rounded up."""
+        n_free = s.scalar(select(func.count(WorkItem.id)).where(WorkItem.run_id == run_id, free)) or 0
+        alive = s.scalar(select(func.count(Worker.id)).where(
+            Worker.run_id == run_id, Worker.id != worker_id,
+            Worker.last_seen > utcnow() - timedelta(seconds=lease_s))) or 0
+        return -(-n_free // (alive + 1))
 
     def complete(self, lease: Lease, worker_id: int, run_id: int, result: TaskResult) -> bool:
         """Store the result and mark the task done, in one transaction, if this worker still holds it.
@@ -155,6 +170,27 @@ class WorkQueue:
             with self.store._tx() as s:
                 s.execute(update(WorkItem).where(WorkItem.id == lease.id).values(status="done", lease_until=None))
             return False
+
+    def complete_many(self, done: Sequence[tuple[Lease, TaskResult]], worker_id: int, run_id: int) -> int:
+        """`complete` for several results in one transaction; how many were stored.
+
+        Each is stored only while this worker still holds its task (one whose lease was taken from
+        it stores nothing). If a result was stored already, each is completed on its own instead.
+        """
+        if not done:
+            return 0
+        try:
+            with self.store._tx() as s:
+                taken = set(s.scalars(update(WorkItem).where(
+                    WorkItem.id.in_([lease.id for lease, _ in done]), WorkItem.worker_id == worker_id,
+                    WorkItem.status == "leased").values(status="done", lease_until=None).returning(WorkItem.id),
+                    execution_options={"synchronize_session": False}))
+                for lease, result in done:
+                    if lease.id in taken:
+                        add_result_rows(s, run_id, lease.policy_id, result, worker_id)
+            return len(taken)
+        except IntegrityError:  # one of them stored already: nothing of this transaction was kept
+            return sum(self.complete(lease, worker_id, run_id, result) for lease, result in done)
 
     def release(self, worker_id: int) -> None:
         """A worker that stops cleanly gives its unfinished tasks back at once."""

@@ -170,3 +170,27 @@ def test_optuna_studies_share_a_postgresql_database_with_the_store(postgres_url)
     reopened = Store.open(url)
     assert reopened.run(run.name).id == run.id  # our tables are intact beside optuna's
     reopened.close()
+
+
+def test_a_worker_leases_its_share_and_commits_several_results_only_while_it_holds_them(store):
+    """Leases of a few tasks take the worker's share of what is free (the others' too); results committed
+    together are stored once each, and one whose lease another worker took is not stored."""
+    run = make_run(store)
+    pid, _ = store.add_policy(run.id, Proposal("seed", "A", text="A", hash="h"))
+    queue = store.work
+    queue.enqueue(run.id, pid, "train", [f"t{i}" for i in range(7)])
+    me, other = queue.register(run.id, "worker", 1, "replay"), queue.register(run.id, "worker", 1, "replay")
+    first = queue.lease(run.id, me, 4, 60.0, least=1)
+    assert [lease.task_id for lease in first] == ["t0", "t1", "t2", "t3"]  # 7 free, 2 workers: 4, at most 4
+    second = queue.lease(run.id, other, 4, 60.0, least=1)
+    assert [lease.task_id for lease in second] == ["t4", "t5"]  # 3 free over 2 workers: 2
+    result = {lease.id: TaskResult(lease.task_id, "train", "ok", 1.0, 0.001) for lease in first + second}
+    queue.release(other)  # as a worker whose lease ran out: another takes its tasks
+    retaken = queue.lease(run.id, me, 1, 60.0)
+    assert [lease.task_id for lease in retaken] == ["t4"]
+    assert queue.complete_many([(lease, result[lease.id]) for lease in first[:3]], me, run.id) == 3
+    assert queue.complete_many([(second[0], result[second[0].id])], other, run.id) == 0  # no longer its own
+    assert queue.complete_many([(lease, result[lease.id]) for lease in first[2:] + retaken], me, run.id) == 2
+    stored = sorted(e.result.task_id for e in store.evaluations(run.id))
+    assert stored == ["t0", "t1", "t2", "t3", "t4"]  # each once: t2 was stored already, t4 by its new holder
+    assert queue.unfinished(run.id) == 2

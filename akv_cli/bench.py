@@ -166,8 +166,8 @@ def replay(ctx: typer.Context) -> None:
 @bench.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
                add_help_option=False)
 def scale(ctx: typer.Context) -> None:
-    """Replay evaluations/s with 1 and 2 workers sharing a run (PostgreSQL), llm tasks/s against akv serve at
-    concurrency 1, 4, 8; --help for options."""
+    """Replay evaluations/s with 1 and 2 workers sharing a run (PostgreSQL), llm and multi-step tasks/s against
+    akv serve at concurrency 1, 4, 8; --help for options."""
     module = _benchmark("scale")
     _guarded(lambda: module.main(list(ctx.args)))
 

@@ -8,10 +8,16 @@
    this process (read from /proc): CPU per evaluation does not depend on what else the machine runs.
 2. **Concurrent tasks.** Tasks per second of the `llm` agent against `akv serve` (the embedded
    SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
-   level (so that no level finds the prefixes of another cached).
-3. **Per request.** From the llm runs: requests per task, prompt tokens computed and cached and
-   completion tokens per request, and seconds per request; docs/benchmarks.md projects a GPU
-   fleet from them (labelled as a projection).
+   level (so that no level finds the prefixes of another cached). The small model answers at its
+   first step, so these tasks are one prefill-bound request each.
+3. **Multi-step tasks** (`multistep`): the same levels with the scripted agent's trajectories (its
+   requests, several per task, growing histories under the policy), while the server decodes
+   `reply_tokens` tokens for every request. The requests are the same at every level whatever the
+   model writes, so the levels do exactly the same work, and the decode that batching serves is real.
+4. **Per request.** From those runs: prompt tokens computed and cached per request, tokens the
+   server decoded (its `/metrics`), seconds per request, and the server's CPU seconds per task (from
+   /proc: batching's saving in work, whatever else the machine runs); docs/benchmarks.md projects
+   a GPU fleet from them (labelled as a projection).
 
 The ratios (2 workers vs 1, concurrency c vs 1) come from levels measured one after another in
 this one run, on the same machine.
@@ -52,8 +58,8 @@ class Settings:
     llm_steps: int = 3
     llm_max_tokens: int = 32
     multistep_tasks: int = 8
-    multistep_steps: int = 6
-    reply_tokens: int = 48
+    multistep_steps: int = 4
+    reply_tokens: int = 128
     concurrency: tuple[int, ...] = (1, 4, 8)
     kv_tokens: int = 32_768
     parts: tuple[str, ...] = field(default=("workers", "llm", "multistep"))
@@ -156,7 +162,7 @@ def _cpu_of(pid: int, reaped: bool = False) -> float:
 def _cpu_now(workers: Sequence[subprocess.Popen], server: int) -> dict[str, float]:
     """CPU seconds so far of the worker processes, the PostgreSQL server (its live and ended processes)
     and this process."""
-    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == server]
+    children = _children(server)
     times = os.times()
     return {"workers": sum(_cpu_of(p.pid) for p in workers),
             "postgres": _cpu_of(server, reaped=True) + sum(_cpu_of(pid) for pid in children),
@@ -233,25 +239,48 @@ def _concurrency_levels(settings: Settings, agent: str, n_tasks: int, limits: An
     for level in settings.concurrency:
         with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
             with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
+                servers = _children(os.getpid())
+                cpu_before = sum(_cpu_of(pid) for pid in servers)
                 started = time.perf_counter()
                 report = run_tasks(settings.suite, "train", "expert-8k", agent=agent, backend=url, limit=n_tasks,
                                    concurrency=level, model="smollm2", limits=limits)
                 wall = time.perf_counter() - started
-        cells.append(_llm_cell(level, report.results, wall))
+                cpu = sum(_cpu_of(pid) for pid in servers) - cpu_before
+                served = _served_tokens(url)
+        cells.append(_llm_cell(level, report.results, wall, cpu, served))
         say(f"{agent} agent, concurrency {level}: {len(report.results)} tasks, {cells[-1]['requests']} requests "
-            f"in {wall:.1f} s; load {cells[-1]['load_1min']}")
+            f"in {wall:.1f} s, server CPU {cpu:.1f} s; load {cells[-1]['load_1min']}")
     return cells
 
 
-def _llm_cell(level: int, results: Sequence[Any], wall: float) -> dict[str, Any]:
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == pid]
+
+
+def _served_tokens(url: str) -> dict[str, int]:
+    """The server's own token counters (`/metrics`): what it prefilled and decoded."""
+    import re
+    import urllib.request
+
+    base = url.split("/v1")[0].rstrip("/")
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {kind: int(float(value)) for kind, value in re.findall(r'akv_tokens_total\{kind="(\w+)"\} (\S+)', text)}
+
+
+def _llm_cell(level: int, results: Sequence[Any], wall: float, server_cpu: float = 0.0,
+              served: Mapping[str, int] | None = None) -> dict[str, Any]:
     requests = sum(r.n_requests for r in results)
+    served = served or {}
     tokens = {k: sum(getattr(r.tokens, k) for r in results) for k in ("input", "cached", "output")}
     return {"concurrency": level, "tasks": len(results), "wall_s": round(wall, 2),
             "tasks_per_s": round(len(results) / wall, 4), "requests": requests,
+            "server_cpu_s_per_task": round(server_cpu / max(len(results), 1), 2),
             "errors": sum(r.status == "error" for r in results),
             "per_request": {"computed_prompt_tokens": round(tokens["input"] / max(requests, 1), 1),
                             "cached_prompt_tokens": round(tokens["cached"] / max(requests, 1), 1),
                             "completion_tokens": round(tokens["output"] / max(requests, 1), 1),
+                            "decoded_by_server": round(served.get("decoded", 0) / max(requests, 1), 1),
                             "seconds": round(wall / max(requests, 1) * level, 3)},
             "load_1min": round(os.getloadavg()[0], 2)}
 
@@ -280,11 +309,20 @@ def ratios(figures: Mapping[str, Any]) -> dict[str, float | None]:
     for n, rate in workers.items():
         if n != 1 and 1 in workers:
             out[f"workers {n} vs 1 (evaluations/s)"] = ratio(rate, workers[1])
+    cpu = {c["workers"]: c["worker_cpu_ms_per_evaluation"] for c in figures.get("workers", []) if "cpu_s" in c}
+    for n, ms in cpu.items():  # below 1.0: each evaluation costs the workers more CPU when there are n of them
+        if n != 1 and 1 in cpu:
+            out[f"workers {n} vs 1 (evaluations per worker CPU s)"] = ratio(cpu[1], ms)
     for part, name in (("llm", "llm"), ("multistep", "multi-step")):
-        rates = {c["concurrency"]: c["tasks_per_s"] for c in figures.get(part, [])}
+        cells = figures.get(part, [])
+        rates = {c["concurrency"]: c["tasks_per_s"] for c in cells}
         for level, rate in rates.items():
             if level != 1 and 1 in rates:
                 out[f"{name} concurrency {level} vs 1 (tasks/s)"] = ratio(rate, rates[1])
+        per_cpu = {c["concurrency"]: c.get("server_cpu_s_per_task") for c in cells}
+        for level, seconds in per_cpu.items():  # what batching saves in work, whatever else the machine runs
+            if level != 1 and per_cpu.get(1) and seconds:
+                out[f"{name} concurrency {level} vs 1 (tasks per server CPU s)"] = ratio(per_cpu[1], seconds)
     return out
 
 
@@ -310,9 +348,9 @@ def render(figures: Mapping[str, Any]) -> str:
             parts.append(title)
             parts.append(format_table(
                 ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
-                 "completion/req", "s/request", "load"],
+                 "completion/req", "decoded/req", "s/request", "server CPU s/task", "load"],
                 [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
-                  *c["per_request"].values(), c["load_1min"]] for c in figures[part]]))
+                  *c["per_request"].values(), c["server_cpu_s_per_task"], c["load_1min"]] for c in figures[part]]))
     parts.append("ratios, measured side by side in this run:")
     parts += [f"  {name}: {value}x" for name, value in figures["ratios"].items()]
     return "\n".join(parts)

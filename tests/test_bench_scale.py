@@ -17,7 +17,10 @@ def test_one_and_two_workers_store_every_queued_evaluation_once(postgres_server)
     figures = {"workers": cells, "cpu_ceiling_before": 1.9, "cpu_ceiling_after": 1.8}
     figures["ratios"] = scale.ratios(figures)
     expected = round(cells[1]["evaluations_per_s"] / cells[0]["evaluations_per_s"], 3)
-    assert figures["ratios"] == {"workers 2 vs 1 (evaluations/s)": expected}
+    per_cpu = round(cells[0]["worker_cpu_ms_per_evaluation"] / cells[1]["worker_cpu_ms_per_evaluation"], 3)
+    assert all(c["cpu_s"]["workers"] > 0 and c["cpu_s"]["postgres"] > 0 for c in cells)  # read from /proc
+    assert figures["ratios"] == {"workers 2 vs 1 (evaluations/s)": expected,
+                                 "workers 2 vs 1 (evaluations per worker CPU s)": per_cpu}
     assert f"workers 2 vs 1 (evaluations/s): {expected}x" in scale.render(figures)
 
 

@@ -111,6 +111,10 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo,
             proposers[name] = MutateProposer(config.mutate, library)
         elif name == "optuna":
             proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed)
+        elif name == "reflect":
+            from evolve.proposers.reflect import ReflectProposer
+
+            proposers[name] = ReflectProposer()
         else:
             from evolve.proposers.llm import LLMProposer
 

@@ -19,6 +19,12 @@ def load_checked(name: str) -> Checked:
         raise UnknownPolicy(str(err)) from None
 
 
+# Built-ins written by hand for this project's suites after looking at their trajectories
+# (docs/policy-dsl.md): a proposer that borrows from them copies the answer instead of finding it.
+SUITE_SPECIFIC = frozenset({"research", "drop-stale"})
+
+
 def library_texts() -> list[str]:
-    """Canonical texts of every built-in (the mutate proposer's donor pool)."""
-    return [load_checked(name).text for name in builtin_names()]
+    """Canonical texts of the general built-ins (the proposers' donor pool and examples): upstream's
+    policies and the baselines, not the suite-specific ones (SUITE_SPECIFIC)."""
+    return [load_checked(name).text for name in builtin_names() if name not in SUITE_SPECIFIC]

@@ -4,7 +4,8 @@ GEPA's reflective mutation reads the parent's execution traces before rewriting 
 policy's traces are its message timelines. `timeline_of` reduces one task's trajectory to what a
 proposer needs (kept in the store with the train result, a few KB per task): for each message
 its role, tool, size, when it arrived, when the policy dropped it, which agent steps read it
-(the scripted agents' use records, `used`), and whether it is a re-fetch of an earlier result
+(the scripted agents' use records, `used`), the start of what the agent wrote (`said`, on its
+own messages: the words the reflect proposer mines), and whether it is a re-fetch of an earlier result
 (the same tool called with the same arguments); for a result read at most once, the start of
 the agent's next message (its verdict on a dead end, which `next_turn contains` can match).
 `digest` renders that as text within a token budget: the failure reason, the re-fetches each
@@ -25,6 +26,7 @@ from sandbox.trajectory import Trajectory
 
 Timeline = dict[str, Any]  # JSON-ready: see timeline_of
 NEXT_TURN_CHARS = 100  # of the agent's next message, kept for a tool result read at most once
+SAID_CHARS = 240  # of each assistant message's text, kept as it is (lines and all): what the reflect proposer mines
 ONCE_LINES = 3  # results read once and then kept idle, quoted with that next message
 Count = Callable[[str], int]  # tokens of a text, with the proposer's model's tokenizer or an estimate
 
@@ -59,6 +61,8 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
                 "refetch_of": refetch_of, "idle": max(0, end - last_read - 1) if uses or steps[0].used is not None else 0}
         if call and len(uses) <= 1:   # read once at most: what the agent said next is the verdict on it
             line["next_turn"] = _next_turn(messages, index)
+        if message.get("role") == "assistant" and message.get("content"):
+            line["said"] = str(message["content"])[:SAID_CHARS]
         lines.append(line)
     result = next((n for n in reversed(trajectory.notes) if n.get("type") == "result"), {})
     grade = next((n for n in reversed(trajectory.notes) if n.get("type") == "grade"), {})

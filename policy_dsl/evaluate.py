@@ -68,6 +68,9 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
     if isinstance(selector, n.ToolName):
         return view.tool_names[j] == selector.name
     if isinstance(selector, n.Age):
+        if selector.text is not None:  # only the turns that say it count (the validator: unit turns)
+            age = sum(1 for k in range(j + 1, b.i + 1) if view.roles[k] == "assistant" and selector.text in view.texts[k])
+            return _COMPARE[selector.op](age, selector.n.value)
         age = view.count(selector.unit, b.i) - view.count(selector.unit, j)
         return _COMPARE[selector.op](age, selector.n.value)
     if isinstance(selector, n.Size):

@@ -140,9 +140,13 @@ class ToolName:
 
 @dataclass(frozen=True)
 class Age:
+    """Messages with `op n` units completed after them, up to the boundary. With `text` (unit
+    turns only), only the turns that contain it count: the agent's own milestones ("Found")."""
+
     op: str
     n: Num
     unit: str
+    text: str | None = None
     loc: Loc | None = _loc()
 
 

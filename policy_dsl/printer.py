@@ -92,7 +92,8 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
     if isinstance(selector, n.ToolName):
         return f"tool_name {json.dumps(selector.name)}"
     if isinstance(selector, n.Age):
-        return f"age {selector.op} {format_num(selector.n)} {selector.unit}"
+        said = "" if selector.text is None else f" with {json.dumps(selector.text)}"
+        return f"age {selector.op} {format_num(selector.n)} {selector.unit}{said}"
     if isinstance(selector, n.Size):
         return f"tokens {selector.op} {format_num(selector.n)}"
     if isinstance(selector, n.Contains):

@@ -141,6 +141,8 @@ class _Checker:
                 raise self.fail(f"unknown unit {node.unit!r}; expected one of {', '.join(n.COUNT_UNITS)}", node)
             if isinstance(node, n.RepositionEvery) and node.unit not in n.REPOSITION_UNITS:
                 raise self.fail(f"unknown unit {node.unit!r}; expected drops or tool_calls", node)
+            if isinstance(node, n.Age) and node.text is not None and node.unit != "turns":
+                raise self.fail(f"age ... with a text counts turns (the agent's messages), not {node.unit}", node)
             if isinstance(node, (n.Age, n.Size)) and node.op not in n.COMPARISONS:
                 raise self.fail(f"unknown comparison {node.op!r}; expected >, >=, < or <=", node)
             if isinstance(node, n.Role) and node.role not in n.ROLES:

@@ -171,6 +171,18 @@ def test_next_turn_contains_picks_what_the_following_turn_said_about_it() -> Non
     assert decide(source, history).drop_message == {"7": [5, 6]}
 
 
+def test_age_with_a_text_counts_only_the_turns_that_say_it() -> None:
+    source = 'mode kv\non each turn: drop role tool and age >= 2 turns with "Found"\nreposition never\n'
+    history = agent_history(4, tools_per_round=1, system=False)  # user, then (assistant, tool) x 4
+    history[3]["content"] = "Found A: x"     # the turn after result 2
+    history[5]["content"] = "Checking y"     # no milestone
+    history[7]["content"] = "Found B: y"     # the second milestone after result 2, the first after 4 and 6
+    assert decide(source, history[:7]).drop_message == {}
+    assert decide(source, history).drop_message == {"7": [2]}
+    assert decide('mode kv\non each turn: drop role tool and age >= 2 turns\nreposition never\n',
+                  history).drop_message == {"5": [2], "7": [4]}  # every turn counts without the text
+
+
 def test_research_drops_dead_ends_at_the_verdict_pages_and_long_articles_by_age() -> None:
     history: list = [{"role": "user", "content": "Find the year."}]
     for step in range(20):  # one call per turn, as a ReAct research agent makes them: turn 1+2s, result 2+2s

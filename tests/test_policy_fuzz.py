@@ -14,7 +14,7 @@ WORDS = ["mode", "kv", "text", "on", "each", "every", "after", "drop", "omit", "
          "keep", "last", "until", "visible_tokens", "history_tokens", "<=", ">", ">=", "(", ")", ":", "and", "or",
          "not", "role", "tool", "tool_name", "age", "contains", "next_turn", "requested", "superseded", "drop_context", "thinking", "where",
          "reposition", "never", "gap", "in", "..", "0", "12", "99999999999999", '"x"', '"\\q"', "#", "\n", "\x00",
-         "cut", "before", "from", "trigger", "included"]
+         "cut", "before", "from", "trigger", "included", "with", "turns"]
 
 
 def parse_and_compile(text: str) -> None:

@@ -48,6 +48,9 @@ def test_every_construct_parses_to_its_node() -> None:
     judged = parse('mode kv\non each turn: drop role tool and next_turn contains "not relevant"\n')
     assert judged.rules[0].action.target.selector == n.And((n.Role("tool"), n.NextTurnContains("not relevant")))
     assert parse(format_policy(judged)) == judged
+    milestone = parse('mode kv\non each turn: drop role tool and age >= 2 in 1..6 turn with "Found"\n')
+    assert milestone.rules[0].action.target.selector.parts[1] == n.Age(">=", n.Num(2, 1, 6), "turns", "Found")
+    assert parse(format_policy(milestone)) == milestone
 
 
 BAD_INPUT = [
@@ -88,6 +91,8 @@ BAD_INPUT = [
     ('mode kv\non each turn: drop contains "a\\qb"\n', 2, 29, PolicySyntaxError, "bad escape"),
     ('mode kv\non each turn: drop contains ""\n', 2, 29, PolicySyntaxError, "empty string"),
     ('mode kv\non each turn: drop next_turn "x"\n', 2, 30, PolicySyntaxError, "expected 'contains'"),
+    ('mode kv\non each turn: drop age > 1 tool_calls with "Found"\n', 2, 20, PolicyValidationError,
+     "with a text counts turns"),
     ("mode kv\non each turn: drop all\n\x00\x01garbage", 3, 1, PolicySyntaxError, "unexpected character '\\x00'"),
     ("mode kv\non each turn: drop " + "not " * 40 + "all\n", 2, 0, PolicyLimitError, "nested deeper than 32"),
 ]

@@ -1,0 +1,314 @@
+"""The reflect proposer: cache rules distilled from the train trajectories' use records.
+
+GEPA's reflective mutation reads the parent's traces before rewriting it; here the traces are the
+message timelines of `evolve/reflection.py`, with the scripted agents' use records (which step read
+which message). Reflect asks of them, for each kind of tool result (its tool, and optionally only
+results over a size): after which event that a deployed policy can see does the agent never read
+such a result again? The events are the three selectors that speak of what happened after a
+message: the agent's next turn saying a phrase (`next_turn contains P`), a count of the agent's
+turns that say a phrase (`age >= N turns with P`, its milestones), or a plain count of turns. The
+phrases are mined from the agent's own messages in the timelines (word n-grams of next turns,
+first words of lines), never taken from a list or from another policy.
+
+Each candidate rule is scored on the timelines in the cost model's units (cached-input tokens):
+the visible tokens it stops paying for after their last read, against what its early drops cost
+(a result dropped before a read is fetched again: one more request with its context, the result
+prefilled again, the agent's message). Rules are chosen greedily, each one for what it adds to
+those already chosen. The child is the distilled policy; later asks vary it (a rule replaced by
+its runner-up, a rule left out, the parent's own rules added). Numbers carry tunable ranges, so
+the optuna proposer tunes the structure reflect found. Deterministic: the same timelines give the
+same proposals.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from evolve.candidate import Checked, check_policy
+from evolve.context import Candidate, ProposerContext
+from evolve.proposers.base import Proposer
+from policy_dsl import PolicyError
+from store.records import Proposal
+
+MAX_RULES = 4           # rules of a distilled policy
+SIZE_CLASSES = 8       # results over each of these quantiles of a tool's sizes (and all of them)
+MAX_AGE = 6             # longest milestone / turn count tried
+MIN_SUPPORT = 3         # a phrase must occur in this many tasks of the timelines
+# A re-fetch costs more than its one request: the agent spends a turn on it, which moves every count
+# after it, and the re-read copy is dropped by the same rule, so early drops come back in chains.
+REFETCH_WEIGHT = 3.0
+MIN_SHARE = 0.15        # ... and in this share of the texts it is looked for in
+WORD = re.compile(r"[A-Za-z][A-Za-z'-]*[A-Za-z]")  # words of letters: no ids, numbers or codes
+
+
+@dataclass(frozen=True)
+class Result:
+    """One tool result of a recorded timeline, as the rules see it."""
+
+    task: int             # which timeline
+    tool: str
+    tokens: int
+    arrived: int          # the first request that shows it
+    last_read: int        # the last request that read it (arrived - 1: never read)
+    turns: tuple[tuple[int, str], ...]  # (the request that first shows it, text) of each later agent turn
+    steps: int            # requests of the task
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A candidate rule: which results it picks and the event that drops them."""
+
+    tool: str
+    min_tokens: int       # 0: any size
+    event: str            # "verdict", "milestone" or "turns"
+    phrase: str | None
+    n: int
+
+    def text(self) -> str:
+        parts = [f"tool_name {json.dumps(self.tool)}"]
+        if self.min_tokens:
+            parts.append(f"tokens > {self.min_tokens} in {max(1, self.min_tokens // 4)}..{self.min_tokens * 3}")
+        if self.event == "verdict":
+            parts.append(f"next_turn contains {json.dumps(self.phrase)}")
+        elif self.event == "milestone":
+            parts.append(f"age >= {self.n} in 1..{max(8, 2 * self.n)} turns with {json.dumps(self.phrase)}")
+        else:
+            parts.append(f"age >= {self.n} in 1..{max(16, 2 * self.n)} turns")
+        return "on each turn: drop " + " and ".join(parts)
+
+    def drop_at(self, r: Result) -> int | None:
+        """The first request that no longer shows `r` under this rule, or None."""
+        if r.tool != self.tool or r.tokens <= self.min_tokens:
+            return None
+        if self.event == "verdict":
+            return r.turns[0][0] if r.turns and self.phrase in r.turns[0][1] else None
+        seen = 0
+        for shown, said in r.turns:
+            if self.event == "turns" or self.phrase in said:
+                seen += 1
+                if seen >= self.n:
+                    return shown
+        return None
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The cost model's ratios to the cached-input price, and a task's typical request."""
+
+    prefill: float   # uncached input / cached input
+    output: float    # output / cached input
+    context: float   # tokens of a typical request's context
+    reply: float     # tokens of a typical agent message
+
+
+def results_of(timeline: Mapping[str, Any], task: int = 0) -> list[Result]:
+    """The tool results of one timeline with the agent turns after each (the timeline's `said`)."""
+    messages = timeline.get("messages") or []
+    steps = int(timeline.get("steps") or 0)
+    turns = [(m["i"], int(m["arrived"]), str(m.get("said") or "")) for m in messages if m.get("role") == "assistant"]
+    out = []
+    for m in messages:
+        if m.get("role") != "tool" or not m.get("tool"):
+            continue
+        after = tuple((shown, said) for i, shown, said in turns if i > m["i"])
+        out.append(Result(task, str(m["tool"]).split()[0], int(m["tokens"]), int(m["arrived"]),
+                          max(m.get("uses") or [int(m["arrived"]) - 1]), after, steps))
+    return out
+
+
+NEVER = 1 << 30  # a drop step: never
+
+
+def drop_steps(rule: Rule, results: Sequence[Result]) -> list[int]:
+    return [NEVER if (d := rule.drop_at(r)) is None else d for r in results]
+
+
+def net_saving(drops: Sequence[int], results: Sequence[Result], prices: Prices) -> float:
+    """Cached-token units saved by dropping each result at its step: idle tokens not paid, minus the
+    re-fetches caused by the results dropped before a read (one more request each)."""
+    total = 0.0
+    for drop, r in zip(drops, results):
+        if drop >= r.steps:
+            continue
+        if drop > r.last_read:   # gone after its last read: every later request is spared it
+            total += r.tokens * (r.steps - drop)
+        else:                    # read again after the drop: fetched again
+            total += r.tokens * (r.last_read - drop) - REFETCH_WEIGHT * (
+                prices.context + prices.prefill * r.tokens + prices.output * prices.reply)
+    return total
+
+
+def candidate_rules(results: Sequence[Result], said: Sequence[Sequence[str]]) -> list[Rule]:
+    """Every rule worth scoring: per tool and size class, each verdict phrase (word n-grams of the
+    next turns of that tool's results), each milestone (a word that starts a line of the agent's
+    messages, `said` per task) counted 1..MAX_AGE times, and plain turn counts. A phrase must occur
+    in at least half of the tasks (and MIN_SUPPORT of them): a name met in a few tasks is no rule."""
+    support = max(MIN_SUPPORT, (len(said) + 1) // 2)
+    milestones = _phrases(said, support, line_starts=True)
+    rules: list[Rule] = []
+    for tool in sorted({r.tool for r in results}):
+        mine = [r for r in results if r.tool == tool]
+        sizes = sorted(r.tokens for r in mine)
+        classes = sorted({0, *(_round(sizes[len(sizes) * q // SIZE_CLASSES]) for q in range(1, SIZE_CLASSES))})
+        verdicts = _phrases([[r.turns[0][1] for r in task if r.turns] for task in _by_task(mine)], support)
+        for size in classes:
+            rules += [Rule(tool, size, "verdict", p, 1) for p in verdicts]
+            rules += [Rule(tool, size, "milestone", p, k) for p in milestones for k in range(1, MAX_AGE + 1)]
+            rules += [Rule(tool, size, "turns", None, k) for k in range(1, 4 * MAX_AGE + 1, 2)]
+    return rules
+
+
+def distil(results: Sequence[Result], said: Sequence[Sequence[str]], prices: Prices) -> list[tuple[Rule, Rule | None]]:
+    """Rules chosen greedily for what each adds to the ones before (at most MAX_RULES, each saving
+    something), each with its runner-up at that step."""
+    rules = candidate_rules(results, said)
+    table = {rule: drop_steps(rule, results) for rule in rules}
+    current = [NEVER] * len(results)
+    base = 0.0
+    chosen: list[tuple[Rule, Rule | None]] = []
+    for _ in range(MAX_RULES):
+        scored = sorted(((net_saving([min(a, b) for a, b in zip(current, table[rule])], results, prices), rule)
+                         for rule in rules if rule not in (c for c, _r in chosen)),
+                        key=lambda x: (-x[0], x[1].text()))
+        if not scored or scored[0][0] <= base:
+            break
+        gain, best = scored[0]
+        runner = next((r for g, r in scored[1:] if g > base and (r.tool, r.min_tokens) == (best.tool, best.min_tokens)
+                       and r.event != best.event), None)  # the same results, dropped on another kind of event
+        chosen.append((best, runner))
+        current = [min(a, b) for a, b in zip(current, table[best])]
+        base = gain
+    return chosen
+
+
+def _round(tokens: int) -> int:
+    return max(100, int(round(tokens / 100.0)) * 100)
+
+
+def _by_task(results: Sequence[Result]) -> list[list[Result]]:
+    tasks: dict[int, list[Result]] = {}
+    for r in results:
+        tasks.setdefault(r.task, []).append(r)
+    return list(tasks.values())
+
+
+def _phrases(tasks: Sequence[Sequence[str]], support: int, line_starts: bool = False) -> list[str]:
+    """Phrases of the agent's wording: found in at least `support` tasks and in at least MIN_SHARE of
+    all the texts (each task a list of texts). Word 2- and 3-grams of each line, or (line_starts)
+    the first word of each line. The share keeps out names a few hops happen to share."""
+    in_tasks: dict[str, int] = {}
+    in_texts: dict[str, int] = {}
+    for texts in tasks:
+        seen: set[str] = set()
+        for text in texts:
+            found: set[str] = set()
+            for line in text.splitlines():
+                words = WORD.findall(line)
+                if line_starts:
+                    found |= {words[0]} if words and line.strip().startswith(words[0]) else set()
+                else:
+                    found |= {" ".join(words[i:i + k]) for k in (2, 3) for i in range(len(words) - k + 1)}
+            for phrase in found:
+                in_texts[phrase] = in_texts.get(phrase, 0) + 1
+            seen |= found
+        for phrase in seen:
+            in_tasks[phrase] = in_tasks.get(phrase, 0) + 1
+    total = sum(len(texts) for texts in tasks)
+    return sorted(p for p, c in in_tasks.items() if c >= support and in_texts[p] >= MIN_SHARE * total)
+
+
+def prices_for(timelines: Iterable[Mapping[str, Any]]) -> Prices:
+    """The default price table's ratios, with the context and reply sizes of `timelines` (the parent's)."""
+    from sandbox.cost import price_table
+
+    table = price_table()
+    contexts, replies = [], []
+    for t in timelines:
+        messages, steps = t.get("messages") or [], int(t.get("steps") or 0)
+        for step in range(steps):
+            contexts.append(sum(m["tokens"] for m in messages if m["arrived"] <= step and
+                                (m.get("dropped") is None or m["dropped"] > step)))
+        replies += [m["tokens"] for m in messages if m.get("role") == "assistant"]
+    return Prices(table.input / table.cached_input, table.output / table.cached_input,
+                  sum(contexts) / max(1, len(contexts)), sum(replies) / max(1, len(replies)))
+
+
+class ReflectProposer(Proposer):
+    """Distils cache rules from the population's train timelines (module docstring)."""
+
+    name = "reflect"
+    reads_timelines = True
+
+    def __init__(self) -> None:
+        self._distilled: dict[tuple[int, int], list[tuple[Rule, Rule | None]]] = {}
+
+    def ask(self, context: ProposerContext) -> Proposal:
+        parent = context.pick_parent()
+        needs = _needs(context.population)
+        if needs is None or not parent.timelines:
+            return self._reject(parent, "no train timeline with use records to reflect on (the llm agent "
+                                "records none)")
+        key = (needs.policy_id, parent.policy_id)
+        if key not in self._distilled:
+            timelines = [needs.timelines[t] for t in sorted(needs.timelines)]
+            results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
+            said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
+            self._distilled[key] = distil(results, said, prices_for(parent.timelines.values()))
+        chosen = self._distilled[key]
+        if not chosen:
+            return self._reject(parent, f"no rule saves anything on the timelines of #{needs.policy_id}")
+        for rules, note in _variants(chosen, parent):
+            checked = _checked(rules, parent)
+            if checked is None or checked.hash in context.known_hashes or checked.structure in context.known_structures:
+                continue
+            return Proposal(self.name, raw_text=checked.text, parent_ids=(parent.policy_id,),
+                            generation=parent.generation + 1, text=checked.text, hash=checked.hash,
+                            meta={"edits": [note], "reflected_on": needs.policy_id})
+        return self._reject(parent, "every variant of the distilled rules is already known")
+
+    def _reject(self, parent: Candidate, why: str) -> Proposal:
+        return Proposal(self.name, raw_text=None, parent_ids=(parent.policy_id,), generation=parent.generation + 1,
+                        rejection_reason=f"reflect: {why}")
+
+
+def _needs(population: Sequence[Candidate]) -> Candidate | None:
+    """The evaluated policy whose timelines show the agent's needs best: use records on every step, no
+    summary rewriting the history (its timeline covers only the steps after the last rewrite), the
+    highest score, then the fewest drops: `full` when it is a baseline."""
+    recorded = [c for c in population if c.timelines and all(t.get("uses_recorded") and not t.get("rewrites")
+                                                             for t in c.timelines.values())]
+
+    def drops(c: Candidate) -> int:
+        return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
+
+    return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
+
+
+def _variants(chosen: Sequence[tuple[Rule, Rule | None]], parent: Candidate) -> Iterable[tuple[list[str], str]]:
+    """The distilled rules, then each with one rule swapped for its runner-up, or left out, then
+    the parent's own rules with them."""
+    rules = [rule.text() for rule, _runner in chosen]
+    yield rules, f"distilled {len(rules)} rules"
+    for i, (_rule, runner) in enumerate(chosen):
+        if runner is not None:
+            yield rules[:i] + [runner.text()] + rules[i + 1:], f"rule {i + 1} -> its runner-up"
+    for i in range(len(rules)):
+        if len(rules) > 1:
+            yield rules[:i] + rules[i + 1:], f"without rule {i + 1}"
+    own = [line for line in check_policy(parent.text).text.splitlines() if line.startswith("on ")]
+    if own:
+        yield own + rules, "the parent's rules and the distilled ones"
+
+
+def _checked(rules: Sequence[str], parent: Candidate) -> Checked | None:
+    """The rules as a kv policy with the parent's reposition rule (after each drop if it has none)."""
+    lines = check_policy(parent.text).text.splitlines()
+    reposition = next((line for line in lines if line.startswith("reposition")), "reposition after each drop")
+    if reposition == "reposition never" or not lines[0].startswith("mode kv"):
+        reposition = "reposition after each drop"
+    try:
+        return check_policy("\n".join(["mode kv", *dict.fromkeys(rules), reposition]) + "\n")
+    except PolicyError:
+        return None

@@ -39,6 +39,7 @@ SELECTOR_ATOMS = st.one_of(
     st.just(n.AllMessages()), st.sampled_from(n.ROLES).map(n.Role),
     st.sampled_from(["search", "open", "drop_context"]).map(n.ToolName),
     st.builds(n.Age, OPS, nums(0, 6), UNITS), st.builds(n.Size, OPS, nums(0, 300)),
+    st.builds(n.Age, OPS, nums(0, 6), st.just("turns"), st.sampled_from(["a", "x"])),  # milestones
     st.sampled_from(["error", "ok"]).map(n.Contains), st.text(min_size=1, max_size=12).map(n.Contains),
     st.sampled_from(["a", "aa", "x"]).map(n.NextTurnContains), st.just(n.Requested()), st.just(n.Superseded()),
     st.builds(n.CallersOutside, nums(1, 4)),

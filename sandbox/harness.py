@@ -101,7 +101,7 @@ class _TaskRun:
     """One run of one task: owns the history, the environment's tool calls and the bill."""
 
     def __init__(self, task: Task, policy: Any, agent: Agent, backend: Backend, prices: PriceTable,
-                 limits: RunLimits, seed: int) -> None:
+                 limits: RunLimits, seed: int, facts: Any = None) -> None:
         self.task, self.policy, self.agent, self.backend = task, policy, agent, backend
         self.prices, self.limits, self.seed = prices, limits, seed
         self.counter = shared_tokenizer()
@@ -116,7 +116,7 @@ class _TaskRun:
         self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
                                       "policy": policy.name, "agent": agent.name, "backend": backend.name,
                                       "prices": prices.name})
-        self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary)
+        self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary, facts)
 
     def run(self, env: Any) -> tuple[str, str | None]:
         """Steps until the agent answers or the step budget is spent: (status, answer)."""
@@ -288,7 +288,8 @@ def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backe
              seed: int = 0) -> tuple[TaskResult, Trajectory]:
     """Run one task to its result; every failure is caught here and reported in the result."""
     started = time.perf_counter()
-    run = _TaskRun(task, policy, agent, backend, prices or price_table(), limits, seed)
+    run = _TaskRun(task, policy, agent, backend, prices or price_table(), limits, seed,
+                   getattr(suite, "summary_facts", None))  # how the replay summarizer reads this suite
     status, answer, score, reason = "error", None, 0.0, None
     env = None
     try:

@@ -104,6 +104,10 @@ class Agent(Protocol):
 
 
 class Suite(Protocol):
+    """A task suite. Optionally it also has `summary_facts(messages) -> list[sandbox.summarize.Fact]`:
+    how the replay backend's extractive summarizer reads its messages, as a summarizing model that
+    knows the suite's formats would (localcomp: `sandbox/suites/localcomp/summary.py`)."""
+
     name: str
 
     def build(self, home: Path, seed: int = 0, edition: int | None = None) -> None:

@@ -7,10 +7,19 @@ and tool output by how fact-like they are (digits, capitalised names, document i
 best-ranked units are kept, in their original order and one per line, until the token budget
 is spent. Facts that do not make the cut are gone from the history, which is exactly the loss
 a text-engineering policy risks.
+
+A suite whose tool outputs have a structure (documents with tables, search result pages) can
+read its messages for the summarizer as a model that knows those formats would (a `FactReader`,
+the suite's `summary_facts`): the facts the messages state, each whole (a table with all its
+rows, a result page with all its hits) and written under what it is a fact of (the document's
+title, the search's query), ranked by how much a summary needs it. `fact_summary` keeps the
+best-ranked facts within the budget, grouped in blocks by their source, so an agent reading the
+summary can tie each fact to its source, and reads nothing a model's summary would not say.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from policy_dsl.decision import SUMMARY_PREFIX
@@ -69,6 +78,48 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], budget_tokens: int
     return "\n".join(units[i][1] for i in sorted(kept))
 
 
+@dataclass(frozen=True)
+class Fact:
+    """One self-contained fact of the summarized messages, as a summarizer writes it down.
+
+    Facts of one `block` are written together under its `head` (what they are facts of: a
+    document's title and kind, a search's query); blocks keep their original order.
+    """
+
+    rank: float  # higher is kept first; ties keep the earlier fact
+    block: int
+    text: str
+    head: str = ""
+
+
+FactReader = Callable[[Sequence[Mapping[str, Any]]], Sequence[Fact]]
+
+
+def fact_summary(facts: Sequence[Fact], budget_tokens: int, count_text: Callable[[str], int]) -> str:
+    """The best-ranked `facts` within `budget_tokens`, one block per source, blocks split by a blank line.
+
+    A block's head is paid once, with its first kept fact; a fact that does not fit is skipped
+    (a shorter one further down may still fit).
+    """
+    kept: list[int] = []
+    headed: set[int] = set()
+    spent = 0
+    for index in sorted(range(len(facts)), key=lambda i: (-facts[i].rank, i)):
+        fact = facts[index]
+        head_cost = count_text(fact.head) + 2 if fact.head and fact.block not in headed else 0
+        cost = count_text(fact.text) + 1 + head_cost
+        if spent + cost > budget_tokens:
+            continue
+        kept.append(index)
+        spent += cost
+        headed.add(fact.block)
+    blocks: dict[int, list[str]] = {}
+    for index in sorted(kept, key=lambda i: (facts[i].block, i)):
+        fact = facts[index]
+        blocks.setdefault(fact.block, [fact.head] if fact.head else []).append(fact.text)
+    return "\n\n".join("\n".join(lines) for lines in blocks.values())
+
+
 def _units(messages: Sequence[Mapping[str, Any]]) -> list[tuple[float, str]]:
     """(score, text) per line of the agent's notes and per sentence of everything else, deduplicated.
 
@@ -109,8 +160,9 @@ class TextEditor:
     """
 
     def __init__(self, task_prompt: str, backend: Any, counter: Any,
-                 bill: Callable[[int, Any, Message | None, Any], None]) -> None:
+                 bill: Callable[[int, Any, Message | None, Any], None], facts: FactReader | None = None) -> None:
         self.task_prompt, self.backend, self.counter, self.bill = task_prompt, backend, counter, bill
+        self.facts = facts  # the suite's reader of facts for the extractive summarizer, if it has one
 
     def apply(self, history: Sequence[Message], edits: Sequence[Any], step: int) -> list[Message]:
         out = list(history)
@@ -127,7 +179,8 @@ class TextEditor:
         return _paired(out)
 
     def _summary(self, messages: Sequence[Message], budget: int, step: int) -> str:
-        """A real model call on generating backends; the extractive summarizer on replay."""
+        """A real model call on generating backends; the extractive summarizer on replay (the suite's
+        fact reader's facts where it has one)."""
         from sandbox.backends import BackendRequest
 
         room = max(1, budget - self._tokens(SUMMARY_PREFIX))
@@ -137,7 +190,8 @@ class TextEditor:
             body = str(reply.message.get("content") or "").strip()
             self.bill(step, request, reply.message, reply.usage)
         else:
-            body = extractive_summary(messages, room, self._tokens)
+            body = fact_summary(self.facts(messages), room, self._tokens) if self.facts is not None \
+                else extractive_summary(messages, room, self._tokens)
             self.bill(step, request, {"role": "assistant", "content": body},
                       reply.usage.with_completion(self._tokens(body)))
         return body

@@ -91,6 +91,19 @@ def test_extractive_summary_keeps_facts_within_the_budget_deterministically() ->
     assert count(extractive_summary(messages, 12, count)) <= 12
 
 
+def test_fact_summary_keeps_the_best_facts_whole_under_their_source_within_the_budget() -> None:
+    from sandbox.summarize import Fact, fact_summary
+
+    count = lambda text: len(text.split())  # noqa: E731
+    facts = [Fact(1.0, 0, "| Founded | 1312 |", head="[d-1] Avaland"), Fact(3.0, 1, "Found X: Avaland"),
+             Fact(2.0, 0, "| Capital | Borvik |", head="[d-1] Avaland"), Fact(0.5, 2, "a long plan line " * 9)]
+    summary = fact_summary(facts, 20, count)
+    # blocks in their original order, the head written once before its kept facts, the plan left out
+    assert summary == "[d-1] Avaland\n| Founded | 1312 |\n| Capital | Borvik |\n\nFound X: Avaland"
+    assert fact_summary(facts, 14, count) == "[d-1] Avaland\n| Capital | Borvik |\n\nFound X: Avaland"
+    assert fact_summary(facts, 2, count) == ""
+
+
 def _tool_history(n_calls: int) -> list[dict]:
     history = TASK.initial_messages()
     for i in range(n_calls):

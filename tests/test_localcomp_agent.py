@@ -192,6 +192,31 @@ def test_after_a_summary_it_keeps_its_notes_and_rereads_documents(suite: LocalCo
     assert rereads  # documents were summarized away and fetched again by their noted docids
 
 
+def test_a_summary_that_keeps_the_facts_saves_the_rereads_and_stray_rows_are_not_read(suite: LocalComp) -> None:
+    from policy_dsl.decision import SUMMARY_PREFIX
+    from sandbox.summarize import extractive_summary, fact_summary
+    from sandbox.suites.localcomp.context import read_context
+
+    task = suite.tasks("train")[3]
+    count = lambda text: len(text) // 4  # noqa: E731
+
+    def rereads(summarize) -> int:
+        def summarize_once(step: int, history: list[Message]) -> list[Message]:
+            return history if step != 12 else history[:2] + [{"role": "user", "content": SUMMARY_PREFIX + summarize(
+                history[2:])}]
+        run = walk(task, suite.open(task), suite.scripted_agent(task), edit=summarize_once)
+        assert suite.open(task).grade(run.answer).score == 1.0
+        return sum("no longer in view" in m["content"] for m in run.messages[3:] if m["role"] == "assistant")
+
+    kept = rereads(lambda span: fact_summary(suite.summary_facts(span), 1024, count))
+    assert kept < rereads(lambda span: extractive_summary(span, 1024, count))
+    # a table row with its title but not its table's heading is not tied to a document, nor a page short of hits
+    stray = SUMMARY_PREFIX + '[lc-00001] Avaland\nCountry\n| Currency | Euro |\n\nSearch results for "x": 2 hits\n' \
+        "1. [lc-00001] Avaland"
+    ctx = read_context([{"role": "user", "content": stray}], [True])
+    assert not ctx.docs and not ctx.searches
+
+
 def _hide_unused(agent: Recording, base=None):
     """The hindsight schedule of a recorded run: each message hidden once no later step uses it."""
     last = agent.last_uses()

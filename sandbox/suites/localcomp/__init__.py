@@ -20,6 +20,7 @@ from sandbox.suites.localcomp.corpus import Corpus, render_corpus, write_index
 from sandbox.suites.localcomp.context import read_context, read_search_page
 from sandbox.suites.localcomp.env import LocalCompEnv, tools_of
 from sandbox.suites.localcomp.facts import FACTS_VERSION, Facts, extract_facts
+from sandbox.suites.localcomp.summary import summary_facts
 from sandbox.suites.localcomp.tasks import QUOTA, SPLITS, drafts, make_task
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
 
@@ -147,6 +148,8 @@ class LocalComp:
 
     def scripted_agent(self, task: Task) -> ScriptedAgent:
         return ScriptedAgent(task, self.edition)
+
+    summary_facts = staticmethod(summary_facts)  # how the replay summarizer reads this suite (summary.py)
 
     def close(self) -> None:
         if self._corpus is not None:

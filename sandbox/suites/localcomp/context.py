@@ -8,8 +8,11 @@ record exactly which messages it used (`AgentAction.used`).
   summarizer keeps the agent's lines whole): `Found B.p1: Chile [lc-01222]`, `Noted B.x: Spain`,
   and the dead ends it ruled out (`Ruled out: Manganese [lc-03126]` in edition 1, for any search;
   `Manganese [lc-03126] is not relevant to A.e: ...` in edition 2, for that var only).
-- Documents come only from whole tool results: a summary's stray infobox row cannot be tied
-  to its article for sure, so a summarized document counts as lost and is fetched again.
+- Documents come from whole tool results, and from a summary's blocks: the replay summarizer
+  (`summary.py`) writes each table it keeps whole under its document's title and kind, so a
+  summary's rows are tied to their article; what a summary left out is fetched again. Stray
+  rows outside such a block (another summarizer's) are not read.
+- Search pages come from whole results and from whole pages a summary kept.
 - Search pages: edition 1's JSON hit lists name their query only through the call that asked
   for them (so they also use that assistant message); edition 2's result pages say their query.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from policy_dsl.decision import SUMMARY_PREFIX
 from sandbox.suites.localcomp.reading import Article, read_articles
 
 Hit = dict[str, str]  # {"docid", "title", "snippet"}
@@ -32,7 +36,9 @@ _RULED_OUT = re.compile(r"^Ruled out: .+ \[(lc-\d{5})\]$", re.MULTILINE)  # edit
 _NOT_RELEVANT = re.compile(r"^.+ \[(lc-\d{5})\](?: is not relevant to| \(read earlier\) does not fit) (\S+)"
                            r"(?: either)?: .+$", re.MULTILINE)
 _UNPAIRED_RESULT = "[result of get_document]"  # a tool result whose call was summarized away
-_PAGE_HEAD = re.compile(r'^Search results for "(.*)": \d+ hits?$')
+_PAGE_HEAD = re.compile(r'^Search results for "(.*)": (\d+) hits?$')
+# a document in a summary: its title, its kind, then only whole tables under their headings
+_DOCUMENT_BLOCK = re.compile(r"\[lc-\d{5}\] [^\n]+\n[^|\n]+(?:\n(?:Infobox|== [^\n]+ ==)(?:\n\|[^\n]*\|)+)+\Z")
 _PAGE_HIT = re.compile(r"^\d+\. \[(lc-\d{5})\] (.+)$")
 _PAGE_SNIPPET = "   "
 
@@ -83,9 +89,25 @@ def read_context(messages: Sequence[Mapping[str, Any]], visible: Sequence[bool])
                 continue
         if role == "tool" or (role == "user" and content.startswith(_UNPAIRED_RESULT)):
             _read_documents(ctx, content, i, whole=role == "tool")
+        elif role == "user" and content.startswith(SUMMARY_PREFIX):
+            _read_summary(ctx, content[len(SUMMARY_PREFIX):], i)
     latest = [d for d, src in ctx.doc_src.items() if src == (ctx.latest,)]
     ctx.just_read = latest[0] if len(latest) == 1 and messages[ctx.latest].get("role") == "tool" else None
     return ctx
+
+
+def _read_summary(ctx: Context, body: str, i: int) -> None:
+    """A summary's blocks as summary.py writes them: a result page with every hit its head counts,
+    or one document's title, kind and whole tables. Any other block (another summarizer's stray
+    rows and hit lines) is not read as evidence."""
+    for block in body.split("\n\n"):
+        page = read_search_page(block)
+        if page is not None:
+            query, hits = page
+            if len(hits) == int(_PAGE_HEAD.match(block.split("\n", 1)[0]).group(2)):
+                ctx.searches[query], ctx.search_src[query] = list(hits), (i,)
+        elif _DOCUMENT_BLOCK.match(block):
+            _read_documents(ctx, block, i, whole=False)
 
 
 def _read_notes(ctx: Context, content: str, i: int) -> None:

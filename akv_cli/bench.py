@@ -91,7 +91,7 @@ def headroom(
     margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),
     alpha: float = typer.Option(0.05, help="The champion rule's significance level."),
     seed: int = typer.Option(0, help="The suites' build seed (another seed: other bugs and documents, fresh splits)."),
-    workers: int = typer.Option(1, min=1, help="Processes running tasks (each task's policies in one of them)."),
+    workers: int = typer.Option(2, min=1, help="Processes running tasks (each task's policies in one of them)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per suite and split: full, Standard, Text Engineering, the expert, hand-written built-ins and the oracle."""

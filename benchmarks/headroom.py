@@ -15,7 +15,7 @@ cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring a
 every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
 
     python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
-                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--seed 0] [--workers 1] [--json]
+                                  [--limit 40] [--swe-limit 8] [--policies a,b] [--seed 0] [--workers 2] [--json]
 
 JSON: costs are USD per task (`cost_usd`), as in the other benchmarks' JSON; the table shows cents.
 """
@@ -28,7 +28,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import contextlib
 import json
+import resource
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +59,8 @@ class Settings:
     alpha: float = 0.05
     resamples: int = 2000
     seed: int = 0
-    workers: int = 1                # processes running tasks (each task's policies in one of them)
+    workers: int = 2                # processes running tasks (each task's policies in one of them): the
+                                    # localswe tasks' test runs keep both cores of a 2-core machine busy
 
     def task_limit(self, suite: str) -> int | None:
         return self.swe_limit if suite == "localswe" else self.limit
@@ -91,13 +94,14 @@ class Column:
 
 
 def run_split(suite: str, split: str, policies: Sequence[str], settings: Settings,
-              say: Any) -> tuple[dict[str, Column], dict[str, Any]]:
+              say: Any, pool: Any = None) -> tuple[dict[str, Column], dict[str, Any]]:
     """Every policy's column on one split, the oracle's last; and the oracle's action check.
 
     Each task runs under every policy in one process (`TaskRuns`): its `full` run is the
     oracle's recording, and a localswe task's test runs and grades are shared by its policies
-    (the suite's own caches). With `settings.workers` > 1 the tasks are spread over that many
-    processes; every run is still a fresh replay of one task, so the figures are a serial run's.
+    (the suite's own caches). With a `pool` the tasks are spread over its processes (one pool
+    for the whole benchmark); every run is still a fresh replay of one task, so the figures are
+    a serial run's.
     A suite whose scripted agent records no uses gets no oracle column: the check then holds the
     oracle's message (which records are missing, how to regenerate them) under "unavailable".
     """
@@ -105,7 +109,7 @@ def run_split(suite: str, split: str, policies: Sequence[str], settings: Setting
 
     task_ids = [task.id for task in select_tasks(_built_suite(suite, settings.seed), split, limit=settings.task_limit(suite))]
     started = time.perf_counter()
-    runs = _each_task(suite, split, task_ids, tuple(policies), settings, say)
+    runs = _each_task(suite, split, task_ids, tuple(policies), settings, say, pool)
     say(f"{suite}/{split}: {len(task_ids)} tasks x {len(policies) + 1} runs in {time.perf_counter() - started:.1f} s")
     unavailable = next((run.unavailable for run in runs if run.unavailable), None)
     names = [name for name in policies if name != FULL]
@@ -155,29 +159,32 @@ def run_task_policies(suite: str, split: str, task_id: str, policies: Sequence[s
 
 
 def _each_task(suite: str, split: str, task_ids: Sequence[str], policies: tuple[str, ...], settings: Settings,
-               say: Any) -> list[TaskRuns]:
-    """`run_task_policies` of every task, in task order; in `settings.workers` processes when more than one."""
+               say: Any, pool: Any = None) -> list[TaskRuns]:
+    """`run_task_policies` of every task, in task order; in `pool`'s processes when there is one."""
     def heard(number: int, runs: TaskRuns) -> None:
         say(f"{suite}/{split} task {number + 1}/{len(task_ids)}: {runs.results[FULL].task_id}")
 
-    if settings.workers <= 1 or len(task_ids) <= 1:
-        out = []
+    out: list[TaskRuns] = []
+    if pool is None or len(task_ids) <= 1:
         for number, task_id in enumerate(task_ids):
             out.append(run_task_policies(suite, split, task_id, policies, settings.seed))
             heard(number, out[-1])
         return out
+    futures = [pool.submit(run_task_policies, suite, split, task_id, policies, settings.seed) for task_id in task_ids]
+    for number, future in enumerate(futures):
+        out.append(future.result())
+        heard(number, out[-1])
+    return out
+
+
+def _pool(workers: int) -> Any:
+    """The processes that run tasks (None: this one); spawned once, so each loads the suites once."""
+    if workers <= 1:
+        return contextlib.nullcontext(None)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")  # never fork a process that runs threads
-    with ProcessPoolExecutor(min(settings.workers, len(task_ids)), mp_context=context) as pool:
-        futures = [pool.submit(run_task_policies, suite, split, task_id, policies, settings.seed)
-                   for task_id in task_ids]
-        out = []
-        for number, future in enumerate(futures):
-            out.append(future.result())
-            heard(number, out[-1])
-        return out
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))  # never fork threads
 
 
 _BUILT: dict[tuple[str, int], Any] = {}
@@ -257,18 +264,29 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
         chosen[suite], missing = _present_policies(settings.handwritten(suite))
         notes += [f"{name} left out of {suite}: not a built-in policy of this checkout" for name in missing]
     groups: dict[str, Any] = {}
-    for suite, handwritten in chosen.items():
-        policies = BASELINES + tuple(p for p in handwritten if p not in BASELINES)
-        for split in settings.splits:
-            columns, check = run_split(suite, split, policies, settings, say)
-            group = describe(columns, check, settings)
-            group["targets"] = targets(group, handwritten) if split == "heldout" else None
-            groups[f"{suite}/{split}"] = group
+    cpu_before = _cpu_s()
+    with _pool(settings.workers) as pool:
+        for suite, handwritten in chosen.items():
+            policies = BASELINES + tuple(p for p in handwritten if p not in BASELINES)
+            for split in settings.splits:
+                columns, check = run_split(suite, split, policies, settings, say, pool)
+                group = describe(columns, check, settings)
+                group["targets"] = targets(group, handwritten) if split == "heldout" else None
+                groups[f"{suite}/{split}"] = group
     return {"settings": {"suites": suites, "splits": list(settings.splits), "limit": settings.limit,
                          "swe_limit": settings.swe_limit, "policies": chosen, "margin": settings.margin,
                          "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed,
                          "workers": settings.workers, "notes": notes},
-            "groups": groups, "wall_s": round(time.perf_counter() - started, 1)}
+            "groups": groups, "wall_s": round(time.perf_counter() - started, 1),
+            # CPU seconds of this process, its workers and their commands (test runs): the wall time
+            # of an idle machine is about this divided by the cores kept busy
+            "cpu_s": round(_cpu_s() - cpu_before, 1)}
+
+
+def _cpu_s() -> float:
+    """User and system CPU seconds of this process and its finished children (workers, sandboxed commands)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -291,7 +309,8 @@ def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
 def render(figures: Mapping[str, Any]) -> str:
     s = figures["settings"]
     lines = [f"headroom: scripted agent on {', '.join(s['suites'])} ({', '.join(s['splits'])}), replay backend; "
-             f"champion rule against {AKV} (alpha {s['alpha']}); {figures['wall_s']:.0f} s in all"]
+             f"champion rule against {AKV} (alpha {s['alpha']}); {figures['wall_s']:.0f} s in all"
+             + (f", {figures['cpu_s']:.0f} CPU s, {s['workers']} workers" if "cpu_s" in figures else "")]
     for name, group in figures["groups"].items():
         check = group["oracle_check"]
         warning = "" if group["oracle_valid"] else " (NOT a ceiling: the oracle left the recorded actions)"

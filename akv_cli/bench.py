@@ -86,7 +86,7 @@ def headroom(
     swe_limit: int = typer.Option(8, min=0, help="localswe tasks per split (0: the whole split)."),
     policies: str | None = typer.Option(None, help="Comma-separated hand-written kv policies to add for "
                                                       "every suite (built-in names or .akvp files; default: each "
-                                                      "suite's own, research for localcomp, drop-stale for "
+                                                      "suite's own, research for localcomp, drop-settled for "
                                                       "localswe)."),
     margin: float | None = typer.Option(None, help="The champion rule's score margin (default: its own)."),
     alpha: float = typer.Option(0.05, help="The champion rule's significance level."),

@@ -42,7 +42,7 @@ FULL, ORACLE = "full", "oracle"
 BASELINES = (FULL, STANDARD, TEXT_ENGINEERING, AKV)
 # Each suite's hand-written built-ins that are not a keep-last-N window (its example of what a window
 # misses: localcomp's dead ends and long-range facts, localswe's stale tool outputs).
-HANDWRITTEN: dict[str, tuple[str, ...]] = {"localcomp": ("research",), "localswe": ("drop-stale",)}
+HANDWRITTEN: dict[str, tuple[str, ...]] = {"localcomp": ("research",), "localswe": ("drop-settled",)}
 SPLITS = ("train", "heldout")
 TARGET_ORACLE_SAVING = 25.0  # percent cheaper than the expert, held-out
 
@@ -357,7 +357,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
                         help="localswe tasks per split (0: the whole split)")
     parser.add_argument("--policies", default=None,
                         help="comma-separated hand-written kv policies for every suite (built-in names or .akvp "
-                             "files; default: each suite's own, research for localcomp, drop-stale for localswe)")
+                             "files; default: each suite's own, research for localcomp, drop-settled for localswe)")
     parser.add_argument("--seed", type=int, default=Settings.seed,
                         help="the suites' build seed (another seed: other bugs and documents, fresh splits)")
     parser.add_argument("--workers", type=int, default=Settings.workers,

@@ -209,7 +209,7 @@ def test_headroom_refuses_columns_of_other_tasks() -> None:
 
 def test_headroom_runs_each_suites_own_hand_written_built_ins_unless_told() -> None:
     assert headroom.Settings().handwritten("localcomp") == ("research",)
-    assert headroom.Settings().handwritten("localswe") == ("drop-stale",)
+    assert headroom.Settings().handwritten("localswe") == ("drop-settled",)
     assert headroom.Settings(policies=("a.akvp",)).handwritten("localswe") == ("a.akvp",)
     assert headroom.Settings().handwritten("another") == ()
 

@@ -21,7 +21,7 @@ def load_checked(name: str) -> Checked:
 
 # Built-ins written by hand for this project's suites after looking at their trajectories
 # (docs/policy-dsl.md): a proposer that borrows from them copies the answer instead of finding it.
-SUITE_SPECIFIC = frozenset({"research", "drop-stale"})
+SUITE_SPECIFIC = frozenset({"research", "drop-stale", "drop-settled"})
 
 
 def library_texts() -> list[str]:

@@ -67,7 +67,7 @@ def _costs_in_usd(figures: object, where: str = "") -> None:
 @pytest.mark.slow
 def test_headroom_bench_puts_the_oracle_beside_the_policies_on_the_same_tasks() -> None:
     # slow (about 15 s): 2 tasks per split under 6 policies and the oracle
-    figures = _bench("headroom", "--suites", "localcomp", "--splits", "train,heldout", "--limit", "2")
+    figures = _bench("headroom", "--suites", "localcomp", "--splits", "train,heldout", "--limit", "2", "--workers", "1")
     assert list(figures["groups"]) == ["localcomp/train", "localcomp/heldout"]
     _costs_in_usd(figures)
     for name, group in figures["groups"].items():
@@ -92,11 +92,17 @@ def test_headroom_bench_puts_the_oracle_beside_the_policies_on_the_same_tasks() 
 @pytest.mark.slow
 def test_headroom_bench_workers_measure_what_one_process_measures() -> None:
     # slow (about 10 s): two spawned worker processes against the same tasks in this one
-    from benchmarks.headroom import Settings, _each_task
+    from benchmarks.headroom import Settings, _each_task, _pool
 
     task_ids = [t.id for t in get_suite("localcomp").tasks("train")[:2]]
-    runs = {workers: _each_task("localcomp", "train", task_ids, ("expert-8k",), Settings(workers=workers),
-                                lambda _text: None) for workers in (1, 2)}
+
+    def run(workers: int) -> list:
+        with _pool(workers) as pool:
+            assert (pool is None) == (workers == 1)
+            return _each_task("localcomp", "train", task_ids, ("expert-8k",), Settings(workers=workers),
+                              lambda _text: None, pool)
+
+    runs = {workers: run(workers) for workers in (1, 2)}
     assert [sorted(run.results) for run in runs[2]] == [["expert-8k", "full", "oracle"]] * 2
     def measured(runs):  # all but the wall time
         return [{name: dataclasses.replace(result, wall_s=0.0) for name, result in run.results.items()} for run in runs]

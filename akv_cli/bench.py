@@ -230,8 +230,8 @@ def _benchmark(name: str) -> ModuleType:
     """`benchmarks.<name>` from the checkout next to this package."""
     root = Path(__file__).resolve().parents[1]
     if not (root / "benchmarks" / f"{name}.py").is_file():
-        fail(f"benchmarks/{name}.py is not here; the benchmarks ship with the source checkout "
-             "(pip install -e .)")
+        fail(f"akv bench {name} needs benchmarks/{name}.py, which only the source checkout has (the installed "
+             f"package does not ship benchmarks/): run it from a clone installed with `pip install -e .`")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     return importlib.import_module(f"benchmarks.{name}")

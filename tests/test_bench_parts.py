@@ -238,3 +238,24 @@ def test_the_llama_cpp_peer_is_found_in_another_venv_or_its_absence_explained(tm
         pytest.skip("llama-cpp-python is installed in this environment")
     with pytest.raises(SystemExit, match=r"not found in .*nowhere.*never a dependency.*--llama-cpp VENV"):
         import_llama_cpp(str(tmp_path / "nowhere"))
+
+
+def test_akv_bench_outside_a_checkout_says_in_one_line_what_it_needs(tmp_path) -> None:
+    """An installed akv_cli has no benchmarks/ beside it (pyproject ships none): one clear line, exit 2."""
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert not any(p.startswith("benchmarks") for p in shipped["include"])
+    shutil.copytree(root / "akv_cli", tmp_path / "akv_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    run = subprocess.run([sys.executable, "-c", "from akv_cli.main import app; app()", "bench", "cost"],
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "error: akv bench cost needs benchmarks/cost.py, which only the source checkout has (the installed "
+        "package does not ship benchmarks/): run it from a clone installed with `pip install -e .`"]

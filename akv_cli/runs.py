@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         """One line per run: name, status, policies, evaluations, creation time."""
         from rich.console import Console
 
-        from akv_cli.tables import Column, fitted_table
+        from sandbox.tables import Column, fitted_table
 
         def body(store) -> None:
             runs = store.runs()

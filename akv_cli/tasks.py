@@ -231,7 +231,7 @@ def _slug(policy: str) -> str:
 def _print_report(report: Any) -> None:
     from rich.console import Console
 
-    from akv_cli.tables import Column, fitted_table
+    from sandbox.tables import Column, fitted_table
     from sandbox.cost import cents
 
     columns = [Column("task", keep=9), Column("status", keep=8), Column("score", True, 8), Column("answer"),

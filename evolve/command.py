@@ -7,9 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from evolve.config import ConfigError, EvolveConfig, LLMProposerConfig, load_config
 from evolve.export import export_run
@@ -21,6 +19,7 @@ from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
 from sandbox.cost import cents
 from sandbox.progress import TaskDisplay
+from sandbox.tables import Column, fitted_table
 from store.database import normalize_url
 from store import DuplicateRunName, RunInfo, Store, StoreError
 
@@ -256,11 +255,10 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
 
 def print_comparison(console: Console, validations) -> None:
     rows = text_table(comparison_rows(validations))
-    table = Table(title="held-out comparison (± half-width of the 95% bootstrap CI; per baseline: cost %, "
-                  "score points; vs expert: the champion rule's Holm p and score lower bound)",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for i, header in enumerate(rows[0]):
-        table.add_column(header, no_wrap=i > 0, overflow="fold")  # a number broken across lines misreads
-    for cells in rows[1:]:
-        table.add_row(*cells)
-    console.print(table)
+    # Numbers whole; at a narrow width the comparisons with the weaker baselines are left out first.
+    columns = [Column(rows[0][0], keep=9), Column(rows[0][1], True, 9)]
+    columns += [Column(header, True, 8 - n) for n, header in enumerate(rows[0][2:])]
+    console.print(fitted_table(columns, rows[1:], console.width, compact=True,
+                               complete="akv runs compare RUN --json has every column",
+                               title="held-out comparison (± half-width of the 95% bootstrap CI; per baseline: "
+                                     "cost %, score points; vs expert: the champion rule's Holm p and score lower bound)"))

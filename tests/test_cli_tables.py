@@ -8,7 +8,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from akv_cli.main import app
-from akv_cli.tables import Column, fitted_table
+from sandbox.tables import Column, fitted_table
 from sandbox.cost import cents
 
 
@@ -44,3 +44,27 @@ def test_akv_run_at_80_columns_cuts_no_cell_and_states_cents() -> None:
     summary = json.loads(CliRunner().invoke(app, ["run", "--suite", "localcomp", "--split", "train", "--policy",
                                                   "expert-8k", "--limit", "2", "--json"]).stdout)
     assert cents(summary["summary"]["mean_cost_usd"]) in result.output  # the same figure, in cents
+
+
+def test_the_held_out_comparison_fits_80_columns_and_leaves_out_the_weakest_baselines_when_narrow() -> None:
+    from evolve.command import print_comparison
+    from store import ValidationRecord
+
+    versus = {"cost": {"percent": -12.345, "p_value": 0.0123}, "score": {"mean_delta": 0.0125, "p_value": 0.5}}
+    stats = {"vs": {role: versus for role in ("expert", "standard", "text_engineering", "full")},
+             "score_ci": [0.40, 0.60], "cost_ci": [0.0021, 0.0029]}
+    rule = {**stats, "rule": {"cost_percent": -12.345, "cost_p_holm": 0.0312, "score_delta": 0.0, "score_low": -0.021}}
+    validations = [ValidationRecord(1, "baseline", "expert-8k", 8, 0.5, 0.0025, stats, True, False, "baseline (expert)"),
+                   ValidationRecord(7, "candidate", "#7", 8, 0.5, 0.0022, rule, True, True, "champion: cheaper")]
+
+    def shown(width: int) -> list[str]:
+        console = Console(width=width, record=True, file=open("/dev/null", "w"), color_system=None)
+        print_comparison(console, validations)
+        return console.export_text().splitlines()
+
+    wide, narrow = shown(80), shown(44)
+    assert max(map(len, wide)) <= 80 and "left out" not in "\n".join(wide) and "vs full" in "\n".join(wide)
+    text = "\n".join(narrow)
+    assert max(map(len, narrow)) <= 44 and "…" not in text
+    assert "vs expert" in text and "-12.3%" in text  # the champion rule's column stays, numbers whole
+    assert "left out at 44 columns:" in text and "vs full" in text.split("left out", 1)[1]

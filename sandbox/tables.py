@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from rich import box
 from rich.table import Table
 
 TEXT_MIN = 10  # a text column wraps down to this many characters before columns are left out
@@ -21,16 +22,21 @@ class Column:
 
 
 def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
-                 title: str | None = None) -> Table:
-    """A rich Table of `rows` that fits `width` characters without cutting a number."""
+                 title: str | None = None, compact: bool = False, complete: str = "--json has every field") -> Table:
+    """A rich Table of `rows` that fits `width` characters without cutting a number.
+
+    A cell may hold several lines; `compact` draws only the rule under the header, one space
+    between columns, so more columns fit. `complete` says where the left-out columns are found.
+    """
     shown = list(range(len(columns)))
     for drop in sorted(shown, key=lambda i: columns[i].keep):
-        if _least_width(columns, rows, shown) <= width or len(shown) == 1:
+        if _least_width(columns, rows, shown, compact) <= width or len(shown) == 1:
             break
         shown.remove(drop)
-    left_out = [columns[i].header for i in range(len(columns)) if i not in shown]
-    caption = f"left out at {width} columns: {', '.join(left_out)} (--json has every field)" if left_out else None
-    table = Table(title=title, caption=caption, caption_justify="left")
+    left_out = [columns[i].header.replace("\n", " ") for i in range(len(columns)) if i not in shown]
+    caption = f"left out at {width} columns: {', '.join(left_out)} ({complete})" if left_out else None
+    style = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True} if compact else {}
+    table = Table(title=title, caption=caption, caption_justify="left", **style)
     for i in shown:
         c = columns[i]
         table.add_column(c.header, no_wrap=c.number, overflow="fold", justify="right" if c.number else "left",
@@ -41,13 +47,15 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width
 
 
 def _natural(column: Column, rows: Sequence[Sequence[str]], i: int) -> int:
-    return max([len(column.header)] + [len(r[i]) for r in rows])
+    """The widest line of the column's cells, its header included."""
+    return max(len(line) for cell in [column.header, *(r[i] for r in rows)] for line in cell.splitlines() or [""])
 
 
-def _least_width(columns: Sequence[Column], rows: Sequence[Sequence[str]], shown: Sequence[int]) -> int:
+def _least_width(columns: Sequence[Column], rows: Sequence[Sequence[str]], shown: Sequence[int],
+                 compact: bool = False) -> int:
     """Characters the shown columns need at least: numbers whole, text wrapped to TEXT_MIN, borders."""
     need = 0
     for i in shown:
         natural = _natural(columns[i], rows, i)
         need += natural if columns[i].number else min(natural, TEXT_MIN)
-    return need + 3 * len(shown) + 1
+    return need + (2 * len(shown) - 1 if compact else 3 * len(shown) + 1)

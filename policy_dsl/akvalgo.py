@@ -125,12 +125,17 @@ def _check(o: AkvalgoOptions) -> None:
 # ---- the reader ----------------------------------------------------------------------------------
 
 def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]],
-                   counter: TokenCounter | None = None, user_observations: bool = False) -> Decision:
+                   counter: TokenCounter | None = None, user_observations: bool = False,
+                   prompt_end_message_ids: Mapping[int, int] | None = None) -> Decision:
     """What `options` decide for `history` (cumulative, like our kv policies); AkvalgoError when unsure.
 
     In `text_drop` the history is the full one the caller keeps, and the decision's text edits
     remove what upstream leaves out of the messages it sends. `user_observations`: the harness
     names every user observation as a call boundary (adapt_request's completed_call_message_ids).
+    `prompt_end_message_ids`: call end b -> b + 1, the controller prompt the harness sends right
+    after that call's results (`controller_prompt_ids`); `reposition_trigger_tokens` then measures
+    the positions at the prompt's end. With token repositions the history must end at its last
+    call (or that call's named prompt), as upstream decides them for the current request only.
     """
     if options.needs_counter() and counter is None:
         raise AkvalgoError(f"{next(t for t in TOKEN_OPTIONS if getattr(options, t) is not None)}: "
@@ -139,7 +144,10 @@ def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]]
         raise AkvalgoError(f"{options.drop_trigger}: triggered drops need tool-batch boundaries; upstream refuses "
                            "user observations among them")
     view = view_history(history, counter or ApproxTokenCounter(), user_observations)
-    state = _Walk()
+    prompts = _check_prompt_ends(prompt_end_message_ids or {}, view)
+    if options.reposition_trigger_tokens is not None:
+        _check_current_call(view, history, prompts)
+    state = _Walk(prompts)
     for i in range(len(view)):
         state.step(options, view, i)
     if options.mode == "text_drop":
@@ -148,10 +156,49 @@ def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]]
     return Decision(drop_message=state.drop_message, reposition=state.reposition)
 
 
+def controller_prompt_ids(history: Sequence[Mapping[str, Any]], user_observations: bool = False) -> dict[int, int]:
+    """The `prompt_end_message_ids` a harness passes when the user message right after each call
+    is that call's controller prompt: what `calls include controller_prompts` reads from the messages."""
+    return view_history(history, ApproxTokenCounter(), user_observations).prompt_ends()
+
+
+def _check_prompt_ends(prompts: Mapping[int, int], view: HistoryView) -> dict[int, int]:
+    """Upstream's rule for prompt_end_message_ids: each call end b maps to b + 1, a user message."""
+    for b, end in prompts.items():
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (b, end)):
+            raise AkvalgoError(f"prompt_end_message_ids: {b!r} -> {end!r}: expected message ids (integers)")
+        if not 0 <= b < len(view) or not view.batch_end[b]:
+            raise AkvalgoError(f"prompt_end_message_ids: {b}: not the end of a call in this history (the last "
+                               "tool response of a batch, or a user observation)")
+        if end != b + 1 or end >= len(view) or view.roles[end] != "user":
+            raise AkvalgoError(f"prompt_end_message_ids: {b} -> {end}: expected {b + 1}, a user message right "
+                               "after the call (its controller prompt)")
+    return dict(prompts)
+
+
+def _check_current_call(view: HistoryView, history: Sequence[Mapping[str, Any]], prompts: Mapping[int, int]) -> None:
+    """Upstream decides token repositions for the current request only: after the end of the last
+    call (its controller prompt, when named) only assistant messages holding reasoning alone may follow."""
+    ends = [i for i in range(len(view)) if view.batch_end[i]]
+    if not ends:
+        return
+    end = prompts.get(ends[-1], ends[-1])
+    for j in range(end + 1, len(history)):
+        m = history[j]
+        if m.get("role") == "assistant" and not m.get("content") and not m.get("tool_calls") and \
+                str(m.get("reasoning_content") or "").strip():
+            continue
+        hint = " (a controller prompt? name it in prompt_end_message_ids)" if view.controller_prompt[j] else ""
+        raise AkvalgoError(f"reposition_trigger_tokens: message {j} ({m.get('role')}) follows the end of the last "
+                           f"call (message {end}){hint}; upstream's token repositions need the current generation "
+                           "boundary, a history that ends with its last call")
+
+
 class _Walk:
     """The reader's state after each message: visible tool responses and callers, tokens, positions."""
 
-    def __init__(self) -> None:
+    def __init__(self, prompts: Mapping[int, int]) -> None:
+        self.prompts = prompts             # call end -> its controller prompt (prompt_end_message_ids)
         self.live_tools: list[int] = []    # tool messages still visible, oldest first
         self.callers: list[int] = []       # assistant messages still visible
         self.drop_message: dict[str, list[int]] = {}
@@ -173,7 +220,10 @@ class _Walk:
         self.visible -= sum(view.tokens[j] for j in picks)
         if picks:
             self.drop_message[str(i)] = sorted(picks)
-        if view.batch_end[i] and _reposition_fires(o, view.tool_calls[i], self.positions, self.positions - self.visible):
+        # the positions at the end of the request: the call's controller prompt, when named, counts
+        ahead = sum(view.tokens[i + 1: self.prompts.get(i, i) + 1])
+        if view.batch_end[i] and _reposition_fires(o, view.tool_calls[i], self.positions + ahead,
+                                                   self.positions - self.visible):
             self.reposition.append(i)
             self.positions = self.visible  # survivors now sit at 0..visible-1
 
@@ -227,7 +277,7 @@ def _reposition_fires(o: AkvalgoOptions, call: int, positions: int, gap: int) ->
 def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
     """The options that decide exactly as `policy`; NotExpressible at the first construct that has none."""
     def refuse(node: Any, construct: str, why: str) -> NotExpressible:
-        loc = getattr(node, "loc", None) or Loc()
+        loc = (node if isinstance(node, Loc) else getattr(node, "loc", None)) or Loc()  # a node, or a line's place
         return NotExpressible(f"{construct}: {why}", filename=filename, line=loc.line, column=loc.column)
 
     if not policy.rules:
@@ -237,6 +287,10 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
         raise refuse(policy, "calls include user_observations", "not an AKVPolicy option: upstream's harness "
                      "names them per request (adapt_request's completed_call_message_ids); export the policy "
                      "without this line and pass the boundaries there")
+    if policy.controller_prompts:
+        raise refuse(policy.controller_prompts_loc or policy, "calls include controller_prompts", "not an AKVPolicy "
+                     "option: upstream's harness names them per request (prompt_end_message_ids, which "
+                     "controller_prompt_ids lists); export the policy without this line and pass them there")
     cut = next((rule.action for rule in policy.rules if isinstance(rule.action, n.Cut)), None)
     if cut is not None:
         raise refuse(cut, "cut", "AKVPolicy drops whole messages only; a cut is the API's keep_text_drop, "

@@ -40,6 +40,9 @@ class HistoryView:
     # assistant messages: the last tool result of the first assistant message at or after it that has
     # results (where upstream's rolling assistant target retires it); None elsewhere
     results_end: tuple[int | None, ...] = ()
+    # a user message right after the end of a call: that call's controller prompt (a harness's
+    # prompt sent with the call's results, in the same request; see `prompt_ends`)
+    controller_prompt: tuple[bool, ...] = ()
 
     def __len__(self) -> int:
         return len(self.roles)
@@ -49,6 +52,14 @@ class HistoryView:
         if i < 0:
             return 0
         return {"tool_calls": self.tool_calls, "turns": self.turns, "tool_responses": self.tool_responses}[unit][i]
+
+    def prompt_ends(self) -> dict[int, int]:
+        """Call end -> its controller prompt, for every call followed by one (upstream's prompt_end_message_ids).
+
+        Each entry is a fact about the prompt (from messages 0..prompt); a policy that counts
+        controller prompts reads it at the call's end, the one look past a boundary (policy.py).
+        """
+        return {i - 1: i for i, prompt in enumerate(self.controller_prompt) if prompt}
 
     def event(self, unit: str, i: int) -> bool:
         """Whether message i completes one unit."""
@@ -90,6 +101,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
         answered_again=_answered_again(call_keys),
         next_turn=_next_turns(roles),
         results_end=_results_end(roles),
+        controller_prompt=tuple(role == "user" and i > 0 and batch_end[i - 1] for i, role in enumerate(roles)),
     )
 
 

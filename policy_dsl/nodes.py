@@ -2,11 +2,15 @@
 
 A policy is a mode, an ordered list of rules and one reposition rule:
 
-    Policy(mode, rules=(Rule(trigger, action), ...), reposition, user_observations=False)
+    Policy(mode, rules=(Rule(trigger, action), ...), reposition, user_observations=False,
+           controller_prompts=False)
 
 `user_observations`: a user message answering an assistant message that called no tool also
 completes a call (a tool_calls unit and a batch end), as upstream's harness-named observation
 boundaries do.
+`controller_prompts`: a user message right after the end of a call is that call's controller
+prompt, sent in the same request, so `RepositionPositions` measures the positions at its end
+(upstream's prompt_end_message_ids); the reposition index is still the call's end.
 
 Triggers (when a rule fires, evaluated at each message boundary):
     Every(n, unit) / After(n, unit, then)  unit: "tool_calls" | "turns" | "tool_responses"
@@ -328,4 +332,6 @@ class Policy:
     rules: tuple[Rule, ...] = ()
     reposition: RepositionRule = field(default_factory=RepositionNever)
     user_observations: bool = False
+    controller_prompts: bool = False
     loc: Loc | None = _loc()
+    controller_prompts_loc: Loc | None = _loc()  # the `calls include controller_prompts` line

@@ -26,6 +26,7 @@ UNIT_WORDS = {
     "turn": "turns", "turns": "turns",
     "tool_response": "tool_responses", "tool_responses": "tool_responses",
 }
+CALL_WORDS = ("user_observations", "controller_prompts")  # `calls include WORD`
 REPOSITION_UNIT_WORDS = {"drops": "drops", "tool_call": "tool_calls", "tool_calls": "tool_calls"}
 _TERMINAL_WORDS = {
     "NAME": "a name", "INT": "a number", "STRING": "a quoted string",
@@ -105,6 +106,8 @@ def _syntax_error(err: UnexpectedInput, text: str, filename: str) -> PolicySynta
     elif isinstance(err, UnexpectedToken) and err.token.type == "$END":
         message = f"unexpected end of file; expected {_expected(err.expected)}"
         line, column = _end_position(text)
+    elif isinstance(err, UnexpectedToken) and err.token.type == "CALLS":
+        message = "a 'calls include ...' line goes right after the mode line, before the rules"
     elif isinstance(err, UnexpectedToken):
         token = err.token
         what = "unknown keyword" if token.type == "NAME" else "unexpected"
@@ -146,14 +149,25 @@ class _Builder:
         mode_token = mode_stmt.children[0]
         if str(mode_token) not in ("kv", "text"):
             raise self.fail(f"unknown mode {str(mode_token)!r}; expected kv or text", mode_token)
-        calls = [c for c in rest if isinstance(c, Tree) and c.data == "calls_stmt"]
-        if calls and str(calls[0].children[0]) != "user_observations":
-            word = calls[0].children[0]
-            raise self.fail(f"unknown call boundary {str(word)!r}; expected user_observations", word)
+        calls = self.calls([c for c in rest if isinstance(c, Tree) and c.data == "calls_stmt"])
         rules = tuple(self.rule(c) for c in rest if isinstance(c, Tree) and c.data == "rule")
         tails = [c for c in rest if isinstance(c, Tree) and c.data not in ("rule", "calls_stmt")]
         reposition = self.reposition(tails[0]) if tails else n.RepositionNever()
-        return n.Policy(str(mode_token), rules, reposition, user_observations=bool(calls), loc=_loc(tree))
+        return n.Policy(str(mode_token), rules, reposition, user_observations="user_observations" in calls,
+                        controller_prompts="controller_prompts" in calls,
+                        controller_prompts_loc=calls.get("controller_prompts"), loc=_loc(tree))
+
+    def calls(self, lines: list[Tree]) -> dict[str, Loc | None]:
+        """The `calls include WORD` lines (each word once, in any order) -> word: location of its line."""
+        out: dict[str, Loc | None] = {}
+        for line in lines:
+            word = line.children[0]
+            if str(word) not in CALL_WORDS:
+                raise self.fail(f"unknown call boundary {str(word)!r}; expected one of {', '.join(CALL_WORDS)}", word)
+            if str(word) in out:
+                raise self.fail(f"duplicate line 'calls include {word}'", line)
+            out[str(word)] = _loc(line)
+        return out
 
     def rule(self, tree: Tree) -> n.Rule:
         trigger, action = tree.children

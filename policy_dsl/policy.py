@@ -1,7 +1,10 @@
 """CachePolicy: a compiled policy that turns a message history into a Decision.
 
 kv mode walks the history boundary by boundary from the start, firing rules on the state so far,
-so the decision for a prefix is contained unchanged in the decision for any extension. Repositions
+so the decision for a prefix is contained unchanged in the decision for any extension (one
+documented exception: with `calls include controller_prompts`, a call's position threshold counts
+the controller prompt after it, so a prefix that ends at that call, before its prompt, may lack
+the call's reposition; no request ends there, as the prompt goes out with the call's results). Repositions
 take effect only at the end of a tool batch (never with a tool message after them, as upstream
 requires); one wanted inside a batch waits for its end.
 text mode looks at the latest boundary only: its edits are applied by the harness at once, and the
@@ -86,12 +89,21 @@ def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
         if dropped_here:
             drop_message[str(i)] = sorted(dropped_here)
             drop_events += 1
-        wanted = wanted or _repositions(policy.reposition, view, i, bool(dropped_here), drop_events, positions,
-                                        positions - visible)
+        wanted = wanted or _repositions(policy.reposition, view, i, bool(dropped_here), drop_events,
+                                        positions + _prompt_tokens(policy, view, i), positions - visible)
         if wanted and view.batch_end[i]:
             reposition.append(i)
             positions, wanted = visible, False  # survivors now sit at 0..visible-1
     return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
+
+
+def _prompt_tokens(policy: n.Policy, view: HistoryView, i: int) -> int:
+    """With `calls include controller_prompts`: the tokens of the controller prompt right after call
+    end i. It goes out in the same request as the call's results, so the positions a threshold
+    measures at i run to its end: the one decision that reads the message after its boundary."""
+    if policy.controller_prompts and i + 1 < len(view) and view.controller_prompt[i + 1]:
+        return view.tokens[i + 1]
+    return 0
 
 
 def _decide_cuts(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[str, Any]],

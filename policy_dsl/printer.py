@@ -16,6 +16,7 @@ _SINGULAR = {"tool_calls": "tool_call", "turns": "turn", "tool_responses": "tool
 def format_policy(policy: n.Policy) -> str:
     """The canonical text of a policy (ends with a newline)."""
     lines = [f"mode {policy.mode}"] + (["calls include user_observations"] if policy.user_observations else [])
+    lines += ["calls include controller_prompts"] if policy.controller_prompts else []
     lines += [f"on {format_trigger(r.trigger)}: {format_action(r.action)}" for r in policy.rules]
     if policy.mode == "kv":
         lines.append(f"reposition {format_reposition(policy.reposition)}")

@@ -10,6 +10,7 @@ from typing import Iterator
 
 from policy_dsl import nodes as n
 from policy_dsl.errors import PolicyValidationError, located
+from policy_dsl.printer import format_reposition
 
 TOKENS_MAX = 10_000_000
 COUNT_MAX = 100_000
@@ -47,6 +48,7 @@ def validate(policy: n.Policy, filename: str = "<policy>") -> None:
         raise checker.fail(f"unknown mode {policy.mode!r}; expected kv or text", policy)
     checker.numbers(policy)
     checker.names(policy)
+    checker.calls(policy)
     if policy.mode == "kv":
         checker.kv(policy)
     else:
@@ -157,6 +159,20 @@ class _Checker:
                     raise self.fail("pattern must be 1..256 characters", node)
             if isinstance(node, n.TokensAbove) and node.measure not in ("visible", "history"):
                 raise self.fail(f"unknown measure {node.measure!r}; expected visible or history", node)
+
+    def calls(self, policy: n.Policy) -> None:
+        """`calls include ...` lines: flags, and controller prompts only where a position threshold reads them."""
+        for name in ("user_observations", "controller_prompts"):
+            if not isinstance(getattr(policy, name), bool):
+                raise self.fail(f"{name} must be True or False", policy)
+        if not policy.controller_prompts or isinstance(policy.reposition, n.RepositionPositions):
+            return
+        has = ("mode text never repositions" if policy.mode == "text"
+               else f"this policy has `reposition {format_reposition(policy.reposition)}`")
+        raise located(PolicyValidationError, "calls include controller_prompts: a call's controller prompt counts "
+                      "toward `reposition when positions > T` only (upstream's prompt_end_message_ids beside "
+                      f"reposition_trigger_tokens); expected that reposition rule, but {has}",
+                      policy.controller_prompts_loc or policy.loc, self.filename)
 
     def kv(self, policy: n.Policy) -> None:
         self.cuts(policy)

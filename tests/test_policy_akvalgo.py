@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from akv_cli.main import app
 from policy_dsl import ApproxTokenCounter, compile_policy, load_policy, parse
-from policy_dsl.akvalgo import AkvalgoError, AkvalgoOptions, NotExpressible, decide_akvalgo, to_akvalgo
+from policy_dsl.akvalgo import (AkvalgoError, AkvalgoOptions, NotExpressible, controller_prompt_ids, decide_akvalgo,
+                                to_akvalgo)
 
 ROUND_TRIPS = {
     "rolling": ("on each tool_response: drop role tool keep last 3 in 1..12", {"keep_tool_responses": 3}),
@@ -81,14 +82,41 @@ def parallel_batches(messages: list[dict[str, Any]]) -> int:
     return sum(len(m.get("tool_calls") or ()) > 1 for m in messages)
 
 
-def same_at_every_request(ours: Any, options: AkvalgoOptions, messages: list[dict[str, Any]]) -> None:
+def ends_a_call(messages: list[dict[str, Any]], observations: bool = False) -> bool:
+    """The last message ends a call: it answers the last call of its assistant message, or is an observation."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        start = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        return len(messages) - 1 - start == len(messages[start].get("tool_calls") or ())
+    before = messages[-2]
+    return observations and last["role"] == "user" and before["role"] == "assistant" and \
+        not before.get("tool_calls") and any(m["role"] == "user" for m in messages[:-1])
+
+
+def at_current_call(messages: list[dict[str, Any]], observations: bool = False, prompts: bool = False) -> bool:
+    """Where upstream decides token repositions: no call has ended yet, or the history ends with a call
+    (or, with named controller prompts, with the prompt right after one)."""
+    return not any(ends_a_call(messages[:k], observations) for k in range(2, len(messages) + 1)) or \
+        ends_a_call(messages, observations) or \
+        (prompts and messages[-1]["role"] == "user" and ends_a_call(messages[:-1], observations))
+
+
+def same_at_every_request(ours: Any, options: AkvalgoOptions, messages: list[dict[str, Any]],
+                          prompts: bool = False) -> None:
+    """Our policy and the reader agree at every request; with `prompts` the harness names each user
+    message right after a call as that call's controller prompt (prompt_end_message_ids)."""
     counter = ApproxTokenCounter()
     for end in range(2, len(messages) + 1):
         if messages[end - 1]["role"] == "assistant":
             continue  # a request ends with a user or tool message
         prefix = messages[:end]
+        named = controller_prompt_ids(prefix) if prompts else None
+        if options.reposition_trigger_tokens is not None and not at_current_call(prefix, prompts=prompts):
+            with pytest.raises(AkvalgoError, match="need the current generation boundary"):
+                decide_akvalgo(options, prefix, counter, prompt_end_message_ids=named)  # e.g. an unnamed nudge
+            continue
         expected = ours.decide(prefix, counter)
-        got = decide_akvalgo(options, prefix, counter)
+        got = decide_akvalgo(options, prefix, counter, prompt_end_message_ids=named)
         assert (got.drop_message, got.reposition) == (expected.drop_message, expected.reposition), end
 
 

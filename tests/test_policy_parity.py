@@ -7,15 +7,17 @@ exporter writes for the policy; and they must agree at every request of the hist
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from test_policy_akvalgo import history, random_histories, same_at_every_request
+from test_policy_akvalgo import at_current_call, batch, history, random_histories, same_at_every_request
 from test_policy_support import histories
 
-from policy_dsl import apply_text_edits, builtin_names, compile_policy, load_policy, parse
-from policy_dsl.akvalgo import AkvalgoError, AkvalgoOptions, NotExpressible, decide_akvalgo, to_akvalgo
+from policy_dsl import apply_text_edits, builtin_names, compile_policy, format_policy, load_policy, parse
+from policy_dsl.akvalgo import (AkvalgoError, AkvalgoOptions, NotExpressible, controller_prompt_ids, decide_akvalgo,
+                                to_akvalgo)
 
 # system 0, user 1; batches (assistant: tools) 2: 3 | 4: 5 6 7 | 8: 9 10 | 11: 12 | 13: 14 15 |
 # 16: 17 18 19 | 20: 21. Calls end at 3, 7, 10, 12, 15, 19, 21.
@@ -85,6 +87,10 @@ def test_each_upstream_option_has_a_policy_form_that_decides_as_upstream(name: s
     counter = ParityCounter()
     for end in range(2, len(HISTORY) + 1):
         prefix = HISTORY[:end]
+        if options.reposition_trigger_tokens is not None and not at_current_call(prefix):
+            with pytest.raises(AkvalgoError, match="need the current generation boundary"):
+                decide_akvalgo(options, prefix, counter)  # upstream decides token repositions at a call's end
+            continue
         mine, upstream = ours.decide(prefix, counter), decide_akvalgo(options, prefix, counter)
         assert (mine.drop_message, mine.reposition) == (upstream.drop_message, upstream.reposition), end
     for messages in random_histories(12):  # and on random histories, parallel batches and user nudges
@@ -188,3 +194,118 @@ def test_user_observations_end_calls_as_upstream_boundaries_do() -> None:
         to_akvalgo(observed.ast)
     with pytest.raises(AkvalgoError, match="drop_after_call: triggered drops need tool-batch boundaries"):
         decide_akvalgo(AkvalgoOptions(keep_tool_responses=1, drop_after_call=2), h, user_observations=True)
+
+
+# ---- controller prompts: upstream's prompt_end_message_ids --------------------------------------------
+
+class PromptCounter:
+    """100 tokens per tool response, 50 per controller prompt, 10 per other message."""
+
+    def count(self, message: Any) -> int:
+        if message.get("role") == "tool":
+            return 100
+        return 50 if str(message.get("content")).startswith("controller:") else 10
+
+
+def prompted(batches: list[int], prompts_after: set[int]) -> list[dict[str, Any]]:
+    """System, task, one batch per entry (its number of calls), a controller prompt after the calls named."""
+    out = history([])
+    for step, calls in enumerate(batches, 1):
+        out += batch(calls, step)
+        if step in prompts_after:
+            out.append({"role": "user", "content": "controller: 3 steps left"})
+    return out
+
+
+def observed_with_prompts() -> list[dict[str, Any]]:
+    """A user observation and a parallel batch, each followed by a controller prompt."""
+    h = observed_history()  # without its second observation (6, 7)
+    return h[:4] + [{"role": "user", "content": "controller: 5 steps left"}] + h[4:6] + h[8:11] + \
+        [{"role": "user", "content": "controller: 3 steps left"}] + h[11:]
+
+
+# 0 system, 1 user | 2: 3 | 4: 5 6, prompt 7 | 8: 9 10, prompt 11 | 12: 13. Calls end at 3, 6, 10, 13.
+# keep last 2 drops {6: [3], 9: [5], 10: [6], 13: [9]}. Positions at the calls' ends (next free position,
+# less what earlier repositions compacted): 130, 340 (390 with prompt 7), 600, ...
+PROMPTED = prompted([1, 2, 2, 1], {2, 3})
+# 0 system, 1 user, 2 assistant, 3 observation, prompt 4 | 5: 6 | 7: 8 9, prompt 10 | 11 assistant,
+# 12 observation. keep last 1 drops {8: [6], 9: [8]}. Calls end at 3, 6, 9, 12 (6, 9 without observations).
+OBSERVED = observed_with_prompts()
+PROMPT_ROWS: dict[str, tuple[list[dict[str, Any]], str, int, list[int]]] = {
+    # name: (history, policy lines before the rule, keep last, T, reposition)
+    "without the line the call ends its request: 340 is not above 350": (PROMPTED, "", 2, 350, [10, 13]),
+    "the controller prompt pushes call 2 over the threshold: 390 > 350": (
+        PROMPTED, "calls include controller_prompts\n", 2, 350, [6, 10, 13]),
+    "the prompt counts but crosses no threshold: 390 is not above 400": (
+        PROMPTED, "calls include controller_prompts\n", 2, 400, [10, 13]),
+    "a threshold met only after the prompt waits for the next call": (
+        OBSERVED, "calls include user_observations\n", 1, 420, [12]),
+    "prompts after an observation and a parallel batch: call 9 is 460 with its prompt": (
+        OBSERVED, "calls include user_observations\ncalls include controller_prompts\n", 1, 420, [9]),
+    "controller prompts without observations: the user after an observation is no prompt": (
+        OBSERVED, "calls include controller_prompts\n", 1, 420, [9]),
+}
+PROMPT_DROPS = {id(PROMPTED): {"6": [3], "9": [5], "10": [6], "13": [9]}, id(OBSERVED): {"8": [6], "9": [8]}}
+
+
+@pytest.mark.parametrize("name", sorted(PROMPT_ROWS))
+def test_controller_prompts_count_toward_the_position_threshold_as_upstream(name: str) -> None:
+    h, lines, keep, threshold, repos = PROMPT_ROWS[name]
+    observations, prompts = "user_observations" in lines, "controller_prompts" in lines
+    ours = compile_policy(parse(f"mode kv\n{lines}on each tool_response: drop role tool keep last {keep}\n"
+                                f"reposition when positions > {threshold}\n"))
+    options, counter = AkvalgoOptions(keep_tool_responses=keep, reposition_trigger_tokens=threshold), PromptCounter()
+    final = ours.decide(h, counter)
+    assert (final.drop_message, final.reposition) == (PROMPT_DROPS[id(h)], repos)
+    for end in range(3, len(h) + 1):  # every request upstream decides agrees; the others it refuses
+        prefix = h[:end]
+        named = controller_prompt_ids(prefix, observations) if prompts else None
+        if not at_current_call(prefix, observations, prompts):
+            with pytest.raises(AkvalgoError, match="need the current generation boundary"):
+                decide_akvalgo(options, prefix, counter, observations, named)
+            continue
+        mine, upstream = ours.decide(prefix, counter), decide_akvalgo(options, prefix, counter, observations, named)
+        assert (mine.drop_message, mine.reposition) == (upstream.drop_message, upstream.reposition), end
+
+
+def test_controller_prompts_agree_with_upstream_at_every_request_of_random_histories() -> None:
+    ours = compile_policy(parse("mode kv\ncalls include controller_prompts\n"
+                                "on each tool_response: drop role tool keep last 3\nreposition when positions > 600\n"))
+    options = AkvalgoOptions(keep_tool_responses=3, reposition_trigger_tokens=600)
+    messages = random_histories(12)  # parallel batches; a user nudge after a call is its controller prompt
+    assert sum(len(controller_prompt_ids(h)) for h in messages) > 5
+    for h in messages:
+        same_at_every_request(ours, options, h, prompts=True)
+
+
+def test_a_call_decides_its_reposition_only_once_its_controller_prompt_is_there() -> None:
+    """The one decision that reads the message after its boundary: call 2 ends at 6, its prompt is 7."""
+    ours = compile_policy(parse("mode kv\ncalls include controller_prompts\n"
+                                "on each tool_response: drop role tool keep last 2\nreposition when positions > 350\n"))
+    counter = PromptCounter()
+    assert ours.decide(PROMPTED[:7], counter).reposition == []      # no request ends here
+    assert ours.decide(PROMPTED[:8], counter).reposition == [6]     # the request that carries the prompt
+    assert controller_prompt_ids(PROMPTED) == {6: 7, 10: 11}
+    assert controller_prompt_ids(OBSERVED) == {9: 10} and controller_prompt_ids(OBSERVED, True) == {3: 4, 9: 10}
+    with pytest.raises(NotExpressible, match="calls include controller_prompts: not an AKVPolicy option") as err:
+        to_akvalgo(ours.ast)
+    assert (err.value.line, err.value.column) == (2, 1)
+    assert to_akvalgo(parse(format_policy(ours.ast).replace("calls include controller_prompts\n", ""))).kwargs() \
+        == {"keep_tool_responses": 2, "mode": "kv_drop", "rolling_drop_target": "tool",
+            "reposition_trigger_tokens": 350}
+
+
+@pytest.mark.parametrize("history_end, named, words", [
+    (8, {6: 8}, "6 -> 8: expected 7, a user message right after the call"),
+    (8, {5: 6}, "5: not the end of a call"),
+    (8, {7: 8}, "7: not the end of a call"),
+    (8, None, "message 7 (user) follows the end of the last call (message 6) (a controller prompt? name it"),
+    (9, {6: 7}, "message 8 (assistant) follows the end of the last call (message 7)"),
+])
+def test_upstream_refuses_bad_prompt_ends_and_requests_past_the_current_call(history_end: int, named, words: str) -> None:
+    options = AkvalgoOptions(keep_tool_responses=2, reposition_trigger_tokens=350)
+    with pytest.raises(AkvalgoError, match=re.escape(words)):
+        decide_akvalgo(options, PROMPTED[:history_end], PromptCounter(), prompt_end_message_ids=named)
+    thinking = {"role": "assistant", "content": None, "reasoning_content": "the next step"}
+    got = decide_akvalgo(options, PROMPTED[:8] + [thinking], PromptCounter(), prompt_end_message_ids={6: 7})
+    assert got.reposition == [6]  # reasoning of the current generation may follow the request

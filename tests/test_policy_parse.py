@@ -53,6 +53,18 @@ def test_every_construct_parses_to_its_node() -> None:
     assert parse(format_policy(milestone)) == milestone
 
 
+def test_call_lines_parse_in_any_order_and_print_in_one() -> None:
+    body = "on each tool_response: drop role tool keep last 2\nreposition when positions > 600\n"
+    both = parse(f"mode kv\ncalls include controller_prompts\ncalls include user_observations\n{body}")
+    assert (both.user_observations, both.controller_prompts) == (True, True)
+    assert format_policy(both) == ("mode kv\ncalls include user_observations\ncalls include controller_prompts\n"
+                                   f"on each tool_response: drop role tool keep last 2\n{body.splitlines()[1]}\n")
+    assert parse(format_policy(both)) == both
+    prompts = parse(f"mode kv\ncalls include controller_prompts\n{body}")
+    assert (prompts.user_observations, prompts.controller_prompts) == (False, True)
+    assert prompts != parse(f"mode kv\n{body}") and parse(format_policy(prompts)) == prompts
+
+
 BAD_INPUT = [
     # (source, line, column, class, words in the message)
     ("", 1, 1, PolicySyntaxError, "empty policy"),
@@ -93,6 +105,17 @@ BAD_INPUT = [
     ('mode kv\non each turn: drop next_turn "x"\n', 2, 30, PolicySyntaxError, "expected 'contains'"),
     ('mode kv\non each turn: drop age > 1 tool_calls with "Found"\n', 2, 20, PolicyValidationError,
      "with a text counts turns"),
+    ("mode kv\ncalls include controller_prompts\non each tool_response: drop role tool keep last 2\n"
+     "reposition after each drop\n", 2, 1, PolicyValidationError, "expected that reposition rule, but this "
+     "policy has `reposition after each drop`"),
+    ("mode kv\non each tool_response: drop role tool keep last 2\ncalls include controller_prompts\n", 3, 1,
+     PolicySyntaxError, "a 'calls include ...' line goes right after the mode line"),
+    ("mode text\ncalls include controller_prompts\non each turn: omit all\n", 2, 1, PolicyValidationError,
+     "mode text never repositions"),
+    ("mode kv\ncalls include controller_prompts\ncalls include controller_prompts\n"
+     "reposition when positions > 9\n", 3, 1, PolicySyntaxError, "duplicate line 'calls include controller_prompts'"),
+    ("mode kv\ncalls include prompts\n", 2, 15, PolicySyntaxError,
+     "unknown call boundary 'prompts'; expected one of user_observations, controller_prompts"),
     ("mode kv\non each turn: drop all\n\x00\x01garbage", 3, 1, PolicySyntaxError, "unexpected character '\\x00'"),
     ("mode kv\non each turn: drop " + "not " * 40 + "all\n", 2, 0, PolicyLimitError, "nested deeper than 32"),
 ]
@@ -197,3 +220,5 @@ def test_programmatic_asts_with_misplaced_nodes_are_rejected() -> None:
     bare = replace(ast, rules=(replace(rule, action=n.Drop(n.Messages(n.Role("tool"), keep_last=12))),))
     with pytest.raises(PolicyValidationError, match="expected a number for keep last, got int"):
         compile_policy(bare)
+    with pytest.raises(PolicyValidationError, match="controller_prompts must be True or False"):
+        compile_policy(replace(ast, controller_prompts="yes"))

@@ -21,11 +21,14 @@ from sandbox.isolation import Limits, PathEscape, Sandbox
 from sandbox.suite import Grade, Task, ToolError
 from sandbox.suites.localswe.bugs import Bug
 from sandbox.suites.localswe.hosts import Host
-from sandbox.suites.localswe.testrun import TEMP_FOLDER, run_pytest
+from sandbox.suites.localswe.testrun import COLUMNS, TEMP_FOLDER, run_pytest
 
 # Output kept up to 4 MiB, so that a long test log still ends with its tally when run_tests
-# cuts it to its head and tail.
-TOOL_LIMITS = Limits(cpu_s=60, wall_s=120, output_bytes=4 << 20)
+# cuts it to its head and tail. The CPU limit is what stops runaway code (a CPU second is about
+# the same on a loaded machine); the wall limit, ten times longer, is only a backstop for code
+# that hangs without using CPU, and its expiry ends the task as an error (WallClockExpired)
+# rather than giving the agent a result that depends on the machine's load.
+TOOL_LIMITS = Limits(cpu_s=60, wall_s=600, output_bytes=4 << 20)
 # How run_tests reports, per edition: edition 1 pytest's quiet dots and short tracebacks;
 # edition 2 one line per test and long tracebacks (every frame's whole function), the long,
 # mostly irrelevant logs of a real session.
@@ -110,6 +113,7 @@ class RepairEnv:
 
     def _graded_run(self) -> Grade:
         run = run_pytest(self.sandbox, self.host, list(self.bug.test_files))
+        run.result.check_wall_clock("the grading test run")
         if not run.usable:
             return Grade(0.0, f"unresolved: the test run did not complete ({run.result.summary()}"
                               f"{', collection failed' if run.collection_failed else ''})")
@@ -154,8 +158,8 @@ class RepairEnv:
         target = "." if path in ("", ".") else self.sandbox.resolve(path).relative_to(self.sandbox.root).as_posix()
         # GNU grep runs in the sandbox: no regular expression can stall the harness.
         result = self.sandbox.run(["grep", "-rnIE", "--exclude-dir=__pycache__", f"--exclude-dir={TEMP_FOLDER}",
-                                   "-e", pattern, "--", target],
-                                  wall_s=30)
+                                   "-e", pattern, "--", target])
+        result.check_wall_clock("grep")
         if result.returncode == 1:
             return f"no matches for {pattern!r}"
         if result.returncode != 0:
@@ -179,7 +183,8 @@ class RepairEnv:
             return known
         run = run_pytest(self.sandbox, self.host, selectors or list(self.host.tests), report="fE", **self.report)
         output = _cut(_without_timing(run.result.output), MAX_TEST_OUTPUT)
-        if run.result.timed_out or run.result.signal_name:
+        run.result.check_wall_clock("run_tests")
+        if run.result.signal_name:
             raise ToolError(f"run_tests: the test run was {run.result.summary()}\n{output}")
         if _tree_digest(self.sandbox.root) == key[-1]:  # a run that changed the tree is not replayable
             _TEST_OUTPUTS.put(key, output)
@@ -257,11 +262,23 @@ class _Outputs:
 _TEST_OUTPUTS = _Outputs(capacity=2048)
 _GRADES = _Outputs(capacity=2048)
 _TIMING = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= =| *$)", re.M)
+_BANNER = re.compile(r"^=+ (.+?) =+$", re.M)
 
 
 def _without_timing(output: str) -> str:
-    """pytest's report without its run time (`3 passed in 0.14s` -> `3 passed`): the same run reads the same."""
-    return _TIMING.sub("", output)
+    """pytest's report without its run time (`3 passed in 0.14s` -> `3 passed`): the same run reads the same.
+
+    A tally centred in a line of `=` is centred again without it: its padding depended on the
+    run time's digits (`in 9.87s`, `in 10.12s`).
+    """
+    def banner(match: re.Match) -> str:
+        title = _TIMING.sub("", match.group(1))
+        if title == match.group(1):
+            return match.group()
+        pad = "=" * max((COLUMNS - len(title) - 2) // 2, 1)
+        return f"{pad} {title} {pad}"
+
+    return _TIMING.sub("", _BANNER.sub(banner, output))
 
 
 def _tree_digest(root: Path) -> str:

@@ -16,7 +16,9 @@ from sandbox.isolation import CommandResult, Sandbox
 from sandbox.suites.localswe.hosts import Host
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")
-_ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{4,16}(?=>)")  # CPython's default repr: <... at 0x7ffff5fb3100>
+# CPython's default repr (<... at 0x7ffff5fb3100>) and hosts' own (sqlparse: <Statement '...' at 0x7FFFF5F8DC50>)
+_ADDRESS = re.compile(r"(?<= at )0x[0-9a-fA-F]{4,16}(?=>)")
+MASKED_ADDRESS = "0x000000000000"
 _COLLECTION = re.compile(r"Interrupted: \d+ errors? during collection|^ERROR collecting ", re.M)
 
 
@@ -42,6 +44,7 @@ class TestRun:
         return {t for t, o in self.outcomes.items() if o in ("FAILED", "ERROR")}
 
 
+COLUMNS = 160  # pytest's terminal width: wide enough that summary messages are not cut to "..."
 TEMP_FOLDER = ".pytest-tmp"  # in the repository copy: tmp_path and friends of each run, made afresh
 # Our interpreter's library folders (the checkout's virtual environment, the base install) as
 # tracebacks show them, and the one conventional place they are shown at instead.
@@ -49,16 +52,17 @@ _PYTHON_LIB = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/"
 _PYTHON_PATHS = sorted({f"{p}/{_PYTHON_LIB}" for p in (sys.prefix, sys.base_prefix)}, key=len, reverse=True)
 
 
-def numbered_addresses(output: str) -> str:
-    """Object addresses of default reprs (`<function f at 0x7ffff5fb3100>`) numbered by first appearance.
+def masked_addresses(output: str) -> str:
+    """Object addresses of reprs (`<function f at 0x7ffff5fb3100>`) replaced by `0x000000000000`.
 
     Even with address randomization off they differ from one sandbox to the next (the copy's
     path changes the interpreter's allocations), so the same tree would give another output,
-    other token counts and another cost in every process. Numbering keeps which reprs are the
-    same object (`0x000000000001` twice is one object) and makes the output a function of the tree.
+    other token counts and another cost in every process. Numbering them by first appearance is
+    not enough: whether a freed object's address is reused by the next one differs too, so two
+    runs number different sets of objects. Masked, the output is a function of the tree. Hex
+    digits in either case count (a host's own repr may print `%X`, as sqlparse's does).
     """
-    numbers: dict[str, str] = {}
-    return _ADDRESS.sub(lambda m: numbers.setdefault(m.group(), f"0x{len(numbers) + 1:012x}"), output)
+    return _ADDRESS.sub(MASKED_ADDRESS, output)
 
 
 def pytest_argv(selectors: Sequence[str], report: str = "A", traceback: str = "short",
@@ -79,7 +83,7 @@ def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: f
         # The hosts need no third-party pytest plugins, and loading every plugin installed in
         # our environment costs about a second of CPU per run (most of a small test run).
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "COLUMNS": "160",  # wide enough that summary messages are not cut to "..."
+        "COLUMNS": str(COLUMNS),
     }
     # pytest's own temporary root (/tmp/pytest-of-USER) belongs to whichever command uid made
     # it first and refuses every later one: each run gets a fresh one inside the copy instead.
@@ -94,7 +98,7 @@ def run_pytest(sandbox: Sandbox, host: Host, selectors: Sequence[str], wall_s: f
     output = output.replace(sys.executable, f"/usr/bin/python{sys.version_info[0]}")
     for prefix in _PYTHON_PATHS:
         output = output.replace(prefix, f"/usr/{_PYTHON_LIB}")
-    result = replace(result, output=numbered_addresses(output))
+    result = replace(result, output=masked_addresses(output))
     outcomes, messages = {}, {}
     for line in result.output.splitlines():
         match = _SUMMARY.match(line)

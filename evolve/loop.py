@@ -22,7 +22,7 @@ from evolve.library import load_checked
 from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
 from evolve.scoring import Evaluator, code_version
-from evolve.validation import HELDOUT, pick_finalists, validate
+from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate
 from evolve.workers import SharedEvaluation, Worker
 from sandbox.cost import cents
 from sandbox.progress import TaskDisplay
@@ -84,9 +84,13 @@ class Evolution:
         baselines = self.seed_population()
         stop_reason = self.propose()
         self.progress("validating the front and the baselines on the held-out split", self.cascade.front())
-        finalists = pick_finalists(self.cascade.train_points(), set(baselines.values()), self.config.validation.top_k)
+        points, excluded = self.cascade.train_points(), set(baselines.values())
+        behaviours = outcome_digests(self.store, self.run.id, TRAIN, self.train_ids)
+        finalists = pick_finalists(points, excluded, self.config.validation.top_k, behaviours)
+        candidates = sorted(p.policy_id for p in points if p.policy_id not in excluded)
         records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
-                           self.config.validation, self.config.seed, code_version(), self.evaluator.suite_version)
+                           self.config.validation, self.config.seed, code_version(), self.evaluator.suite_version,
+                           twins(finalists, candidates, behaviours))
         self.store.set_run_status(self.run.id, "finished", stop_reason)
         return EvolutionResult(records, stop_reason)
 

@@ -10,6 +10,8 @@ round in the store; earlier rounds are kept.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Mapping, Sequence
 
 from evolve.cascade import Cascade, summarize
@@ -23,10 +25,50 @@ REFERENCE = "expert"  # the baseline every finalist must beat
 SHOWN_AGAINST = ("expert", "standard", "text_engineering", "full")  # the table's comparison columns
 
 
-def pick_finalists(train_points: Sequence[Point], exclude: set[int], top_k: int) -> list[int]:
-    """The best `top_k` train policies by non-dominated sorting, baselines excluded."""
-    ranked = [p for p in rank_by_fronts(train_points) if p.policy_id not in exclude]
-    return [p.policy_id for p in ranked[:top_k]]
+def pick_finalists(train_points: Sequence[Point], exclude: set[int], top_k: int,
+                   behaviours: Mapping[int, str] | None = None) -> list[int]:
+    """The best `top_k` train policies by non-dominated sorting, baselines excluded.
+
+    Policies with the same train behaviour (`behaviours`: `outcome_digests`) count once, as the
+    earliest of them; `twins` names the others.
+    """
+    ranked = [p.policy_id for p in rank_by_fronts(train_points) if p.policy_id not in exclude]
+    seen: set[str] = set()
+    finalists = []
+    for pid in ranked:
+        key = (behaviours or {}).get(pid, str(pid))
+        if key not in seen and len(finalists) < top_k:
+            seen.add(key)
+            finalists.append(min(q for q in ranked if (behaviours or {}).get(q, str(q)) == key))
+    return finalists
+
+
+def twins(finalists: Sequence[int], candidates: Sequence[int], behaviours: Mapping[int, str]) -> dict[int, list[int]]:
+    """Per finalist, the later candidates whose train behaviour is the same as its own."""
+    return {f: [c for c in candidates if c > f and f in behaviours and behaviours.get(c) == behaviours[f]]
+            for f in finalists}
+
+
+def outcome_digests(store: Store, run_id: int, split: str, task_ids: Sequence[str]) -> dict[int, str]:
+    """Per policy run on every one of `task_ids`: a digest of what it did there.
+
+    Every task's status, score, cost and token counts, in task order, and where they are kept
+    (train) its message timelines: when each message arrived, was dropped, was read. Two
+    policies whose decisions are the same on the histories they are scored on have the same
+    digest; the converse is what the digest claims, with a margin of every token count.
+    """
+    results: dict[int, dict[str, TaskResult]] = {}
+    for e in store.evaluations(run_id, split):
+        results.setdefault(e.policy_id, {})[e.result.task_id] = e.result
+    complete = {pid: rows for pid, rows in results.items() if all(t in rows for t in task_ids)}
+    lines: dict[tuple[int, str], Any] = {(t.policy_id, t.task_id): t.data
+                                         for t in store.timelines(run_id, list(complete)) if t.split == split}
+    digests = {}
+    for pid, rows in complete.items():
+        record = [[t, rows[t].status, rows[t].score, rows[t].cost_usd, rows[t].n_requests, dict(rows[t].tokens),
+                   lines.get((pid, t))] for t in task_ids]
+        digests[pid] = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+    return digests
 
 
 def versus(rows: Sequence[TaskResult], base: Sequence[TaskResult], config: ValidationConfig,
@@ -41,19 +83,29 @@ def versus(rows: Sequence[TaskResult], base: Sequence[TaskResult], config: Valid
 
 def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[str], finalists: Sequence[int],
              baselines: Mapping[str, int], config: ValidationConfig, seed: int, code_version: str,
-             suite_version: str) -> list[ValidationRecord]:
-    """Run the held-out split for baselines and finalists, judge, store a new round and return it."""
+             suite_version: str, train_twins: Mapping[int, Sequence[int]] | None = None) -> list[ValidationRecord]:
+    """Run the held-out split for baselines and finalists, judge, store a new round and return it.
+
+    `train_twins` (`twins`): per finalist, the later policies that behaved as it did on train. They
+    run the held-out split too; one that behaves the same there as well is stored as the
+    finalist's duplicate and counts once (in the Holm correction too), one that does not is a
+    finalist of its own.
+    """
     if REFERENCE not in baselines:
         raise ValueError("validation needs an expert baseline (baselines.expert)")
     entries: list[tuple[PolicyInfo, str, str]] = [(store.policy(pid), "baseline", role) for role, pid in
                                                   baselines.items()]
-    entries += [(info, "candidate", info.label) for info in map(store.policy, finalists)]
+    later = [t for f in finalists for t in (train_twins or {}).get(f, ())]
+    entries += [(info, "candidate", info.label) for info in map(store.policy, [*finalists, *later])]
     for info, _role, _label in entries:  # all queued first: workers of a shared run take them side by side
         cascade.enqueue(info.id, heldout_ids, split=HELDOUT)
     runs: dict[int, list[TaskResult]] = {}
     for info, _role, _label in entries:  # progress names the policy (standard-8k), not its role (standard)
         results = cascade.run_missing(info.id, info.text or "", info.label, heldout_ids, split=HELDOUT)
         runs[info.id] = [results[t] for t in heldout_ids]
+    duplicates = _held_out_duplicates(store, cascade.run_id, finalists, train_twins or {}, heldout_ids)
+    entries = [e for e in entries if e[0].id not in duplicates]
+    finalists = [*finalists, *(t for t in later if t not in duplicates)]
     means = {pid: summarize(rows) for pid, rows in runs.items()}
     front = {p.policy_id for p in pareto_front([Point(pid, m.score, m.cost) for pid, m in means.items()])}
     expert = runs[baselines[REFERENCE]]
@@ -81,3 +133,18 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
                                         info.id in front, champion, text))
     store.save_validations(run_id, records, code_version, suite_version, config.model_dump(mode="json"))
     return records
+
+
+def _held_out_duplicates(store: Store, run_id: int, finalists: Sequence[int], train_twins: Mapping[int, Sequence[int]],
+                         heldout_ids: Sequence[str]) -> set[int]:
+    """The twins that behaved as their finalist on the held-out split too, stored as its duplicates."""
+    held_out = outcome_digests(store, run_id, HELDOUT, heldout_ids)
+    found = set()
+    for finalist in finalists:
+        for twin in train_twins.get(finalist, ()):
+            if twin in held_out and held_out.get(twin) == held_out.get(finalist):
+                label = store.policy(finalist).label
+                store.set_duplicate(twin, finalist, f"duplicate of {label}: the same results and message timelines "
+                                                    f"on every train task and the same results on every held-out task")
+                found.add(twin)
+    return found

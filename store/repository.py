@@ -206,6 +206,12 @@ class Store:
             if meta:
                 policy.meta = {**(policy.meta or {}), **meta}
 
+    def set_duplicate(self, policy_id: int, of: int, reason: str) -> None:
+        """An evaluated policy found to behave as `of` does: stored as its duplicate (its results are kept)."""
+        with self._tx() as s:
+            policy = s.get(Policy, policy_id)
+            policy.status, policy.duplicate_of, policy.rejection_reason = "duplicate", of, reason
+
     # ---- evaluations ------------------------------------------------------------------
     def add_evaluation(self, run_id: int, policy_id: int, result: TaskResult) -> bool:
         """Store one task result; False if that (policy, task, split) was already stored."""

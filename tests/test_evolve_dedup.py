@@ -128,3 +128,46 @@ def test_duplicates_are_stored_as_such_and_never_evaluated_or_validated(tmp_path
         assert {v.label for v in result.validations} >= {"expert-8k", "full", "standard-8k", "text-engineering-8k"}
     finally:
         store.close()
+
+
+def test_finalists_that_behave_the_same_on_train_and_held_out_count_once(tmp_path, evaluator):
+    """Two candidates the fingerprint told apart but whose runs are the same: the earliest is the finalist."""
+    from evolve.cascade import Cascade
+    from evolve.config import CascadeConfig, ValidationConfig
+    from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate
+    from store import TaskResult
+
+    train, heldout = ["t0", "t1"], [f"h{i}" for i in range(6)]
+    store = Store.open(f"sqlite:///{tmp_path / 'akv.db'}")
+    try:
+        run = store.create_run("twins", {}, 0, "test", evaluator.suite_version)
+
+        def stored(name: str, costs: list[float], held_costs: list[float]) -> int:
+            pid, _ = store.add_policy(run.id, Proposal("mutate", name, text=window(), hash=name, name=name),
+                                      status="evaluated")
+            for split, ids, row in ((TRAIN, train, costs), (HELDOUT, heldout, held_costs)):
+                for task, cost in zip(ids, row):
+                    store.add_evaluation(run.id, pid, TaskResult(task, split, "ok", 1.0, cost, 9, {"prompt": 90}))
+            return pid
+
+        expert = stored("expert", [0.02, 0.02], [0.02] * 6)
+        first = stored("first", [0.01, 0.01], [0.011] * 6)
+        other = stored("other", [0.015, 0.012], [0.013] * 6)
+        same = stored("same", [0.01, 0.01], [0.011] * 6)     # first's twin on both splits
+        apart = stored("apart", [0.01, 0.01], [0.012] * 6)   # first's twin on train only
+        cascade = Cascade(store, run.id, evaluator, train, CascadeConfig())
+        behaviours = outcome_digests(store, run.id, TRAIN, train)
+        assert behaviours[first] == behaviours[same] == behaviours[apart] != behaviours[other]
+        finalists = pick_finalists(cascade.train_points(), {expert}, 2, behaviours)
+        assert finalists == [first, other]  # the twins take no place of their own on the train front
+        found = twins(finalists, [first, other, same, apart], behaviours)
+        assert found == {first: [same, apart], other: []}
+        records = validate(store, run.id, cascade, heldout, finalists, {"expert": expert},
+                           ValidationConfig(resamples=200, permutations=200), 0, "test", "test", found)
+        assert [r.policy_id for r in records if r.role == "candidate"] == [first, other, apart]
+        twin = store.policy(same)
+        assert twin.status == "duplicate" and twin.duplicate_of == first
+        assert "every train task and the same results on every held-out task" in twin.rejection_reason
+        assert store.policy(apart).status == "evaluated"
+    finally:
+        store.close()

@@ -109,7 +109,8 @@ def test_the_switch_keeps_torchs_kernels(monkeypatch):
 @pytest.mark.model
 def test_the_models_fused_decode_step_agrees_with_torchs_path():
     """A decode step of two sequences (different visible slots) through the fused kernels and through the
-    generic path (torch's int4 kernel, bf16 activations): the same K/V slots written, logits close."""
+    generic path (torch's int4 kernel, bf16 activations): the same K/V slots written, logits close; on 2
+    and 3 threads the fused step is bit-identical to 1 thread."""
     from akv_core.model.batch import ForwardBatch, SeqAttention
     from test_model_support import smollm2
 
@@ -123,6 +124,14 @@ def test_the_models_fused_decode_step_agrees_with_torchs_path():
                         torch.tensor([0, 1]))
     fused = model.forward(step, kv)
     written = [kv.k[layer][24:26].clone() for layer in (0, 29)]
+    previous = torch.get_num_threads()
+    try:
+        for threads in (2, 3):   # the kernels follow torch's thread count; the step again, split across threads
+            torch.set_num_threads(threads)
+            assert torch.equal(model.forward(step, kv), fused) and cpu_gemv.last_threads() == threads
+            assert all(torch.equal(keys, kv.k[layer][24:26]) for layer, keys in zip((0, 29), written))
+    finally:
+        torch.set_num_threads(previous)
     try:
         model.fused_decode = False
         generic = model.forward(step, kv)
@@ -132,3 +141,107 @@ def test_the_models_fused_decode_step_agrees_with_torchs_path():
     assert (kl < 0.01).all(), kl
     for layer, keys in zip((0, 29), written):
         assert (keys - kv.k[layer][24:26]).abs().max() < 0.05 * keys.abs().max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5])
+def test_products_are_bit_identical_on_any_thread_count(rows: int):
+    """Each output column is computed whole by one thread: 2 and 3 threads (more than this machine's cores)
+    give exactly the 1-thread result, for an odd column count, with prologues and accumulation."""
+    n, k = 203, 192
+    weight = torch.randn(n, k, generator=generator(20)) * 0.05
+    x, gate_up = torch.randn(rows, k, generator=generator(21)), torch.randn(rows, 2 * k, generator=generator(22))
+    norm, residual = torch.rand(k, generator=generator(23)) + 0.5, torch.randn(rows, n, generator=generator(24))
+    cases = [(x, cpu_gemv.PLAIN), (x, cpu_gemv.Prologue(norm, 1e-5)), (gate_up, cpu_gemv.Prologue(glu=True))]
+    for layer in (Int4Linear(Int4Groups.quantize(weight)), Int8Linear(weight)):
+        for inputs, prologue in cases:
+            results = []
+            for threads in (1, 2, 3):
+                out = residual.clone()
+                if isinstance(layer, Int4Linear):
+                    cpu_gemv.q4_gemv(inputs, layer.packed, layer.groups.scale, layer.groups.offset, prologue, out, threads)
+                else:
+                    cpu_gemv.q8_gemv(inputs, layer.q, layer.scale, prologue, out, threads)
+                assert cpu_gemv.last_threads() == threads   # the pool really ran the call on that many threads
+                results.append(out)
+            assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+@needs_kernel
+def test_decode_attention_is_bit_identical_on_any_thread_count():
+    heads, kv_heads, d, rotary, num_slots = 9, 3, 32, 16, 50
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * d, generator=generator(25))
+    cos, signed_sin = torch.rand(3, rotary, generator=generator(26)), torch.rand(3, rotary, generator=generator(27))
+    pools = [torch.randn(num_slots, kv_heads, d, generator=generator(s)) for s in (28, 29)]
+    slots, offsets = torch.tensor([0, 3, 4, 47, 1, 2, 48, 5, 6, 7, 49]), torch.tensor([0, 4, 7, 11])
+    results = []
+    for threads in (1, 2, 3):
+        k_pool, v_pool = (p.clone() for p in pools)
+        out = cpu_gemv.decode_attention(qkv.clone(), heads, kv_heads, cos, signed_sin, k_pool, v_pool,
+                                        torch.tensor([47, 48, 49]), slots, offsets, 0.2, threads)
+        results.append((out, k_pool, v_pool))
+    assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))
+
+
+@needs_kernel
+def test_concurrent_callers_share_the_pool_safely():
+    """Python threads calling at once (ctypes releases the GIL): one call holds the pool, the others run on
+    their own thread meanwhile; every result is the serial one."""
+    import threading
+
+    layer = Int4Linear(Int4Groups.quantize(torch.randn(300, 256, generator=generator(30))))
+    inputs = [torch.randn(2, 256, generator=generator(31 + i)) for i in range(4)]
+    expected = [layer.product(x) for x in inputs]
+    failures: list[int] = []
+
+    def call(i: int) -> None:
+        for _ in range(40):
+            got = cpu_gemv.q4_gemv(inputs[i], layer.packed, layer.groups.scale, layer.groups.offset, threads=2)
+            if not torch.equal(got, expected[i]):
+                failures.append(i)
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert not failures
+
+
+@needs_kernel
+def test_a_forked_child_starts_its_own_workers():
+    """The parent's workers do not exist in a forked child: its threaded calls must start new ones, not wait."""
+    import os
+    import time
+
+    layer = Int8Linear(torch.randn(64, 96, generator=generator(35)))
+    x = torch.randn(1, 96, generator=generator(36))
+    expected = cpu_gemv.q8_gemv(x, layer.q, layer.scale, threads=2)   # the parent's pool has started
+    child = os.fork()
+    if child == 0:
+        ok = torch.equal(cpu_gemv.q8_gemv(x, layer.q, layer.scale, threads=2), expected)
+        os._exit(0 if ok and cpu_gemv.last_threads() == 2 else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    assert done[0] == child and os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_compiler_failure_is_reported_with_its_message(monkeypatch, tmp_path):
+    """why_unavailable() names the compiler and quotes its first lines, so a broken toolchain is diagnosable."""
+    fake = tmp_path / "broken-cc"
+    fake.write_text("#!/bin/sh\necho 'broken-cc: error: unrecognized option -mavx2' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("AKV_HOME", str(tmp_path / "home"))
+    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
+        pytest.skip("the CPU has no AVX2: the compiler is never asked")
+    cpu_gemv._loaded.cache_clear()
+    try:
+        reason = cpu_gemv.why_unavailable()
+    finally:
+        cpu_gemv._loaded.cache_clear()   # the real compiler again for the other tests
+    assert reason is not None and str(fake) in reason and "unrecognized option -mavx2" in reason and "exit 1" in reason

@@ -24,10 +24,16 @@
  *
  * Built at run time by akv_core/kernels/cpu_gemv.py, only where the CPU has AVX2 and FMA.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define AKV_BLOCK 32
 #define AKV_MAX_ROWS 16
@@ -107,10 +113,15 @@ static int reserve(Scratch *r, int64_t m_rows, int64_t k) {
 
 static void release(Scratch *r) { free(r->a.q); free(r->a.d); free(r->a.s); free(r->h); }
 
-/* h(x) [M, K] (see the header) quantized into r->a. */
-static void quantize(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, Scratch *r) {
-    if (norm || glu) prologue(x, m_rows, k, norm, eps, glu, r->h);
-    quantize_rows((norm || glu) ? r->h : x, m_rows, k, r->a.q, r->a.d, r->a.s);
+/* Rows [m0, m1) of h(x) [M, K] (see the header) quantized into r->a (rows are independent: ranges of rows can
+ * run on different threads). */
+static void quantize(const float *x, int64_t m0, int64_t m1, int64_t k, const float *norm, float eps, int glu,
+                     Scratch *r) {
+    const int64_t blocks = k / AKV_BLOCK;
+    const float *xs = x + m0 * (glu ? 2 * k : k);
+    float *h = r->h + m0 * k;
+    if (norm || glu) prologue(xs, m1 - m0, k, norm, eps, glu, h);
+    quantize_rows((norm || glu) ? h : xs, m1 - m0, k, r->a.q + m0 * k, r->a.d + m0 * blocks, r->a.s + m0 * blocks);
 }
 
 static inline void store(float *y, float value, int accumulate) { *y = accumulate ? *y + value : value; }
@@ -198,28 +209,6 @@ static void q8_columns(const Quantized *a, int64_t m_rows, int64_t k, int accumu
         }
         for (int64_t m = 0; m < m_rows; m++) store(y + m * n + row, hsum(acc[m]) * w_scale[row], accumulate);
     }
-}
-
-int akv_q4_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
-                const uint8_t *w, const float *w_scale, const float *w_offset, int64_t n, float *y) {
-    if (m_rows < 1 || m_rows > AKV_MAX_ROWS || k % AKV_BLOCK) return -2;
-    Scratch r;
-    if (reserve(&r, m_rows, k)) { release(&r); return -1; }
-    quantize(x, m_rows, k, norm, eps, glu, &r);
-    q4_columns(&r.a, m_rows, k, accumulate, w, w_scale, w_offset, n, 0, n, y);
-    release(&r);
-    return 0;
-}
-
-int akv_q8_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
-                const int8_t *w, const float *w_scale, int64_t n, float *y) {
-    if (m_rows < 1 || m_rows > AKV_MAX_ROWS || k % AKV_BLOCK) return -2;
-    Scratch r;
-    if (reserve(&r, m_rows, k)) { release(&r); return -1; }
-    quantize(x, m_rows, k, norm, eps, glu, &r);
-    q8_columns(&r.a, m_rows, k, accumulate, w, w_scale, n, 0, n, y);
-    release(&r);
-    return 0;
 }
 
 /* x [D] rotated in place by one row of cos / signed sin [rotary] (rotate-half: x * cos + roll(x, half) * sin). */
@@ -319,20 +308,6 @@ static int attention_valid(const Attention *at) {
     return !(at->d % 8 || at->rotary > 512 || at->rotary > at->d || at->heads % at->kv_heads);
 }
 
-/* The Attention fields as arguments -> out [M, H D]. q and k are rotated in qkv itself. */
-int akv_decode_attention(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
-                         const float *cos, const float *ssin, float *k_pool, float *v_pool, const int64_t *out_slots,
-                         const int64_t *slots, const int64_t *offsets, float scale, float *out) {
-    const Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pool, v_pool, out_slots, slots, offsets, scale};
-    if (!attention_valid(&at)) return -2;
-    float *scores = malloc(sizeof(float) * (size_t)(heads * (offsets[m_rows] > 0 ? offsets[m_rows] : 1)));
-    if (!scores) return -1;
-    rotate_and_store(qkv, &at, 0, m_rows);   /* every new K/V is in the pool before anyone attends */
-    attend(qkv, &at, 0, m_rows * heads, scores, out);
-    free(scores);
-    return 0;
-}
-
 /* One projection of a layer: `bits` 4 (w: packed groups, scale and offset [N, K / 32]) or 8 (w: int8
  * [N, K], scale [N], offset unused). */
 typedef struct {
@@ -357,28 +332,317 @@ static void project_columns(const AkvProjection *p, const Quantized *a, int64_t 
     else q8_columns(a, m_rows, p->k, accumulate, p->w, p->scale, p->n, n0, n1, y);
 }
 
-/* One product of a layer: h(x) quantized into r, then all its columns into y. */
-static void project(const AkvProjection *p, const float *x, int64_t m_rows, const float *norm, float eps, int glu,
-                    int accumulate, Scratch *r, float *y) {
-    quantize(x, m_rows, p->k, norm, eps, glu, r);
-    project_columns(p, &r->a, m_rows, accumulate, 0, p->n, y);
-}
-
 /* Columns [n0, n1) of y [M, N] plus the bias [N]. */
 static void add_bias(float *y, const float *bias, int64_t m_rows, int64_t n, int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < m_rows; m++)
         for (int64_t j = n0; j < n1; j++) y[m * n + j] += bias[j];
 }
 
-/* A whole decode step through every layer, the residual stream x [M, hidden] updated in place: per layer
- * RMSNorm + qkv, RoPE + K/V write + attention, o added into x, RMSNorm + gate/up, SwiGLU + down added
- * into x. k_pools / v_pools: each layer's pool [slots, Hkv, D]. */
+/* Threads. A call runs as one team: the caller and `threads - 1` workers of a pool started on first use and
+ * grown to the largest count asked for, all running the same job, which splits each phase's work (rows,
+ * ranges of columns, ranges of heads) and meets at a barrier between phases. A waiting thread spins for
+ * AKV_SPIN_NS (a decode step's phases are microseconds apart: no wake-up per product), then sleeps. One
+ * caller uses the pool at a time; another caller meanwhile runs its call on its own thread. */
+#define AKV_MAX_THREADS 64
+#define AKV_SPIN_NS 100000
+#define AKV_TILE 16  /* column ranges start at multiples of this (the last one ends at N, whatever N) */
+
+typedef struct Member Member;
+typedef void (*Job)(Member *me);
+
+typedef struct {
+    int threads;
+    Job job;
+    void *context;
+    _Atomic unsigned running;        /* workers not yet done with the job */
+    _Atomic int arrived;             /* at the current barrier */
+    _Atomic unsigned generation;     /* barriers passed */
+    _Atomic int64_t next[2];         /* pieces claimed in even / odd phases */
+} Team;
+
+struct Member { Team *team; int thread; int64_t phase; };
+
+typedef struct {
+    _Alignas(64) _Atomic unsigned ticket;   /* raised by the caller: join `team` */
+    Team *_Atomic team;
+    int index;
+} Worker;
+
+static struct {
+    pthread_mutex_t busy, lock;  /* busy: one caller's team at a time; lock and wake: sleeping threads */
+    pthread_cond_t wake;
+    _Atomic int sleepers;
+    int started;
+    Worker workers[AKV_MAX_THREADS];
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static _Thread_local int last_threads = 1;
+
+int akv_last_threads(void) { return last_threads; }   /* the thread count of this thread's last call */
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Wait until *word differs from `seen` and return its new value: spin, yielding the core every few
+ * microseconds (a teammate that was preempted gets it back), then sleep. */
+static unsigned wait_change(_Atomic unsigned *word, unsigned seen) {
+    unsigned now;
+    int64_t until = 0;
+    for (int i = 1; (now = atomic_load_explicit(word, memory_order_acquire)) == seen; i++) {
+        _mm_pause();
+        if (i % 256) continue;
+        if (!until) until = now_ns() + AKV_SPIN_NS;
+        else if (now_ns() < until) sched_yield();
+        else {
+            pthread_mutex_lock(&pool.lock);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((now = atomic_load(word)) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.lock);
+            break;
+        }
+    }
+    return now;
+}
+
+/* After a word changed: wake the sleeping threads (each checks its own word). */
+static void wake_sleepers(void) {
+    if (atomic_load(&pool.sleepers) == 0) return;
+    pthread_mutex_lock(&pool.lock);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+}
+
+/* Every member waits here until all have arrived; the last one re-arms the next phase's piece counter. */
+static void barrier(Member *me) {
+    Team *t = me->team;
+    const int64_t phase = me->phase++;
+    if (t->threads == 1) { atomic_store(&t->next[(phase + 1) & 1], 0); return; }
+    const unsigned generation = atomic_load(&t->generation);
+    if (atomic_fetch_add(&t->arrived, 1) == t->threads - 1) {
+        atomic_store(&t->next[(phase + 1) & 1], 0);
+        atomic_store(&t->arrived, 0);
+        atomic_fetch_add(&t->generation, 1);
+        wake_sleepers();
+    } else {
+        wait_change(&t->generation, generation);
+    }
+}
+
+/* The next unclaimed piece [*i0, *i1) of this phase's `count` items, in pieces of `per`; 0 when all are claimed. */
+static int claim(Member *me, int64_t count, int64_t per, int64_t *i0, int64_t *i1) {
+    *i0 = atomic_fetch_add_explicit(&me->team->next[me->phase & 1], 1, memory_order_relaxed) * per;
+    *i1 = *i0 + per < count ? *i0 + per : count;
+    return *i0 < count;
+}
+
+/* This member's next range of columns [*n0, *n1) of n: about four pieces per thread, whole tiles. */
+static int claim_columns(Member *me, int64_t n, int64_t *n0, int64_t *n1) {
+    const int64_t pieces = 4 * (int64_t)me->team->threads, tiles = (n + AKV_TILE - 1) / AKV_TILE;
+    return claim(me, n, (me->team->threads == 1 ? tiles : (tiles + pieces - 1) / pieces) * AKV_TILE, n0, n1);
+}
+
+/* This member's share [*m0, *m1) of `count` rows (one row: the caller's, which is already running). */
+static void share_rows(const Member *me, int64_t count, int64_t *m0, int64_t *m1) {
+    const int64_t threads = me->team->threads;
+    *m0 = (count * me->thread + threads - 1) / threads;
+    *m1 = (count * (me->thread + 1) + threads - 1) / threads;
+}
+
+static void *work(void *arg) {
+    Worker *self = arg;
+    unsigned seen = 0;
+    for (;;) {
+        seen = wait_change(&self->ticket, seen);
+        Team *team = atomic_load(&self->team);
+        Member me = {team, self->index, 0};
+        team->job(&me);
+        atomic_fetch_sub(&team->running, 1);   /* the last touch of the team: the caller may return now */
+        wake_sleepers();
+    }
+    return NULL;
+}
+
+static void forget_workers(void) {   /* in a forked child, which has only the forking thread */
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    atomic_store(&pool.sleepers, 0);
+    pool.started = 0;
+}
+
+static void once(void) { pthread_atfork(NULL, NULL, forget_workers); }
+
+/* Start workers (signals blocked: they stay with Python's threads) until `threads` can run; the count that can. */
+static int grow(int threads) {
+    static pthread_once_t registered = PTHREAD_ONCE_INIT;
+    pthread_once(&registered, once);
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    while (pool.started + 1 < threads) {
+        Worker *w = &pool.workers[pool.started + 1];
+        atomic_store(&w->ticket, 0);
+        w->index = pool.started + 1;
+        pthread_t id;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&id, &attributes, work, w);
+        pthread_attr_destroy(&attributes);
+        if (failed) break;
+        pool.started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return pool.started + 1 < threads ? pool.started + 1 : threads;
+}
+
+/* Run `job` on `threads` threads (fewer when the pool is busy with another caller or cannot grow). */
+static void run_team(Job job, void *context, int64_t threads) {
+    Team team = {.threads = 1, .job = job, .context = context};
+    const int pooled = threads > 1 && pthread_mutex_trylock(&pool.busy) == 0;
+    if (pooled) team.threads = grow(threads < AKV_MAX_THREADS ? (int)threads : AKV_MAX_THREADS);
+    atomic_store(&team.running, (unsigned)team.threads - 1);
+    for (int w = 1; w < team.threads; w++) {
+        atomic_store(&pool.workers[w].team, &team);
+        atomic_fetch_add(&pool.workers[w].ticket, 1);
+    }
+    if (team.threads > 1) wake_sleepers();
+    Member me = {&team, 0, 0};
+    job(&me);
+    for (unsigned left; (left = atomic_load(&team.running)) != 0;) wait_change(&team.running, left);
+    if (pooled) pthread_mutex_unlock(&pool.busy);
+    last_threads = team.threads;
+}
+
+/* One product: rows of h(x) quantized once into the shared scratch r (each row by one thread), then its columns
+ * (with the bias, if any, added to each range) into y [M, N]. */
+typedef struct {
+    const AkvProjection *p;
+    const float *x, *norm, *bias;
+    int64_t m_rows;
+    float eps;
+    int glu, accumulate;
+    Scratch *r;
+    float *y;
+} Product;
+
+static void product(Member *me, const Product *c) {
+    int64_t m0, m1, n0, n1;
+    share_rows(me, c->m_rows, &m0, &m1);
+    if (m0 < m1) quantize(c->x, m0, m1, c->p->k, c->norm, c->eps, c->glu, c->r);
+    barrier(me);
+    while (claim_columns(me, c->p->n, &n0, &n1)) {
+        project_columns(c->p, &c->r->a, c->m_rows, c->accumulate, n0, n1, c->y);
+        if (c->bias) add_bias(c->y, c->bias, c->m_rows, c->p->n, n0, n1);
+    }
+    barrier(me);
+}
+
+static void product_job(Member *me) { product(me, me->team->context); }
+
+static int run_product(const AkvProjection *p, const float *x, int64_t m_rows, const float *norm, float eps, int glu,
+                       int accumulate, float *y, int64_t threads) {
+    if (!projection_valid(p, m_rows)) return -2;
+    Scratch r;
+    if (reserve(&r, m_rows, p->k)) { release(&r); return -1; }
+    Product c = {p, x, norm, NULL, m_rows, eps, glu, accumulate, &r, y};
+    run_team(product_job, &c, threads);
+    release(&r);
+    return 0;
+}
+
+/* y [M, N] = h(x) [M, K] times the weights (see the header), on `threads` threads. */
+int akv_q4_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
+                const uint8_t *w, const float *w_scale, const float *w_offset, int64_t n, float *y, int64_t threads) {
+    const AkvProjection p = {4, n, k, w, w_scale, w_offset};
+    return run_product(&p, x, m_rows, norm, eps, glu, accumulate, y, threads);
+}
+
+int akv_q8_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
+                const int8_t *w, const float *w_scale, int64_t n, float *y, int64_t threads) {
+    const AkvProjection p = {8, n, k, w, w_scale, NULL};
+    return run_product(&p, x, m_rows, norm, eps, glu, accumulate, y, threads);
+}
+
+/* One layer's attention: rows' new K/V stored (each row by one thread), then pieces of the (row, head) items. */
+static void attention(Member *me, float *qkv, const Attention *at, float *scores, float *out) {
+    int64_t m0, m1, i0, i1;
+    const int64_t items = at->m_rows * at->heads, per = items / (2 * (int64_t)me->team->threads);
+    share_rows(me, at->m_rows, &m0, &m1);
+    if (m0 < m1) rotate_and_store(qkv, at, m0, m1);   /* every new K/V is in the pool before anyone attends */
+    barrier(me);
+    while (claim(me, items, per > 0 ? per : 1, &i0, &i1)) attend(qkv, at, i0, i1, scores, out);
+    barrier(me);
+}
+
+typedef struct { float *qkv; const Attention *at; float *scores, *out; } AttentionCall;
+
+static void attention_job(Member *me) {
+    const AttentionCall *c = me->team->context;
+    attention(me, c->qkv, c->at, c->scores, c->out);
+}
+
+/* The Attention fields as arguments -> out [M, H D], on `threads` threads. q and k are rotated in qkv itself. */
+int akv_decode_attention(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
+                         const float *cos, const float *ssin, float *k_pool, float *v_pool, const int64_t *out_slots,
+                         const int64_t *slots, const int64_t *offsets, float scale, float *out, int64_t threads) {
+    const Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pool, v_pool, out_slots, slots, offsets, scale};
+    if (!attention_valid(&at)) return -2;
+    AttentionCall c = {qkv, &at, malloc(sizeof(float) * (size_t)(heads * (offsets[m_rows] > 0 ? offsets[m_rows] : 1))),
+                       out};
+    if (!c.scores) return -1;
+    run_team(attention_job, &c, threads);
+    free(c.scores);
+    return 0;
+}
+
+/* A decode step's buffers and arguments, shared by the team. */
+typedef struct {
+    const AkvLayer *layers;
+    int64_t num_layers;
+    float *const *k_pools, *const *v_pools;
+    float *x;
+    float eps;
+    Attention at;   /* pools set per layer */
+    float *qkv, *attended, *gate_up, *scores;
+    Scratch r;
+} Decode;
+
+static void decode_job(Member *me) {
+    const Decode *c = me->team->context;
+    const int64_t m_rows = c->at.m_rows;
+    Attention at = c->at;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const AkvLayer *l = c->layers + i;
+        Scratch *r = (Scratch *)&c->r;
+        at.k_pool = c->k_pools[i];
+        at.v_pool = c->v_pools[i];
+        const Product qkv = {&l->qkv, c->x, l->attn_norm, l->qkv_bias, m_rows, c->eps, 0, 0, r, c->qkv};
+        const Product o = {&l->o, c->attended, NULL, NULL, m_rows, 0.0f, 0, 1, r, c->x};
+        const Product gate_up = {&l->gate_up, c->x, l->mlp_norm, NULL, m_rows, c->eps, 0, 0, r, c->gate_up};
+        const Product down = {&l->down, c->gate_up, NULL, NULL, m_rows, 0.0f, 1, 1, r, c->x};
+        product(me, &qkv);
+        attention(me, c->qkv, &at, c->scores, c->attended);
+        product(me, &o);
+        product(me, &gate_up);
+        product(me, &down);
+    }
+}
+
+/* A whole decode step through every layer on `threads` threads, the residual stream x [M, hidden] updated in
+ * place: per layer RMSNorm + qkv, RoPE + K/V write + attention, o added into x, RMSNorm + gate/up, SwiGLU +
+ * down added into x. k_pools / v_pools: each layer's pool [slots, Hkv, D]. */
 int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *k_pools, float *const *v_pools,
                       float *x, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
                       float eps, const float *cos, const float *ssin, const int64_t *out_slots,
-                      const int64_t *slots, const int64_t *offsets, float scale) {
+                      const int64_t *slots, const int64_t *offsets, float scale, int64_t threads) {
     if (num_layers < 1) return 0;
-    Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, NULL, NULL, out_slots, slots, offsets, scale};
+    Decode c = {.layers = layers, .num_layers = num_layers, .k_pools = k_pools, .v_pools = v_pools, .x = x, .eps = eps,
+                .at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, NULL, NULL, out_slots, slots, offsets, scale}};
     int64_t widest = 0;
     for (int64_t i = 0; i < num_layers; i++) {
         const AkvProjection *ps[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
@@ -387,27 +651,14 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
             if (ps[j]->k > widest) widest = ps[j]->k;
         }
     }
-    if (!attention_valid(&at)) return -2;
-    const int64_t width = layers[0].qkv.n, intermediate2 = layers[0].gate_up.n;
-    float *qkv = malloc(sizeof(float) * (size_t)(m_rows * width));
-    float *attended = malloc(sizeof(float) * (size_t)(m_rows * heads * d));
-    float *gate_up = malloc(sizeof(float) * (size_t)(m_rows * intermediate2));
-    float *scores = malloc(sizeof(float) * (size_t)(heads * (offsets[m_rows] > 0 ? offsets[m_rows] : 1)));
-    Scratch r;
-    int status = (reserve(&r, m_rows, widest) == 0 && qkv && attended && gate_up && scores) ? 0 : -1;
-    for (int64_t i = 0; i < num_layers && !status; i++) {
-        const AkvLayer *l = layers + i;
-        at.k_pool = k_pools[i];
-        at.v_pool = v_pools[i];
-        project(&l->qkv, x, m_rows, l->attn_norm, eps, 0, 0, &r, qkv);
-        if (l->qkv_bias) add_bias(qkv, l->qkv_bias, m_rows, width, 0, width);
-        rotate_and_store(qkv, &at, 0, m_rows);
-        attend(qkv, &at, 0, m_rows * heads, scores, attended);
-        project(&l->o, attended, m_rows, NULL, 0.0f, 0, 1, &r, x);
-        project(&l->gate_up, x, m_rows, l->mlp_norm, eps, 0, 0, &r, gate_up);
-        project(&l->down, gate_up, m_rows, NULL, 0.0f, 1, 1, &r, x);
-    }
-    free(qkv); free(attended); free(gate_up); free(scores);
-    release(&r);
+    if (!attention_valid(&c.at)) return -2;
+    c.qkv = malloc(sizeof(float) * (size_t)(m_rows * layers[0].qkv.n));
+    c.attended = malloc(sizeof(float) * (size_t)(m_rows * heads * d));
+    c.gate_up = malloc(sizeof(float) * (size_t)(m_rows * layers[0].gate_up.n));
+    c.scores = malloc(sizeof(float) * (size_t)(heads * (offsets[m_rows] > 0 ? offsets[m_rows] : 1)));
+    const int status = (reserve(&c.r, m_rows, widest) == 0 && c.qkv && c.attended && c.gate_up && c.scores) ? 0 : -1;
+    if (!status) run_team(decode_job, &c, threads);
+    free(c.qkv); free(c.attended); free(c.gate_up); free(c.scores);
+    release(&c.r);
     return status;
 }

@@ -12,6 +12,12 @@ the flags and the compiler, and loaded with ctypes. It is used only where torch 
 the running CPU (the CPU changes between machines, so nothing is decided at install); without
 AVX2, without a compiler, or with `AKV_CPU_GEMV=off`, `available()` is False and the callers keep
 torch's kernels.
+
+Each call runs on `default_threads()` threads, torch's thread count, which `akv_core.threads.phase_threads`
+sets for the forward pass: one rule for torch's operators and these kernels. The C library keeps a
+pool of worker threads (started on first use, grown to the largest count asked for) and splits each
+product's output columns and each attention's heads between them; results do not depend on the
+thread count. ctypes releases the GIL for the whole call.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from torch import Tensor
 from akv_core.home import data_path
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC", "-pthread")
 BLOCK = 32
 SWITCH = "AKV_CPU_GEMV"  # "off": keep torch's kernels
 
@@ -51,44 +57,74 @@ def why_unavailable() -> str | None:
         return "the CPU has no AVX2"
     if compiler() is None:
         return "no C compiler (cc, gcc or clang) on PATH"
-    if _library() is None:
-        return "akv_core/kernels/cpu_gemv.c could not be compiled or loaded"
-    return None
+    return _loaded()[1]
 
 
 def available() -> bool:
     return why_unavailable() is None
 
 
-@functools.lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
-    cc = compiler()
-    if cc is None:
-        return None
+def _first_lines(text: str, count: int = 3, width: int = 300) -> str:
+    lines = [line.strip()[:width] for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[:count]) or "no message"
+
+
+def _build(cc: str) -> tuple[Path | None, str | None]:
+    """The compiled library (built now if missing), or None and why not (the compiler's first lines)."""
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    target = data_path("kernels", f"cpu_gemv-{digest}.so")
+    if target.exists():
+        return target, None
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
+        built = Path(tmp) / target.name
+        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        if result.returncode != 0:
+            return None, (f"akv_core/kernels/cpu_gemv.c could not be compiled by {cc} (exit {result.returncode}): "
+                          + _first_lines(result.stderr or result.stdout))
+        built.replace(target)
+    return target, None
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
+    """The kernel library, or None and why it is missing."""
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (cc, gcc or clang) on PATH"
     try:
-        target = data_path("kernels", f"cpu_gemv-{digest}.so")
-        if not target.exists():
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
-                built = Path(tmp) / target.name
-                result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
-                                        text=True)
-                if result.returncode != 0:
-                    return None
-                built.replace(target)
+        target, reason = _build(cc)
+        if target is None:
+            return None, reason
         library = ctypes.CDLL(str(target))
-    except OSError:  # a data folder that cannot be written, or a library that cannot be loaded: torch's kernels
-        return None
+    except OSError as error:  # a data folder that cannot be written, or a library that cannot be loaded
+        return None, f"akv_core/kernels/cpu_gemv.c could not be built or loaded: {error}"
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     prologue = [ptr, i64, i64, ptr, f32, i32, i32]
-    library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr]
-    library.akv_q8_gemv.argtypes = [*prologue, ptr, ptr, i64, ptr]
-    library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr]
-    for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows):
+    library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr, i64]
+    library.akv_q8_gemv.argtypes = [*prologue, ptr, ptr, i64, ptr, i64]
+    library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr,
+                                             i64]
+    for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows,
+                     library.akv_last_threads):
         function.restype = ctypes.c_int
-    return library
+    return library, None
+
+
+def _library() -> ctypes.CDLL | None:
+    return _loaded()[0]
+
+
+def default_threads() -> int:
+    """The thread count of the next call: torch's (`akv_core.threads.phase_threads` sets it per forward pass)."""
+    return torch.get_num_threads()
+
+
+def last_threads() -> int:
+    """How many threads this Python thread's last kernel call ran on (fewer than asked while another thread's
+    call holds the pool)."""
+    return _library().akv_last_threads()
 
 
 def max_rows() -> int:
@@ -136,38 +172,42 @@ def _output(rows: int, n: int, out: Tensor | None) -> Tensor:
     return out
 
 
-def _call(function, x: Tensor, k: int, prologue: Prologue, out: Tensor | None, weights: tuple, n: int) -> Tensor:
+def _call(function, x: Tensor, k: int, prologue: Prologue, out: Tensor | None, weights: tuple, n: int,
+          threads: int | None) -> Tensor:
     y = _output(x.shape[0], n, out)
     if x.shape[0] == 0:  # a pass that asks for no logits
         return y
     norm = prologue.norm.data_ptr() if prologue.norm is not None else None
     status = function(x.data_ptr(), x.shape[0], k, norm, prologue.eps, int(prologue.glu), int(out is not None),
-                      *(w.data_ptr() for w in weights), n, y.data_ptr())
+                      *(w.data_ptr() for w in weights), n, y.data_ptr(), threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: {function.__name__} failed ({status})")
     return y
 
 
 def q4_gemv(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, prologue: Prologue = PLAIN,
-            out: Tensor | None = None) -> Tensor:
+            out: Tensor | None = None, threads: int | None = None) -> Tensor:
     """h(x) [M, K] times the 4-bit weights (`pack_q4`; scale and offset fp32 [N, K / 32]) -> [M, N] fp32,
-    written to a new tensor or added into `out`."""
+    written to a new tensor or added into `out`, on `threads` threads (default `default_threads()`)."""
     x, k = _inputs(x, prologue)
-    return _call(_library().akv_q4_gemv, x, k, prologue, out, (packed, scale, offset), packed.shape[0])
+    return _call(_library().akv_q4_gemv, x, k, prologue, out, (packed, scale, offset), packed.shape[0], threads)
 
 
-def q8_gemv(x: Tensor, q: Tensor, scale: Tensor, prologue: Prologue = PLAIN, out: Tensor | None = None) -> Tensor:
-    """h(x) [M, K] times int8 weights q [N, K] with fp32 scales [N] -> [M, N] fp32 (new, or added into `out`)."""
+def q8_gemv(x: Tensor, q: Tensor, scale: Tensor, prologue: Prologue = PLAIN, out: Tensor | None = None,
+            threads: int | None = None) -> Tensor:
+    """h(x) [M, K] times int8 weights q [N, K] with fp32 scales [N] -> [M, N] fp32 (new, or added into `out`),
+    on `threads` threads (default `default_threads()`)."""
     x, k = _inputs(x, prologue)
-    return _call(_library().akv_q8_gemv, x, k, prologue, out, (q, scale), q.shape[0])
+    return _call(_library().akv_q8_gemv, x, k, prologue, out, (q, scale), q.shape[0], threads)
 
 
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
-                     v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float) -> Tensor:
+                     v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float,
+                     threads: int | None = None) -> Tensor:
     """One new token per sequence (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by
     cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
     [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
-    (int64) read in place -> [M, H D]."""
+    (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`)."""
     m_rows, d = qkv.shape[0], k_pool.shape[-1]
     tensors = (qkv, cos, signed_sin, k_pool, v_pool)
     if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors) or d % 8 \
@@ -178,7 +218,7 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     status = _library().akv_decode_attention(qkv.data_ptr(), m_rows, heads, kv_heads, d, cos.shape[-1],
                                              cos.data_ptr(), signed_sin.data_ptr(), k_pool.data_ptr(),
                                              v_pool.data_ptr(), *(t.data_ptr() for t in indices), scale,
-                                             out.data_ptr())
+                                             out.data_ptr(), threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
     return out
@@ -236,7 +276,7 @@ class DecodeStack:
         self._layers = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
         function = _library().akv_decode_layers
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, f32]
+        function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, f32, i64]
         function.restype = ctypes.c_int
         self._function = function
 
@@ -256,8 +296,9 @@ class DecodeStack:
                       *(projection(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)))
 
     def __call__(self, x: Tensor, cos: Tensor, signed_sin: Tensor, k_pools: list[Tensor], v_pools: list[Tensor],
-                 out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float) -> None:
-        """x [M, hidden] fp32 contiguous (changed in place); cos / signed sin [M, rotary]; one pool per layer."""
+                 out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float, threads: int | None = None) -> None:
+        """x [M, hidden] fp32 contiguous (changed in place); cos / signed sin [M, rotary]; one pool per layer;
+        on `threads` threads (default `default_threads()`)."""
         count = len(self._layers)
         if len(k_pools) != count or x.dtype != torch.float32 or not x.is_contiguous() or not 1 <= x.shape[0] <= max_rows():
             raise ValueError(f"DecodeStack: x must be contiguous fp32 [1..{max_rows()}, hidden] and pools given "
@@ -266,6 +307,6 @@ class DecodeStack:
         indices = [t.to(torch.int64).contiguous() for t in (out_slots, slots, offsets)]
         status = self._function(self._layers, count, *pools, x.data_ptr(), x.shape[0], self.heads, self.kv_heads,
                                 self.head_dim, self.rotary_dim, self.eps, cos.data_ptr(), signed_sin.data_ptr(),
-                                *(t.data_ptr() for t in indices), scale)
+                                *(t.data_ptr() for t in indices), scale, threads or default_threads())
         if status:
             raise MemoryError(f"cpu_gemv: akv_decode_layers failed ({status})")

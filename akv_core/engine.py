@@ -312,8 +312,10 @@ class Engine:
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              _slots(out_slots), seqs, torch.tensor(logits_rows, dtype=torch.long))
         prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
-        with self._phase_threads("prefill" if prefill_tokens else "decode", len(ids)):
-            logits = self.model.forward(_to_device(batch, self.kv.device), self.kv)
+        batch = _to_device(batch, self.kv.device)
+        with self._phase_threads("prefill" if prefill_tokens else "decode", len(ids),
+                                 self.model.decodes_fused(batch, self.kv)):
+            logits = self.model.forward(batch, self.kv)
         rows = iter(logits.float().cpu())   # sampling generators live on the CPU
         return [next(rows) if part.samples else None for part in parts]
 
@@ -365,11 +367,11 @@ class Engine:
                 request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0),
                                                 f"engine error: {error}", ERROR_ENGINE))
 
-    def _phase_threads(self, phase: str, new_tokens: int) -> AbstractContextManager:
+    def _phase_threads(self, phase: str, new_tokens: int, fused: bool) -> AbstractContextManager:
         if self.kv.device.type != "cpu":
             return nullcontext()
         if self._threads is None:
-            return phase_threads(phase, new_tokens)
+            return phase_threads(phase, new_tokens, fused)
         if torch.get_num_threads() != self._threads[phase]:
             torch.set_num_threads(self._threads[phase])
         return nullcontext()

@@ -2,6 +2,7 @@
 
     python benchmarks/engine.py [--precisions float32,fp16,mixed,int8,int4] [--peer llama-cpp]
                                 [--serve fp16,int4] [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
+                                [--parts decode,prefill,accuracy,attention]
 
 Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our forward in
 each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill where the CPU
@@ -18,6 +19,9 @@ serve --precision P` (for each P in turn) and times 8 concurrent requests of 64 
 tokens decoding together (completion tokens over the batch's wall time, its prefill and HTTP
 included) against llama.cpp's single stream at the same thread count (1), the two
 interleaved round by round.
+
+`--parts` runs only some of the measurements (default all; `--parts decode` for the decode tables
+alone, a short run; `--serve` runs whatever the parts).
 
 Contenders take turns (decode in short bursts, prefill once per round), so that load from
 other processes falls on all of them alike. When every contender runs on one thread, ratios
@@ -425,6 +429,9 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+PARTS = ("decode", "prefill", "accuracy", "attention")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="ours, comma-separated")
@@ -444,7 +451,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-tokens", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3, help="prefill rounds")
     parser.add_argument("--history", type=int, default=6144)
+    parser.add_argument("--parts", default=",".join(PARTS), help="measurements to run, comma-separated")
     args = parser.parse_args()
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not args.parts or set(args.parts) - set(PARTS):
+        parser.error(f"--parts: expected some of {', '.join(PARTS)}, got {', '.join(args.parts) or 'none'}")
     for option in ("precisions", "serve"):
         chosen = [p.strip() for p in getattr(args, option).split(",") if p.strip()]
         unknown = [p for p in chosen if p not in PRECISIONS]
@@ -479,7 +490,7 @@ def main() -> None:
     steps = args.bursts * args.burst_steps
 
     # Decode: short bursts in turn, so that load from other processes falls on every contender alike.
-    for threads in (1, 2) if llm is not None else (1,):
+    for threads in ((1, 2) if llm is not None else (1,)) if "decode" in args.parts else ():
         with torch_threads(threads):
             decoders: dict[str, Decoder] = {"transformers": ReferenceDecoder(hf, decode_prompt)} if threads == 1 else {}
             decoders.update({name: OurDecoder(model, decode_prompt, steps) for name, model in ours.items()})
@@ -488,10 +499,10 @@ def main() -> None:
                 decoders[PEER] = LlamaCppDecoder(llm, decode_prompt)
             decode = decode_bursts(decoders, args.bursts, args.burst_steps)
         summary(f"decode ({threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
-                f"{args.burst_steps} steps)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms, threads)
+                f"{args.burst_steps} steps; load average {os.getloadavg()[0]:.2f} after)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms, threads)
 
     prefill: dict[str, list[Clock]] = {name: [] for name in ("transformers", *ours, *([PEER] if llm else []))}
-    for round_index in range(args.rounds):
+    for round_index in range(args.rounds) if "prefill" in args.parts else ():
         with phase_threads("prefill", args.prefill_tokens) as prefill_threads:
             prefill["transformers"].append(reference_prefill(hf, prefill_prompt))
             for name, model in ours.items():
@@ -501,11 +512,12 @@ def main() -> None:
                 prefill[PEER].append(peer_prefill(llm, prefill_prompt))
         print(f"prefill round {round_index + 1}/{args.rounds} ({prefill_threads} thread(s); cpu s / wall s): "
               + ", ".join(f"{k} {v[-1].cpu:.2f} / {v[-1].wall:.2f}" for k, v in prefill.items()), flush=True)
-    summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s",
-            prefill, 1.0, lambda seconds: args.prefill_tokens / seconds, prefill_threads)
+    if "prefill" in args.parts:
+        summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s",
+                prefill, 1.0, lambda seconds: args.prefill_tokens / seconds, prefill_threads)
 
     reduced = [name for name in ours if name != "float32"]
-    if reduced:
+    if reduced and "accuracy" in args.parts:
         exact = ours.get("float32") or load_model("smollm2")
         with phase_threads("decode"):
             probes = float32_probes(exact, prompt_ids())
@@ -517,12 +529,13 @@ def main() -> None:
             print_accuracy("int8-dyn", accuracy(dynamic_int8_model(exact), probes, reference_logits))
             print("  (int8-dyn: fbgemm's dynamically quantized int8 GEMM, 7-bit activations; measured, not used)")
 
-    with phase_threads("decode"):
-        attention_model = next(iter(ours.values()))
-        full = attention_ms(attention_model, args.history, 1.0, 10)
-        dropped = attention_ms(attention_model, args.history, 0.3, 10)
-    print(f"decode attention over {args.history} slots, all layers, per step: none dropped {full:.2f} ms, "
-          f"70% dropped {dropped:.2f} ms, {full / dropped:.2f}x faster")
+    if "attention" in args.parts:
+        with phase_threads("decode"):
+            attention_model = next(iter(ours.values()))
+            full = attention_ms(attention_model, args.history, 1.0, 10)
+            dropped = attention_ms(attention_model, args.history, 0.3, 10)
+        print(f"decode attention over {args.history} slots, all layers, per step: none dropped {full:.2f} ms, "
+              f"70% dropped {dropped:.2f} ms, {full / dropped:.2f}x faster")
 
     for precision in args.serve:
         serve_rounds(precision, llm, decode_prompt, args.serve_rounds, args.serve_streams, args.serve_tokens)

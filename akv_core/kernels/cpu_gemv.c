@@ -124,6 +124,22 @@ static void quantize(const float *x, int64_t m0, int64_t m1, int64_t k, const fl
     quantize_rows((norm || glu) ? h : xs, m1 - m0, k, r->a.q + m0 * k, r->a.d + m0 * blocks, r->a.s + m0 * blocks);
 }
 
+/* Blocks [b0, b1) of every row of h(x) [M, K] without a norm (x itself, or with `glu` SiLU(gate) * up)
+ * quantized into r->a: blocks are independent, so ranges of blocks can run on different threads. */
+static void quantize_blocks(const float *x, int64_t m_rows, int64_t b0, int64_t b1, int64_t k, int glu, Scratch *r) {
+    const int64_t blocks = k / AKV_BLOCK, i0 = b0 * AKV_BLOCK, width = (b1 - b0) * AKV_BLOCK;
+    for (int64_t m = 0; m < m_rows; m++) {
+        const float *row = x + m * k + i0;
+        if (glu) {
+            const float *gate = x + m * 2 * k + i0, *up = gate + k;
+            float *h = r->h + m * k + i0;
+            for (int64_t i = 0; i < width; i++) h[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+            row = h;
+        }
+        quantize_rows(row, 1, width, r->a.q + m * k + i0, r->a.d + m * blocks + b0, r->a.s + m * blocks + b0);
+    }
+}
+
 static inline void store(float *y, float value, int accumulate) { *y = accumulate ? *y + value : value; }
 
 /* Columns [n0, n1) of y [M, N] for the 4-bit weights: the inner kernel of akv_q4_gemv, over one range of output
@@ -532,8 +548,13 @@ typedef struct {
 
 static void product(Member *me, const Product *c) {
     int64_t m0, m1, n0, n1;
-    share_rows(me, c->m_rows, &m0, &m1);
-    if (m0 < m1) quantize(c->x, m0, m1, c->p->k, c->norm, c->eps, c->glu, c->r);
+    if (c->norm) {   /* a norm needs its whole row: rows */
+        share_rows(me, c->m_rows, &m0, &m1);
+        if (m0 < m1) quantize(c->x, m0, m1, c->p->k, c->norm, c->eps, c->glu, c->r);
+    } else {         /* blocks of every row (a SwiGLU's exponentials are a decode step's longest serial work) */
+        share_rows(me, c->p->k / AKV_BLOCK, &m0, &m1);
+        if (m0 < m1) quantize_blocks(c->x, c->m_rows, m0, m1, c->p->k, c->glu, c->r);
+    }
     barrier(me);
     while (claim_columns(me, c->p->n, &n0, &n1)) {
         project_columns(c->p, &c->r->a, c->m_rows, c->accumulate, n0, n1, c->y);

@@ -100,7 +100,7 @@ class CausalLM:
     def forward(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
         """Write the new tokens' K/V into `kv` and return logits [R, vocab] (fp32)."""
         self._check(batch, kv)
-        if self.fused_decode and self._decode_only(batch, kv):
+        if self.decodes_fused(batch, kv):
             return self._decode_fused(batch, kv)
         x = self.embed[batch.input_ids].to(self.dtype)
         cos, sin = self.rope.cos_sin(batch.positions)
@@ -121,6 +121,10 @@ class CausalLM:
             raise ValueError("ForwardBatch: the sequences' q_len must add up to the number of input tokens")
         if kv.num_layers != self.config.num_layers or kv.head_dim != self.config.head_dim:
             raise ValueError("KVBuffers were made for a different model; use model.new_kv_buffers()")
+
+    def decodes_fused(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
+        """Whether `forward(batch, kv)` runs as one fused C call (its thread count: akv_core.threads, fused=True)."""
+        return self.fused_decode and self._decode_only(batch, kv)
 
     def _decode_only(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
         """One new token per sequence, row m of the batch being sequence m's, no mask, no probe."""

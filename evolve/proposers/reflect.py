@@ -21,6 +21,7 @@ same proposals.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -297,14 +298,20 @@ def _variants(chosen: Sequence[tuple[Rule, Rule | None]], parent: Candidate) -> 
     for i in range(len(rules)):
         if len(rules) > 1:
             yield rules[:i] + rules[i + 1:], f"without rule {i + 1}"
-    own = [line for line in check_policy(parent.text).text.splitlines() if line.startswith("on ")]
+    own = [line for line in _canonical_lines(parent.text) if line.startswith("on ")]
     if own:
         yield own + rules, "the parent's rules and the distilled ones"
 
 
+@functools.lru_cache(maxsize=64)
+def _canonical_lines(text: str) -> tuple[str, ...]:
+    """A policy's canonical lines, parsed once per text (each variant of a proposal reads its parent's)."""
+    return tuple(check_policy(text).text.splitlines())
+
+
 def _checked(rules: Sequence[str], parent: Candidate) -> Checked | None:
     """The rules as a kv policy with the parent's reposition rule (after each drop if it has none)."""
-    lines = check_policy(parent.text).text.splitlines()
+    lines = _canonical_lines(parent.text)
     reposition = next((line for line in lines if line.startswith("reposition")), "reposition after each drop")
     if reposition == "reposition never" or not lines[0].startswith("mode kv"):
         reposition = "reposition after each drop"

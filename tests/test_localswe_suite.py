@@ -207,6 +207,15 @@ def test_bad_names_get_clear_errors(suite: LocalSWE) -> None:
         LocalSWE(hosts=["numpy"])
 
 
+def test_grep_hits_come_by_path_and_line_whatever_the_file_system_order(env) -> None:
+    hits = env.call_tool("grep", {"pattern": "^def "}).splitlines()
+    places = [(h.split(":")[0], int(h.split(":")[1])) for h in hits]
+    assert len({p for p, _ in places}) > 3 and places == sorted(places)
+    env.call_tool("edit", {"path": "aaa_first.py", "old": "", "new": "def zzz():\n    pass\n"})
+    again = env.call_tool("grep", {"pattern": "^def "}).splitlines()  # a new tree: not an earlier answer
+    assert again[0] == "aaa_first.py:1:def zzz():" and again[1:] == hits
+
+
 def test_tools_show_files_and_search(env) -> None:
     assert "src/isodate/isodates.py" in env.call_tool("list_files", {}).splitlines()
     view = env.call_tool("read_file", {"path": "src/isodate/isodates.py", "start": 3, "end": 4})

@@ -156,17 +156,23 @@ class RepairEnv:
 
     def grep(self, pattern: str, path: str = ".") -> str:
         target = "." if path in ("", ".") else self.sandbox.resolve(path).relative_to(self.sandbox.root).as_posix()
+        key = ("grep", self.host.key, pattern, target, _tree_digest(self.sandbox.root))
+        known = _TEST_OUTPUTS.get(key)
+        if known is not None:
+            return known
         # GNU grep runs in the sandbox: no regular expression can stall the harness.
-        result = self.sandbox.run(["grep", "-rnIE", "--exclude-dir=__pycache__", f"--exclude-dir={TEMP_FOLDER}",
-                                   "-e", pattern, "--", target])
+        hidden = [f"--exclude-dir={name}" for name in sorted(_HIDDEN)]  # what the tree's digest leaves out
+        result = self.sandbox.run(["grep", "-rnIE", *hidden, "-e", pattern, "--", target])
         result.check_wall_clock("grep")
-        if result.returncode == 1:
-            return f"no matches for {pattern!r}"
-        if result.returncode != 0:
+        if result.returncode not in (0, 1):
             raise ToolError(f"grep: {result.output.strip() or result.summary()}")
-        hits = [line.removeprefix("./") for line in result.output.splitlines()]
+        # grep walks folders in the file system's order (a hash order on ext4, another on tmpfs):
+        # hits by path and line, so the output is a function of the tree on every machine.
+        hits = sorted((line.removeprefix("./") for line in result.output.splitlines()), key=_hit_order)
         more = f"\n[... {len(hits) - MAX_GREP_LINES} more matches]" if len(hits) > MAX_GREP_LINES else ""
-        return "\n".join(hits[:MAX_GREP_LINES]) + more
+        output = "\n".join(hits[:MAX_GREP_LINES]) + more if result.returncode == 0 else f"no matches for {pattern!r}"
+        _TEST_OUTPUTS.put(key, output)
+        return output
 
     def run_tests(self, selector: str = "") -> str:
         try:
@@ -234,7 +240,8 @@ def _check_arguments(name: str, spec: Mapping[str, Any], arguments: Mapping[str,
 
 
 class _Outputs:
-    """Test outputs (or grades) by what determines them: the host, the selection, the report and the tree.
+    """Tool outputs (or grades) by what determines them: the host, the call (a test selection and report,
+    a grep pattern and path) and the tree.
 
     Tests are deterministic on a given tree (hash seed fixed, ASLR off, timings and object
     addresses removed), so a run on a tree seen before answers from here: another policy's run
@@ -263,6 +270,7 @@ _TEST_OUTPUTS = _Outputs(capacity=2048)
 _GRADES = _Outputs(capacity=2048)
 _TIMING = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= =| *$)", re.M)
 _BANNER = re.compile(r"^=+ (.+?) =+$", re.M)
+_HIT = re.compile(r"^(.*?):(\d+):")
 
 
 def _without_timing(output: str) -> str:
@@ -279,6 +287,12 @@ def _without_timing(output: str) -> str:
         return f"{pad} {title} {pad}"
 
     return _TIMING.sub("", _BANNER.sub(banner, output))
+
+
+def _hit_order(hit: str) -> tuple[str, int, str]:
+    """A grep hit's place: its path, then its line number (`path:line:text`)."""
+    match = _HIT.match(hit)
+    return (match[1], int(match[2]), hit) if match else (hit, 0, hit)
 
 
 def _tree_digest(root: Path) -> str:

@@ -13,8 +13,10 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.
 
-The idle cores are the cores minus the 1-minute load average, this process's own recent CPU use
-not counted as load (a busy server's own decode threads would otherwise push it down to 1 thread).
+The idle cores are the cores minus the 1-minute load average. For the fused decode step this
+process's own recent CPU use is not counted as load: a server's own decode threads would otherwise
+push it down to 1 thread as soon as it is busy. Prefill keeps counting it: OpenMP threads lose
+badly to any other running thread, this process's (agents, a client in the same process) included.
 AKV_DECODE_THREADS / AKV_PREFILL_THREADS override.
 """
 from __future__ import annotations
@@ -66,14 +68,15 @@ def idle_of(cores: int, load: float, own: float) -> int:
     return max(1, min(cores, int(cores - max(0.0, load - own) + 0.5)))
 
 
-def idle_cores() -> int:
-    """Cores not busy with other processes' work, judged by the 1-minute load average."""
+def idle_cores(discount_own: bool = False) -> int:
+    """Cores not busy with other work, judged by the 1-minute load average; with `discount_own`, this
+    process's own recent CPU use is not counted as load."""
     cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
         return cores
-    return idle_of(cores, load, own_load())
+    return idle_of(cores, load, own_load() if discount_own else 0.0)
 
 
 def threads_for(phase: str, new_tokens: int = 1, fused: bool = False) -> int:
@@ -85,7 +88,7 @@ def threads_for(phase: str, new_tokens: int = 1, fused: bool = False) -> int:
         chosen = _env_threads("AKV_DECODE_THREADS")
         if chosen is not None:
             return chosen
-        return min(idle_cores(), FUSED_DECODE_MAX_THREADS) if fused else DECODE_THREADS
+        return min(idle_cores(discount_own=True), FUSED_DECODE_MAX_THREADS) if fused else DECODE_THREADS
     return _env_threads("AKV_PREFILL_THREADS") or idle_cores()
 
 

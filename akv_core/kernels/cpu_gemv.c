@@ -360,7 +360,9 @@ static void add_bias(float *y, const float *bias, int64_t m_rows, int64_t n, int
  * AKV_SPIN_NS (a decode step's phases are microseconds apart: no wake-up per product), then sleeps. One
  * caller uses the pool at a time; another caller meanwhile runs its call on its own thread. */
 #define AKV_MAX_THREADS 64
+#ifndef AKV_SPIN_NS
 #define AKV_SPIN_NS 100000
+#endif
 #define AKV_TILE 16  /* column ranges start at multiples of this (the last one ends at N, whatever N) */
 
 typedef struct Member Member;

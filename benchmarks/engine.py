@@ -3,6 +3,8 @@
     python benchmarks/engine.py [--precisions float32,fp16,mixed,int8,int4] [--peer llama-cpp]
                                 [--serve fp16,int4] [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
                                 [--parts decode,prefill,accuracy,attention]
+    python benchmarks/engine.py --serve int4 --serve-only [--peer llama-cpp]
+    python benchmarks/engine.py --kernels
 
 Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our forward in
 each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill where the CPU
@@ -16,9 +18,12 @@ nothing dropped.
 a dependency: docs/benchmarks.md), decoding single-stream at 1 and 2 threads beside our
 precisions at the same thread counts, and prefilling beside us. `--serve P,...` starts `akv
 serve --precision P` (for each P in turn) and times 8 concurrent requests of 64 completion
-tokens decoding together (completion tokens over the batch's wall time, its prefill and HTTP
-included) against llama.cpp's single stream at the same thread count (1), the two
-interleaved round by round.
+tokens decoding together against llama.cpp's single stream at the same thread count (1 and 2), the
+two interleaved round by round: the aggregate decode rate (the batch's completion tokens beyond
+its first ones over the wall time beyond that of the same batch asking for 1 token: prefill and
+HTTP subtracted) and, beside it, the end-to-end rate (prefill included); `--serve-only` runs
+just these rows. `--kernels` times each matmul kernel on the model's shapes (the fused ones at
+1 to 16 rows) and the fused decode step by part at 1 to 16 rows.
 
 `--parts` runs only some of the measurements (default all; `--parts decode` for the decode tables
 alone, a short run; `--serve` runs whatever the parts).
@@ -280,34 +285,47 @@ def print_accuracy(name: str, result: Accuracy) -> None:
 
 
 def serve_rounds(precision: str, llm: Any | None, prompt: torch.Tensor, rounds: int, streams: int,
-                 max_tokens: int) -> None:
-    """`akv serve --precision P`: `streams` requests at once, decoding together, against llama.cpp's single
-    stream of `max_tokens` tokens on 1 thread, in turn per round."""
+                 max_tokens: int, threads: int = 1) -> None:
+    """`akv serve --precision P` with `threads` decode and prefill threads: `streams` requests at once, decoding
+    together, against llama.cpp's single stream of `max_tokens` tokens on as many threads, in turn per round.
+
+    Each round sends the batch twice, on prompts of the same length: once asking for 1 completion token
+    (the prefills, their first tokens and the HTTP exchanges) and once for `max_tokens`. The aggregate
+    decode rate is the extra completion tokens of the second over its extra wall time: what the server
+    decodes per second once every stream is decoding. The end-to-end rate (completion tokens over the
+    second batch's whole wall time, prefill included) is printed beside it."""
     from benchmarks.serving import akv_server
 
     kv_tokens = streams * (256 + max_tokens)
-    env = dict(os.environ, AKV_DECODE_THREADS="1", AKV_PREFILL_THREADS="1")
+    env = dict(os.environ, AKV_DECODE_THREADS=str(threads), AKV_PREFILL_THREADS=str(threads))
     with tempfile.TemporaryDirectory() as tmp, _environment(env), \
             akv_server(kv_tokens, streams, Path(tmp), ["--precision", precision]) as url:
         _chat(url, "Say hello.", 2, 0)  # warm-up: the first request pays for lazy initialisation
-        ours, theirs = [], []
+        decode, whole, theirs = [], [], []
         for round_index in range(rounds):
-            tokens, wall = _concurrent(url, streams, max_tokens, salt=round_index)
-            ours.append(tokens / wall)
+            first_tokens, first_wall = _concurrent(url, streams, 1, salt=2 * round_index)
+            tokens, wall = _concurrent(url, streams, max_tokens, salt=2 * round_index + 1)
+            decode.append((tokens - first_tokens) / (wall - first_wall))
+            whole.append(tokens / wall)
             if llm is not None:
-                llama_cpp_threads(llm, 1)
+                llama_cpp_threads(llm, threads)
                 decoder = LlamaCppDecoder(llm, prompt)
                 with Clock() as clock:
                     for _ in range(max_tokens):
                         decoder.step()
                 theirs.append(max_tokens / clock.wall)
-            print(f"serve round {round_index + 1}/{rounds}: akv serve {streams} streams {ours[-1]:.1f} tok/s"
-                  + (f", {PEER} 1 stream {theirs[-1]:.1f} tok/s" if theirs else ""), flush=True)
-    line = (f"akv serve --precision {precision}, {streams} concurrent requests, 1 decode thread: "
-            f"{statistics.median(ours):.1f} completion tok/s (wall)")
+            print(f"serve round {round_index + 1}/{rounds} (load {os.getloadavg()[0]:.2f}): akv serve {streams} streams "
+                  f"decode {decode[-1]:.1f} tok/s, end to end {whole[-1]:.1f} tok/s (prefill {first_wall:.2f} s of "
+                  f"{wall:.2f} s)" + (f"; {PEER} 1 stream {theirs[-1]:.1f} tok/s" if theirs else ""), flush=True)
+    line = (f"akv serve --precision {precision}, {streams} concurrent requests of {max_tokens} tokens, {threads} "
+            f"thread(s): "
+            f"aggregate decode {statistics.median(decode):.1f} completion tok/s (end to end, prefill included: "
+            f"{statistics.median(whole):.1f})")
     if theirs:
-        ratio = statistics.median(o / t for o, t in zip(ours, theirs))
-        line += f"; {PEER} single stream, 1 thread: {statistics.median(theirs):.1f} tok/s; {ratio:.2f}x {PEER}"
+        ratio = statistics.median(o / t for o, t in zip(decode, theirs))
+        ratio_whole = statistics.median(o / t for o, t in zip(whole, theirs))
+        line += (f"; {PEER} single stream, {threads} thread(s): {statistics.median(theirs):.1f} tok/s; decode {ratio:.2f}x "
+                 f"{PEER} (end to end {ratio_whole:.2f}x)")
     print(line)
 
 
@@ -375,7 +393,7 @@ def dynamic_int8_model(exact: Any) -> Any:
     return model
 
 
-KERNEL_SHAPES = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+KERNEL_SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
 
 def kernel_table(repeats: int = 20) -> None:
@@ -398,7 +416,8 @@ def kernel_table(repeats: int = 20) -> None:
         kernels["int8 fused (cpu_gemv)"] = lambda w: Int8Linear(w).product
         kernels["int4 fused (cpu_gemv)"] = lambda w: Int4Linear(Int4Groups.quantize(w)).product
     rows_tried = (1, 8, 512)
-    print(f"kernels, 1 thread, median CPU us per product ({', '.join(f'{r} rows' for r in rows_tried)}):")
+    print(f"kernels, 1 thread, median CPU us per product ({', '.join(f'{r} rows' for r in rows_tried)}; the fused "
+          f"ones at {', '.join(map(str, STEP_ROWS))} rows):")
     generator = torch.Generator().manual_seed(0)
     with torch_threads(1):
         for shape_name, (n, k) in KERNEL_SHAPES.items():
@@ -406,8 +425,8 @@ def kernel_table(repeats: int = 20) -> None:
             for kernel_name, make in kernels.items():
                 product = make(weight)
                 cells = []
-                decode_only = shape_name == "lm_head" or "fused" in kernel_name
-                for rows in rows_tried[:2] if decode_only else rows_tried:
+                fused = "fused" in kernel_name
+                for rows in STEP_ROWS if fused else rows_tried[:2] if shape_name == "lm_head" else rows_tried:
                     x = torch.randn(rows, k, generator=generator)
                     product(x)
                     times = []
@@ -417,6 +436,89 @@ def kernel_table(repeats: int = 20) -> None:
                         times.append(clock.cpu)
                     cells.append(f"{statistics.median(times) * 1e6:10.1f}")
                 print(f"  {shape_name:8s} {n:5d}x{k:<5d} {kernel_name:22s}" + "".join(cells), flush=True)
+
+
+STEP_ROWS = (1, 2, 4, 8, 16)
+
+
+def decode_step_table(precision: str = "int4", context: int = 128, repeats: int = 10) -> None:
+    """The fused decode step of `precision` at 1..16 rows (one per sequence, each attending to its own
+    `context` slots), one thread: median CPU ms of the whole forward, of its parts (the layers' one C call,
+    the attention within it timed alone, the output projection) and what is left (Python, the embedding),
+    and the tokens per second the step gives."""
+    from akv_core.kernels import cpu_gemv
+
+    model = load_model("smollm2", precision=precision)
+    if not model.fused_decode:
+        print(f"decode step: {precision} does not take the fused path here ({cpu_gemv.why_unavailable()})")
+        return
+    c, generator = model.config, torch.Generator().manual_seed(0)
+    print(f"decode step, {precision}, 1 thread, {context} context slots per sequence, median CPU ms per step:")
+    print("  rows   forward   layers (attention)   lm_head   rest    tok/s   ms/row")
+    with torch_threads(1):
+        for rows in STEP_ROWS:
+            kv = model.new_kv_buffers(rows * (context + 1))
+            for layer in range(c.num_layers):
+                kv.k[layer].normal_(generator=generator)
+                kv.v[layer].normal_(generator=generator)
+            seqs, slots = [], torch.arange(rows * (context + 1)).view(rows, context + 1)
+            for m in range(rows):
+                seqs.append(SeqAttention(m, 1, slots[m]))
+            batch = ForwardBatch(torch.randint(100, 40000, (rows,), generator=generator),
+                                 torch.full((rows,), context), slots[:, -1].contiguous(), seqs, torch.arange(rows))
+            timed: dict[str, list[float]] = {"forward": [], "layers": [], "lm_head": [], "attention": []}
+            stack_call, head = cpu_gemv.DecodeStack.__call__, model.lm_head.product
+
+            def layers(self, *args, _call=stack_call):
+                with Clock() as clock:
+                    _call(self, *args)
+                timed["layers"].append(clock.cpu)
+
+            def lm_head(*args, **kwargs):
+                with Clock() as clock:
+                    out = head(*args, **kwargs)
+                timed["lm_head"].append(clock.cpu)
+                return out
+
+            cpu_gemv.DecodeStack.__call__, model.lm_head.product = layers, lm_head
+            try:
+                for _ in range(repeats + 1):
+                    with Clock() as clock:
+                        model.forward(batch, kv)
+                    timed["forward"].append(clock.cpu)
+            finally:
+                cpu_gemv.DecodeStack.__call__ = stack_call
+                del model.lm_head.product
+            timed["attention"] = _attention_alone(model, kv, batch, repeats)
+            ms = {name: statistics.median(values[1:]) * 1e3 for name, values in timed.items()}
+            rest = ms["forward"] - ms["layers"] - ms["lm_head"]
+            print(f"  {rows:4d} {ms['forward']:9.2f} {ms['layers']:8.2f} ({ms['attention']:6.2f}) {ms['lm_head']:12.2f} "
+                  f"{rest:6.2f} {rows * 1e3 / ms['forward']:8.1f} {ms['forward'] / rows:8.2f}", flush=True)
+
+
+def _attention_alone(model, kv, batch: ForwardBatch, repeats: int) -> list[float]:
+    """CPU seconds of the fused attention of every layer over the batch's slots (RoPE, K/V write, attention, on
+    random q/k/v rows), less the same calls over no slots (what calling the kernel 30 times from Python costs)."""
+    from akv_core.kernels import cpu_gemv
+
+    c = model.config
+    rows = len(batch.seqs)
+    width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    cos, sin = (t.reshape(rows, -1).contiguous() for t in model.rope.cos_sin(batch.positions))
+    slots = torch.cat([seq.kv_slots for seq in batch.seqs])
+    offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0)
+    times = []
+    for _ in range(repeats + 1):
+        qkv = torch.randn(rows, width)
+        clocks = []
+        for visible in (offsets, torch.zeros_like(offsets)):
+            with Clock() as clock:
+                for layer in range(c.num_layers):
+                    cpu_gemv.decode_attention(qkv, c.num_heads, c.num_kv_heads, cos, sin, kv.k[layer], kv.v[layer],
+                                              batch.out_slots, slots, visible, model._scale)
+            clocks.append(clock.cpu)
+        times.append(clocks[0] - clocks[1])
+    return times
 
 
 def cpu_model() -> str:
@@ -445,6 +547,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--serve-streams", type=int, default=8)
     parser.add_argument("--serve-tokens", type=int, default=64, help="completion tokens per request")
     parser.add_argument("--serve-rounds", type=int, default=3)
+    parser.add_argument("--serve-threads", default="1,2", help="thread counts of the serve rows (the server's and "
+                        "llama.cpp's alike), comma-separated")
+    parser.add_argument("--serve-only", action="store_true", help="only the --serve rows (and llama.cpp's single "
+                        "stream beside them with --peer)")
     parser.add_argument("--decode-prompt", type=int, default=128)
     parser.add_argument("--bursts", type=int, default=8, help="decode rounds; each runs every contender")
     parser.add_argument("--burst-steps", type=int, default=4)
@@ -454,6 +560,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help="measurements to run, comma-separated")
     args = parser.parse_args()
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    try:
+        args.serve_threads = [int(t) for t in args.serve_threads.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--serve-threads: expected thread counts such as 1,2, got {args.serve_threads!r}")
+    if not args.serve_threads or min(args.serve_threads) < 1:
+        parser.error("--serve-threads: at least one thread count, each 1 or more")
     if not args.parts or set(args.parts) - set(PARTS):
         parser.error(f"--parts: expected some of {', '.join(PARTS)}, got {', '.join(args.parts) or 'none'}")
     for option in ("precisions", "serve"):
@@ -463,6 +575,12 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--{option}: unknown {', '.join(unknown)} (expected some of {', '.join(PRECISIONS)})")
         setattr(args, option, chosen)
     return args
+
+
+def serve(args: argparse.Namespace, llm: Any | None, prompt: torch.Tensor) -> None:
+    for precision in args.serve:
+        for threads in args.serve_threads:
+            serve_rounds(precision, llm, prompt, args.serve_rounds, args.serve_streams, args.serve_tokens, threads)
 
 
 def main() -> None:
@@ -476,9 +594,21 @@ def main() -> None:
           flush=True)
     if args.kernels:
         kernel_table()
+        if cpu_gemv.available():
+            for precision in ("int4", "int8"):
+                decode_step_table(precision)
         return
     if args.peer:
         import_llama_cpp(args.llama_cpp)  # before minutes of loading: its absence is explained at once
+    if args.serve_only:
+        if not args.serve:
+            raise SystemExit("--serve-only: name the precisions to serve with --serve (e.g. --serve int4)")
+        n_ctx = args.decode_prompt + args.serve_tokens + 1
+        llm = llama_cpp(1, n_ctx, n_ctx, args.llama_cpp) if args.peer else None
+        decode_prompt = torch.randint(100, 40000, (args.decode_prompt,), generator=torch.Generator().manual_seed(0))
+        serve(args, llm, decode_prompt)
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        return
     hf = transformers_reference()
     ours = {name: load_model("smollm2", precision=name) for name in args.precisions}
     n_ctx = max(args.prefill_tokens, args.decode_prompt + args.bursts * args.burst_steps + 1,
@@ -537,8 +667,7 @@ def main() -> None:
         print(f"decode attention over {args.history} slots, all layers, per step: none dropped {full:.2f} ms, "
               f"70% dropped {dropped:.2f} ms, {full / dropped:.2f}x faster")
 
-    for precision in args.serve:
-        serve_rounds(precision, llm, decode_prompt, args.serve_rounds, args.serve_streams, args.serve_tokens)
+    serve(args, llm, decode_prompt)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -29,6 +29,20 @@ def test_large_logits_and_the_widest_range_stay_finite() -> None:
     assert sample(huge, 0.0, 1.0, None) == 0
 
 
+def test_sampling_follows_the_distribution_and_never_draws_an_impossible_token() -> None:
+    """4,000 draws of one seeded generator: each token's share within 4 standard deviations of its
+    probability, the tokens of probability zero (logit -inf) never drawn, and the same seed the same draws."""
+    logits = torch.tensor([0.0, -math.inf, math.log(3.0), -math.inf, math.log(0.5)])
+    probs = torch.softmax(logits.double(), -1)
+    generator = generator_for(5)
+    draws = torch.tensor([sample(logits, 1.0, 1.0, generator) for _ in range(4000)])
+    counts = torch.bincount(draws, minlength=5).double()
+    assert counts[1] == counts[3] == 0
+    assert ((counts / 4000 - probs).abs() <= 4 * (probs * (1 - probs) / 4000).sqrt()).all(), counts
+    again = generator_for(5)
+    assert [sample(logits, 1.0, 1.0, again) for _ in range(50)] == draws[:50].tolist()
+
+
 def test_logits_that_are_not_numbers_fail_loudly() -> None:
     with pytest.raises(FloatingPointError):
         sample(torch.tensor([0.0, math.nan]), 1.0, 1.0, generator_for(1))

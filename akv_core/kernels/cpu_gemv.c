@@ -1,12 +1,22 @@
 /* Weight-only quantized products for decode-sized inputs (a few rows) on x86 CPUs with AVX2 and FMA.
  *
  * The input rows are quantized per block of 32 to int8 with one fp32 scale (as llama.cpp's Q8 blocks),
- * so each block of weights meets its block of inputs in integer SIMD (vpmaddubsw + vpmaddwd: 32
- * products in two instructions), and the weights are read once for all input rows.
+ * so each block of weights meets its block of inputs in integer SIMD (vpmaddubsw + vpmaddwd), and the
+ * weights are read once for all input rows.
  *
- *   akv_q4_gemv: weights in 4-bit groups of 32 with a scale and an offset (Q4_1):
- *                w = scale * q + offset, q in 0..15, 16 bytes per group (byte j: q[j] low, q[j+16] high)
- *   akv_q8_gemv: int8 weights (-127..127) with one scale per output row
+ * The weights are interleaved by groups of 8 output columns (AKV_GROUP; the last group padded with
+ * zero columns): one 256-bit register holds 4 consecutive weights of each of 8 columns, so its
+ * products with 4 input bytes broadcast land in 8 lanes, one per column (no horizontal sums), and a
+ * block's scales apply to 8 columns in one instruction. A group's weights are unpacked once per block
+ * and meet up to 4 input rows while in registers. cpu_gemv.py's pack_q4 / pack_q8 write the layouts:
+ *
+ *   akv_q4_gemv: 4-bit weights in groups of 32 along k with a scale and an offset (Q4_1: w = scale * q
+ *                + offset, q in 0..15). Group g, block b: 128 bytes, 4 registers P_j (j = 0..3); byte
+ *                4c + t of P_j holds q[8g + c][32b + 4j + t] in its low nibble and q[8g + c][32b + 16 +
+ *                4j + t] in its high one. Scales and offsets: [groups, blocks, 8] each.
+ *   akv_q8_gemv: int8 weights (-127..127) with one scale per output column. Group g, block b: 256
+ *                bytes, 8 registers R_j (j = 0..7); byte 4c + t of R_j holds q[8g + c][32b + 4j + t].
+ *                Scales: [groups * 8].
  *
  * y [M, N] fp32 = h(x) [M, K] times the weights [N, K] transposed (y += with `accumulate`: the
  * residual stream updated in place); K a multiple of 32, M at most AKV_MAX_ROWS. The input h(x) is x
@@ -33,32 +43,15 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define AKV_BLOCK 32
 #define AKV_MAX_ROWS 16
-#define AKV_PREFETCH 1024  /* bytes ahead of the weights being read */
+#define AKV_GROUP 8        /* output columns whose weights are interleaved and computed together */
+#define AKV_PREFETCH 2048  /* bytes ahead of the weights being read */
 
 int akv_max_rows(void) { return AKV_MAX_ROWS; }
-
-/* x [M, K] -> q int8 [M, K], d [M, K/32] (q * d ~ x), s [M, K/32] (d * sum of the block's q). */
-static void quantize_rows(const float *x, int64_t m_rows, int64_t k, int8_t *q, float *d, float *s) {
-    const int64_t blocks = k / AKV_BLOCK;
-    for (int64_t i = 0; i < m_rows * blocks; i++) {
-        const float *p = x + i * AKV_BLOCK;
-        float amax = 0.0f;
-        for (int j = 0; j < AKV_BLOCK; j++) amax = fmaxf(amax, fabsf(p[j]));
-        const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < AKV_BLOCK; j++) {
-            const int v = (int)lrintf(p[j] * inverse);
-            q[i * AKV_BLOCK + j] = (int8_t)v;
-            sum += v;
-        }
-        d[i] = scale;
-        s[i] = scale * (float)sum;
-    }
-}
 
 static inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -67,34 +60,81 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(r);
 }
 
-/* 32 unsigned 4-bit weights of one group, in input order (low nibbles first). */
-static inline __m256i q4_group(const uint8_t *bytes) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)bytes), low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+static inline float hmax(__m256 v) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
 }
 
-/* Sum of 32 products of unsigned weights (0..127) and signed inputs, as 8 int32 lanes in float. */
-static inline __m256 dot_u8_s8(__m256i w, __m256i a) {
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+/* e^x for 8 floats at once (Cephes' expf polynomial, relative error about 2e-7; x below -87 gives ~1e-38). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
+}
+
+/* x [M, K] -> q int8 [M, K], d [M, K/32] (q * d ~ x), s [M, K/32] (d * sum of the block's q). Each value is
+ * rounded to the nearest integer, ties to even (vcvtps2dq in the default rounding mode, as lrintf). */
+static void quantize_rows(const float *x, int64_t m_rows, int64_t k, int8_t *q, float *d, float *s) {
+    const int64_t blocks = k / AKV_BLOCK;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < m_rows * blocks; i++) {
+        const float *p = x + i * AKV_BLOCK;
+        __m256 v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(p + 8 * j);
+        const __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude)),
+                                         _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude)));
+        const float amax = hmax(top), scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m256i n[4];
+        for (int j = 0; j < 4; j++) n[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+        _mm256_storeu_si256((__m256i *)(q + i * AKV_BLOCK), _mm256_permutevar8x32_epi32(bytes, order));
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+        d[i] = scale;
+        s[i] = scale * hsum(_mm256_cvtepi32_ps(total));
+    }
 }
 
 typedef struct { int8_t *q; float *d, *s; } Quantized;
 
-/* The product's input rows h(x) [M, K] (see the header), into `h`. */
+/* h [width] = SiLU(gate) * up (width a multiple of 8). */
+static void silu_times(const float *gate, const float *up, int64_t width, float *h) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < width; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+}
+
+/* The product's input rows h(x) [M, K] (see the header), into `h`; K a multiple of 32. */
 static void prologue(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, float *h) {
     for (int64_t m = 0; m < m_rows; m++) {
         float *row = h + m * k;
-        if (glu) {
-            const float *gate = x + m * 2 * k, *up = gate + k;
-            for (int64_t i = 0; i < k; i++) row[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-        } else {
-            for (int64_t i = 0; i < k; i++) row[i] = x[m * k + i];
-        }
+        if (glu) silu_times(x + m * 2 * k, x + m * 2 * k + k, k, row);
+        else memcpy(row, x + m * k, sizeof(float) * (size_t)k);
         if (norm) {
-            float sum = 0.0f;
-            for (int64_t i = 0; i < k; i++) sum += row[i] * row[i];
-            const float scale = 1.0f / sqrtf(sum / (float)k + eps);
-            for (int64_t i = 0; i < k; i++) row[i] = norm[i] * (row[i] * scale);
+            __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+            for (int64_t i = 0; i < k; i += 16) {
+                const __m256 a = _mm256_loadu_ps(row + i), b = _mm256_loadu_ps(row + i + 8);
+                sum0 = _mm256_fmadd_ps(a, a, sum0);
+                sum1 = _mm256_fmadd_ps(b, b, sum1);
+            }
+            const __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum(_mm256_add_ps(sum0, sum1)) / (float)k + eps));
+            for (int64_t i = 0; i < k; i += 8)
+                _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(norm + i), _mm256_mul_ps(_mm256_loadu_ps(row + i), scale)));
         }
     }
 }
@@ -133,97 +173,135 @@ static void quantize_blocks(const float *x, int64_t m_rows, int64_t b0, int64_t 
         if (glu) {
             const float *gate = x + m * 2 * k + i0, *up = gate + k;
             float *h = r->h + m * k + i0;
-            for (int64_t i = 0; i < width; i++) h[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+            silu_times(gate, up, width, h);
             row = h;
         }
         quantize_rows(row, 1, width, r->a.q + m * k + i0, r->a.d + m * blocks + b0, r->a.s + m * blocks + b0);
     }
 }
 
-static inline void store(float *y, float value, int accumulate) { *y = accumulate ? *y + value : value; }
+/* y[m][c] for the output columns c in [n0, n1) of one group of 8 (`c0` its first) from the group's results
+ * r[m][8]: written, or added with `accumulate`. */
+static inline void store_group(float *y, int64_t m_rows, int64_t n, int64_t c0, int64_t n0, int64_t n1,
+                               const float (*r)[AKV_GROUP], int accumulate) {
+    const int64_t lo = c0 > n0 ? c0 : n0, hi = c0 + AKV_GROUP < n1 ? c0 + AKV_GROUP : n1;
+    for (int64_t m = 0; m < m_rows; m++)
+        for (int64_t c = lo; c < hi; c++) {
+            float *out = y + m * n + c;
+            *out = accumulate ? *out + r[m][c - c0] : r[m][c - c0];
+        }
+}
+
+static inline __m256i broadcast4(const int8_t *p) {  /* 4 input bytes in every 32-bit lane */
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* Rows [m0, m0 + rows) (rows <= 4, a constant once inlined) times one Q4 group of 8 columns: acc[r] lane c =
+ * row m0 + r times column c. Per block the group's weights are unpacked once and meet every row: a row's 8
+ * products per column stay in 16-bit lanes (each at most 8 * 2 * 15 * 127 < 2^15) until one vpmaddwd, and
+ * the block's scales and offsets are applied to the 8 columns at once. */
+static inline __attribute__((always_inline)) void q4_rows(const Quantized *a, int64_t m0, int rows, int64_t k,
+                                                          const uint8_t *w, const float *scale, const float *offset,
+                                                          __m256 *acc) {
+    const int64_t blocks = k / AKV_BLOCK;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *wb = w + b * 4 * AKV_BLOCK;
+        _mm_prefetch((const char *)(wb + AKV_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wb + AKV_PREFETCH + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(scale + b * AKV_GROUP + AKV_PREFETCH / 8), _MM_HINT_T0);
+        _mm_prefetch((const char *)(offset + b * AKV_GROUP + AKV_PREFETCH / 8), _MM_HINT_T0);
+        __m256i sum[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + j * AKV_BLOCK));
+            const __m256i lo = _mm256_and_si256(packed, low4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            for (int r = 0; r < rows; r++) {
+                const int8_t *x = a->q + (m0 + r) * k + b * AKV_BLOCK + 4 * j;
+                const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x)),
+                                                   _mm256_maddubs_epi16(hi, broadcast4(x + 16)));
+                sum[r] = j ? _mm256_add_epi16(sum[r], t) : t;
+            }
+        }
+        const __m256 s = _mm256_loadu_ps(scale + b * AKV_GROUP), o = _mm256_loadu_ps(offset + b * AKV_GROUP);
+        for (int r = 0; r < rows; r++) {
+            const int64_t i = (m0 + r) * blocks + b;
+            const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[r], ones));
+            acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_set1_ps(a->d[i])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(a->s[i]), acc[r]);
+        }
+    }
+}
+
+/* Rows [m0, m0 + rows) times one int8 group of 8 columns (before the columns' scales). |w| meets the input
+ * with w's sign (vpsignb), so vpmaddubsw's pairs stay below 2^15; they are widened per 4 inputs. */
+static inline __attribute__((always_inline)) void q8_rows(const Quantized *a, int64_t m0, int rows, int64_t k,
+                                                          const int8_t *w, __m256 *acc) {
+    const int64_t blocks = k / AKV_BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *wb = w + b * AKV_GROUP * AKV_BLOCK;
+        for (int line = 0; line < 4; line++) _mm_prefetch((const char *)(wb + AKV_PREFETCH + 64 * line), _MM_HINT_T0);
+        __m256i sum[4];
+        for (int j = 0; j < 8; j++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(wb + j * AKV_BLOCK));
+            const __m256i magnitude = _mm256_sign_epi8(wv, wv);
+            for (int r = 0; r < rows; r++) {
+                const __m256i x = _mm256_sign_epi8(broadcast4(a->q + (m0 + r) * k + b * AKV_BLOCK + 4 * j), wv);
+                const __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones);
+                sum[r] = j ? _mm256_add_epi32(sum[r], t) : t;
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(a->d[(m0 + r) * blocks + b]), acc[r]);
+    }
+}
 
 /* Columns [n0, n1) of y [M, N] for the 4-bit weights: the inner kernel of akv_q4_gemv, over one range of output
- * columns so that ranges can run on different threads (each column's sum is the same whatever the range). */
+ * columns so that ranges can run on different threads (the groups of 8 that overlap the range are computed
+ * whole: each column's sum is the same whatever the range). */
 static void q4_columns(const Quantized *a, int64_t m_rows, int64_t k, int accumulate, const uint8_t *w,
                        const float *w_scale, const float *w_offset, int64_t n, int64_t n0, int64_t n1, float *y) {
     const int64_t blocks = k / AKV_BLOCK;
-    for (int64_t row = n0; row < n1; row++) {
-        const uint8_t *wr = w + row * blocks * (AKV_BLOCK / 2);
-        const float *scale = w_scale + row * blocks, *offset = w_offset + row * blocks;
-        if (m_rows == 1) {  /* one stream: two accumulators, so the FMA chain does not stall */
-            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-            float off = 0.0f;
-            int64_t b = 0;
-            for (; b + 1 < blocks; b += 2) {
-                const __m256 p0 = dot_u8_s8(q4_group(wr + b * 16), _mm256_loadu_si256((const __m256i *)(a->q + b * 32)));
-                const __m256 p1 = dot_u8_s8(q4_group(wr + (b + 1) * 16),
-                                            _mm256_loadu_si256((const __m256i *)(a->q + (b + 1) * 32)));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[b] * a->d[b]), p0, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale[b + 1] * a->d[b + 1]), p1, acc1);
-                off += offset[b] * a->s[b] + offset[b + 1] * a->s[b + 1];
+    for (int64_t g = n0 / AKV_GROUP; g * AKV_GROUP < n1; g++) {
+        const uint8_t *wg = w + g * blocks * 4 * AKV_BLOCK;
+        const float *scale = w_scale + g * blocks * AKV_GROUP, *offset = w_offset + g * blocks * AKV_GROUP;
+        float r[AKV_MAX_ROWS][AKV_GROUP];
+        for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
+            __m256 acc[4];
+            switch (m_rows - m0 < 4 ? m_rows - m0 : 4) {
+                case 1: q4_rows(a, m0, 1, k, wg, scale, offset, acc); break;
+                case 2: q4_rows(a, m0, 2, k, wg, scale, offset, acc); break;
+                case 3: q4_rows(a, m0, 3, k, wg, scale, offset, acc); break;
+                default: q4_rows(a, m0, 4, k, wg, scale, offset, acc); break;
             }
-            for (; b < blocks; b++) {
-                const __m256 p = dot_u8_s8(q4_group(wr + b * 16), _mm256_loadu_si256((const __m256i *)(a->q + b * 32)));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[b] * a->d[b]), p, acc0);
-                off += offset[b] * a->s[b];
-            }
-            store(y + row, hsum(_mm256_add_ps(acc0, acc1)) + off, accumulate);
-            continue;
+            for (int64_t i = 0; i < 4 && m0 + i < m_rows; i++) _mm256_storeu_ps(r[m0 + i], acc[i]);
         }
-        __m256 acc[AKV_MAX_ROWS];
-        float off[AKV_MAX_ROWS];
-        for (int64_t m = 0; m < m_rows; m++) { acc[m] = _mm256_setzero_ps(); off[m] = 0.0f; }
-        for (int64_t b = 0; b < blocks; b++) {
-            const __m256i wv = q4_group(wr + b * 16);
-            for (int64_t m = 0; m < m_rows; m++) {
-                const int64_t i = m * blocks + b;
-                const __m256 p = dot_u8_s8(wv, _mm256_loadu_si256((const __m256i *)(a->q + i * 32)));
-                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(scale[b] * a->d[i]), p, acc[m]);
-                off[m] += offset[b] * a->s[i];
-            }
-        }
-        for (int64_t m = 0; m < m_rows; m++) store(y + m * n + row, hsum(acc[m]) + off[m], accumulate);
+        store_group(y, m_rows, n, g * AKV_GROUP, n0, n1, (const float (*)[AKV_GROUP])r, accumulate);
     }
 }
 
 /* Columns [n0, n1) of y [M, N] for int8 weights: the inner kernel of akv_q8_gemv (see q4_columns). */
 static void q8_columns(const Quantized *a, int64_t m_rows, int64_t k, int accumulate, const int8_t *w,
                        const float *w_scale, int64_t n, int64_t n0, int64_t n1, float *y) {
-    const int64_t blocks = k / AKV_BLOCK;
-    for (int64_t row = n0; row < n1; row++) {
-        const int8_t *wr = w + row * k;
-        if (m_rows == 1) {  /* one stream: two accumulators, so the FMA chain does not stall */
-            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-            int64_t b = 0;
-            for (; b + 1 < blocks; b += 2) {
-                _mm_prefetch((const char *)(wr + b * 32 + AKV_PREFETCH), _MM_HINT_T0);
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wr + b * 32));
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wr + b * 32 + 32));
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32));
-                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32 + 32));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(a->d[b]), dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0)), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(a->d[b + 1]), dot_u8_s8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1)), acc1);
+    for (int64_t g = n0 / AKV_GROUP; g * AKV_GROUP < n1; g++) {
+        const int8_t *wg = w + g * AKV_GROUP * k;
+        const __m256 scale = _mm256_loadu_ps(w_scale + g * AKV_GROUP);
+        float r[AKV_MAX_ROWS][AKV_GROUP];
+        for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
+            __m256 acc[4];
+            switch (m_rows - m0 < 4 ? m_rows - m0 : 4) {
+                case 1: q8_rows(a, m0, 1, k, wg, acc); break;
+                case 2: q8_rows(a, m0, 2, k, wg, acc); break;
+                case 3: q8_rows(a, m0, 3, k, wg, acc); break;
+                default: q8_rows(a, m0, 4, k, wg, acc); break;
             }
-            for (; b < blocks; b++) {
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wr + b * 32));
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(a->d[b]), dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0)), acc0);
-            }
-            store(y + row, hsum(_mm256_add_ps(acc0, acc1)) * w_scale[row], accumulate);
-            continue;
+            for (int64_t i = 0; i < 4 && m0 + i < m_rows; i++) _mm256_storeu_ps(r[m0 + i], _mm256_mul_ps(acc[i], scale));
         }
-        __m256 acc[AKV_MAX_ROWS];
-        for (int64_t m = 0; m < m_rows; m++) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; b++) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(wr + b * 32));
-            const __m256i magnitude = _mm256_sign_epi8(wv, wv);  /* |w|, and the sign moves to the input */
-            for (int64_t m = 0; m < m_rows; m++) {
-                const int64_t i = m * blocks + b;
-                const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a->q + i * 32)), wv);
-                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(a->d[i]), dot_u8_s8(magnitude, av), acc[m]);
-            }
-        }
-        for (int64_t m = 0; m < m_rows; m++) store(y + m * n + row, hsum(acc[m]) * w_scale[row], accumulate);
+        store_group(y, m_rows, n, g * AKV_GROUP, n0, n1, (const float (*)[AKV_GROUP])r, accumulate);
     }
 }
 
@@ -235,10 +313,33 @@ static void rotate(float *x, int rotary, const float *cos, const float *ssin) {
     for (int i = 0; i < rotary; i++) x[i] = x[i] * cos[i] + rolled[i] * ssin[i];
 }
 
-static inline float dot(const float *a, const float *b, int d) {  /* d a multiple of 8 */
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum(acc);
+static inline float dot(const float *a, const float *b, int d) {  /* d a multiple of 8; two chains of FMAs */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= d; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    if (i < d) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* p [count] <- softmax(p) in place (the exponentials 8 at a time). */
+static void softmax(float *p, int64_t count) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t t = 0; t < count; t++) top = fmaxf(top, p[t]);
+    const __m256 shift = _mm256_set1_ps(top);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), shift));
+        _mm256_storeu_ps(p + t, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    for (; t < count; t++) { p[t] = expf(p[t] - top); total += p[t]; }
+    total += hsum(sum);
+    const float norm = total > 0.0f ? 1.0f / total : 0.0f;
+    for (t = 0; t < count; t++) p[t] *= norm;
 }
 
 /* o [D] = sum over t of p[t] * v_t, v_t the rows `stride` floats apart selected by `seen` (o in registers). */
@@ -309,11 +410,8 @@ static void attend(const float *qkv, const Attention *at, int64_t i0, int64_t i1
                 row_scores[h * count + t] = dot(qkv + m * width + h * d, key, (int)d) * at->scale;
         }
         for (int64_t h = h0; h < h1; h++) {
-            float *p = row_scores + h * count, top = -INFINITY, total = 0.0f;
-            for (int64_t t = 0; t < count; t++) top = fmaxf(top, p[t]);
-            for (int64_t t = 0; t < count; t++) { p[t] = expf(p[t] - top); total += p[t]; }
-            const float norm = total > 0.0f ? 1.0f / total : 0.0f;
-            for (int64_t t = 0; t < count; t++) p[t] *= norm;
+            float *p = row_scores + h * count;
+            softmax(p, count);
             weighted_sum(p, count, at->v_pool + g * d, seen, stride, d, out + m * heads * d + h * d);
         }
         i += h1 - h0;
@@ -324,8 +422,8 @@ static int attention_valid(const Attention *at) {
     return !(at->d % 8 || at->rotary > 512 || at->rotary > at->d || at->heads % at->kv_heads);
 }
 
-/* One projection of a layer: `bits` 4 (w: packed groups, scale and offset [N, K / 32]) or 8 (w: int8
- * [N, K], scale [N], offset unused). */
+/* One projection of a layer in the layouts above: `bits` 4 (w, scale and offset) or 8 (w and scale; offset
+ * unused). */
 typedef struct {
     int64_t bits, n, k;
     const void *w;

@@ -2,7 +2,9 @@
 
 `cpu_gemv.c` multiplies a few fp32 rows (decode: one row per running sequence) by 4-bit group
 weights (Q4_1) or int8 row weights, quantizing the rows per block of 32 to int8 as llama.cpp
-does, so the weights meet them in integer SIMD and are read once for all rows. torch's own
+does, so the weights meet them in integer SIMD and are read once for all rows. The weights are
+held in the kernel's own layout (`pack_q4`, `pack_q8`: interleaved by groups of 8 output columns,
+so that each unpacked register serves 8 columns and up to 4 rows). torch's own
 weight-only kernels dequantize every weight to bf16 on CPUs without AVX-512 and run several
 times slower (`python benchmarks/engine.py --kernels`).
 
@@ -39,6 +41,7 @@ from akv_core.home import data_path
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC", "-pthread")
 BLOCK = 32
+GROUP = 8   # output columns interleaved together (cpu_gemv.c's header)
 SWITCH = "AKV_CPU_GEMV"  # "off": keep torch's kernels
 
 
@@ -131,11 +134,57 @@ def max_rows() -> int:
     return _library().akv_max_rows()
 
 
-def pack_q4(values: Tensor) -> Tensor:
-    """q [N, K] in 0..15 -> uint8 [N, K / 2], each group of 32 as 16 bytes: byte j holds q[j] low, q[j+16] high."""
+@dataclass(frozen=True)
+class Weights:
+    """One projection in the kernel's layout (`pack_q4`, `pack_q8`; cpu_gemv.c's header): `bits` 4 (the
+    interleaved nibbles, scale and offset [groups, K / 32, 8]) or 8 (interleaved int8, scale [groups * 8],
+    no offset), for N output columns of K inputs."""
+
+    bits: int
+    weight: Tensor
+    scale: Tensor
+    offset: Tensor | None
+    n: int
+    k: int
+
+
+def _whole_groups(t: Tensor) -> Tensor:
+    """t [N, ...] padded with zero rows to a whole number of groups of 8 columns."""
+    pad = -t.shape[0] % GROUP
+    return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
+
+
+def _check_shapes(n: int, k: int, *named: tuple[str, Tensor, tuple[int, ...]]) -> None:
+    if k % BLOCK:
+        raise ValueError(f"cpu_gemv: the weights' rows must be a multiple of {BLOCK} long, got {k}")
+    for name, tensor, shape in named:
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"cpu_gemv: {name} must be {shape} for weights [{n}, {k}], got {tuple(tensor.shape)}")
+
+
+def pack_q4(values: Tensor, scale: Tensor, offset: Tensor) -> Weights:
+    """4-bit weights q [N, K] in 0..15 with scale and offset [N, K / 32] (w = scale * q + offset) in the
+    kernel's layout: per group of 8 columns and block of 32, 4 registers whose byte 4c + t holds column c's
+    weights 4j + t (low nibble) and 16 + 4j + t (high nibble) of the block; scales likewise per group."""
     n, k = values.shape
-    groups = values.to(torch.uint8).reshape(n, k // BLOCK, BLOCK)
-    return (groups[..., :BLOCK // 2] | (groups[..., BLOCK // 2:] << 4)).reshape(n, k // 2).contiguous()
+    _check_shapes(n, k, ("scale", scale, (n, k // BLOCK)), ("offset", offset, (n, k // BLOCK)))
+    v = _whole_groups(values.to(torch.uint8)).reshape(-1, GROUP, k // BLOCK, 2, 4, 4)   # [G, c, b, half, j, t]
+    packed = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)              # [G, b, j, c, t]
+
+    def grouped(t: Tensor) -> Tensor:                                                    # [G, b, c]
+        return _whole_groups(t.float()).reshape(-1, GROUP, k // BLOCK).transpose(1, 2).contiguous()
+
+    return Weights(4, packed.contiguous().reshape(-1, k // 2), grouped(scale), grouped(offset), n, k)
+
+
+def pack_q8(q: Tensor, scale: Tensor) -> Weights:
+    """int8 weights q [N, K] with a scale per column [N] in the kernel's layout: per group of 8 columns and
+    block of 32, 8 registers whose byte 4c + t holds column c's weight 4j + t of the block."""
+    n, k = q.shape
+    _check_shapes(n, k, ("scale", scale, (n,)))
+    v = _whole_groups(q.to(torch.int8)).reshape(-1, GROUP, k // BLOCK, 8, 4)              # [G, c, b, j, t]
+    return Weights(8, v.permute(0, 2, 3, 1, 4).contiguous().reshape(-1, k), _whole_groups(scale.float()).contiguous(),
+                   None, n, k)
 
 
 @dataclass(frozen=True)
@@ -172,33 +221,25 @@ def _output(rows: int, n: int, out: Tensor | None) -> Tensor:
     return out
 
 
-def _call(function, x: Tensor, k: int, prologue: Prologue, out: Tensor | None, weights: tuple, n: int,
-          threads: int | None) -> Tensor:
-    y = _output(x.shape[0], n, out)
+def gemv(x: Tensor, weights: Weights, prologue: Prologue = PLAIN, out: Tensor | None = None,
+         threads: int | None = None) -> Tensor:
+    """h(x) [M, K] times the packed weights (`pack_q4` / `pack_q8`) -> [M, N] fp32, written to a new tensor or
+    added into `out`, on `threads` threads (default `default_threads()`)."""
+    x, k = _inputs(x, prologue)
+    if k != weights.k:
+        raise ValueError(f"cpu_gemv: x has {k} inputs per row, the weights take {weights.k}")
+    y = _output(x.shape[0], weights.n, out)
     if x.shape[0] == 0:  # a pass that asks for no logits
         return y
+    library = _library()
+    function, tensors = ((library.akv_q4_gemv, (weights.weight, weights.scale, weights.offset)) if weights.bits == 4
+                         else (library.akv_q8_gemv, (weights.weight, weights.scale)))
     norm = prologue.norm.data_ptr() if prologue.norm is not None else None
     status = function(x.data_ptr(), x.shape[0], k, norm, prologue.eps, int(prologue.glu), int(out is not None),
-                      *(w.data_ptr() for w in weights), n, y.data_ptr(), threads or default_threads())
+                      *(t.data_ptr() for t in tensors), weights.n, y.data_ptr(), threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: {function.__name__} failed ({status})")
     return y
-
-
-def q4_gemv(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, prologue: Prologue = PLAIN,
-            out: Tensor | None = None, threads: int | None = None) -> Tensor:
-    """h(x) [M, K] times the 4-bit weights (`pack_q4`; scale and offset fp32 [N, K / 32]) -> [M, N] fp32,
-    written to a new tensor or added into `out`, on `threads` threads (default `default_threads()`)."""
-    x, k = _inputs(x, prologue)
-    return _call(_library().akv_q4_gemv, x, k, prologue, out, (packed, scale, offset), packed.shape[0], threads)
-
-
-def q8_gemv(x: Tensor, q: Tensor, scale: Tensor, prologue: Prologue = PLAIN, out: Tensor | None = None,
-            threads: int | None = None) -> Tensor:
-    """h(x) [M, K] times int8 weights q [N, K] with fp32 scales [N] -> [M, N] fp32 (new, or added into `out`),
-    on `threads` threads (default `default_threads()`)."""
-    x, k = _inputs(x, prologue)
-    return _call(_library().akv_q8_gemv, x, k, prologue, out, (q, scale), q.shape[0], threads)
 
 
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
@@ -222,19 +263,6 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     if status:
         raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
     return out
-
-
-@dataclass(frozen=True)
-class Weights:
-    """One projection as the kernels hold it: `bits` 4 (`pack_q4` groups, scale and offset [N, K / 32]) or
-    8 (int8 [N, K], scale [N], no offset)."""
-
-    bits: int
-    weight: Tensor
-    scale: Tensor
-    offset: Tensor | None
-    n: int
-    k: int
 
 
 @dataclass(frozen=True)

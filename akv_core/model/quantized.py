@@ -88,15 +88,17 @@ class Int8Linear(_QuantizedLinear):
         self.scale_bf16 = self.scale.bfloat16()
         self.prefill = PrefillWeights(self.dequantize())
         self.fused = cpu_gemv.available() and weight.shape[1] % cpu_gemv.BLOCK == 0
+        if self.fused:   # the fused kernel's own layout (q stays for dequantize and torch's kernel)
+            self.kernel = cpu_gemv.pack_q8(self.q, self.scale)
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale_bf16)
 
     def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
-        return cpu_gemv.q8_gemv(x, self.q, self.scale, prologue, out)
+        return cpu_gemv.gemv(x, self.kernel, prologue, out)
 
     def kernel_weights(self) -> cpu_gemv.Weights:
-        return cpu_gemv.Weights(8, self.q, self.scale, None, *self.q.shape)
+        return self.kernel
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.q.to(dtype) * self.scale[:, None].to(dtype)
@@ -164,7 +166,7 @@ class Int4Linear(_QuantizedLinear):
         self.groups, self.bias, self.out_features = groups, bias, groups.nibbles.shape[0]
         self.fused = cpu_gemv.available()
         if self.fused:  # the fused kernel's own layout; torch's packing is not made
-            self.packed = cpu_gemv.pack_q4(groups.values())
+            self.kernel = cpu_gemv.pack_q4(groups.values(), groups.scale, groups.offset)
         else:
             self.packed, self.scale_zeros = torch_int4_pack(groups)
         self.prefill = PrefillWeights(groups.dequantize())
@@ -173,11 +175,10 @@ class Int4Linear(_QuantizedLinear):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scale_zeros)
 
     def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
-        return cpu_gemv.q4_gemv(x, self.packed, self.groups.scale, self.groups.offset, prologue, out)
+        return cpu_gemv.gemv(x, self.kernel, prologue, out)
 
     def kernel_weights(self) -> cpu_gemv.Weights:
-        n, half = self.packed.shape
-        return cpu_gemv.Weights(4, self.packed, self.groups.scale, self.groups.offset, n, 2 * half)
+        return self.kernel
 
 
 def _require_cpu(tensor: Tensor, precision: str) -> None:

@@ -445,55 +445,76 @@ def decode_step_table(precision: str = "int4", context: int = 128, repeats: int 
     """The fused decode step of `precision` at 1..16 rows (one per sequence, each attending to its own
     `context` slots), one thread: median CPU ms of the whole forward, of its parts (the layers' one C call,
     the attention within it timed alone, the output projection) and what is left (Python, the embedding),
-    and the tokens per second the step gives."""
+    the tokens per second the step gives, and the same forward on torch's kernels (`AKV_CPU_GEMV=off`)."""
     from akv_core.kernels import cpu_gemv
 
     model = load_model("smollm2", precision=precision)
     if not model.fused_decode:
         print(f"decode step: {precision} does not take the fused path here ({cpu_gemv.why_unavailable()})")
         return
-    c, generator = model.config, torch.Generator().manual_seed(0)
+    with _environment({cpu_gemv.SWITCH: "off"}):
+        on_torch = load_model("smollm2", precision=precision)
+    generator = torch.Generator().manual_seed(0)
     print(f"decode step, {precision}, 1 thread, {context} context slots per sequence, median CPU ms per step:")
-    print("  rows   forward   layers (attention)   lm_head   rest    tok/s   ms/row")
+    print("  rows   forward   layers (attention)   lm_head   rest    tok/s   ms/row   torch's kernels: ms   tok/s")
     with torch_threads(1):
         for rows in STEP_ROWS:
-            kv = model.new_kv_buffers(rows * (context + 1))
-            for layer in range(c.num_layers):
-                kv.k[layer].normal_(generator=generator)
-                kv.v[layer].normal_(generator=generator)
-            seqs, slots = [], torch.arange(rows * (context + 1)).view(rows, context + 1)
-            for m in range(rows):
-                seqs.append(SeqAttention(m, 1, slots[m]))
-            batch = ForwardBatch(torch.randint(100, 40000, (rows,), generator=generator),
-                                 torch.full((rows,), context), slots[:, -1].contiguous(), seqs, torch.arange(rows))
-            timed: dict[str, list[float]] = {"forward": [], "layers": [], "lm_head": [], "attention": []}
-            stack_call, head = cpu_gemv.DecodeStack.__call__, model.lm_head.product
-
-            def layers(self, *args, _call=stack_call):
-                with Clock() as clock:
-                    _call(self, *args)
-                timed["layers"].append(clock.cpu)
-
-            def lm_head(*args, **kwargs):
-                with Clock() as clock:
-                    out = head(*args, **kwargs)
-                timed["lm_head"].append(clock.cpu)
-                return out
-
-            cpu_gemv.DecodeStack.__call__, model.lm_head.product = layers, lm_head
-            try:
-                for _ in range(repeats + 1):
-                    with Clock() as clock:
-                        model.forward(batch, kv)
-                    timed["forward"].append(clock.cpu)
-            finally:
-                cpu_gemv.DecodeStack.__call__ = stack_call
-                del model.lm_head.product
-            timed["attention"] = _attention_alone(model, kv, batch, repeats)
-            ms = {name: statistics.median(values[1:]) * 1e3 for name, values in timed.items()}
+            batch, kv = _decode_batch(model, rows, context, generator)
+            ms = _fused_parts(model, batch, kv, repeats)
+            ms["attention"] = statistics.median(_attention_alone(model, kv, batch, repeats)[1:]) * 1e3
+            torch_ms = statistics.median(_forward_times(on_torch, batch, kv, repeats)[1:]) * 1e3
             rest = ms["forward"] - ms["layers"] - ms["lm_head"]
             print(f"  {rows:4d} {ms['forward']:9.2f} {ms['layers']:8.2f} ({ms['attention']:6.2f}) {ms['lm_head']:12.2f} "
-                  f"{rest:6.2f} {rows * 1e3 / ms['forward']:8.1f} {ms['forward'] / rows:8.2f}", flush=True)
+                  f"{rest:6.2f} {rows * 1e3 / ms['forward']:8.1f} {ms['forward'] / rows:8.2f} {torch_ms:21.2f} "
+                  f"{rows * 1e3 / torch_ms:7.1f}", flush=True)
+
+
+def _decode_batch(model, rows: int, context: int, generator: torch.Generator) -> tuple[ForwardBatch, Any]:
+    """One decode row per sequence, each sequence attending to its own `context` random K/V slots and its new one."""
+    kv = model.new_kv_buffers(rows * (context + 1))
+    for layer in range(model.config.num_layers):
+        kv.k[layer].normal_(generator=generator)
+        kv.v[layer].normal_(generator=generator)
+    slots = torch.arange(rows * (context + 1)).view(rows, context + 1)
+    seqs = [SeqAttention(m, 1, slots[m]) for m in range(rows)]
+    return ForwardBatch(torch.randint(100, 40000, (rows,), generator=generator), torch.full((rows,), context),
+                        slots[:, -1].contiguous(), seqs, torch.arange(rows)), kv
+
+
+def _forward_times(model, batch: ForwardBatch, kv, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats + 1):
+        with Clock() as clock:
+            model.forward(batch, kv)
+        times.append(clock.cpu)
+    return times
+
+
+def _fused_parts(model, batch: ForwardBatch, kv, repeats: int) -> dict[str, float]:
+    """Median CPU ms of the fused forward, of its layers' C call and of its output projection."""
+    from akv_core.kernels import cpu_gemv
+
+    timed: dict[str, list[float]] = {"layers": [], "lm_head": []}
+    stack_call, head = cpu_gemv.DecodeStack.__call__, model.lm_head.product
+
+    def layers(self, *args, **kwargs):
+        with Clock() as clock:
+            stack_call(self, *args, **kwargs)
+        timed["layers"].append(clock.cpu)
+
+    def lm_head(*args, **kwargs):
+        with Clock() as clock:
+            out = head(*args, **kwargs)
+        timed["lm_head"].append(clock.cpu)
+        return out
+
+    cpu_gemv.DecodeStack.__call__, model.lm_head.product = layers, lm_head
+    try:
+        timed["forward"] = _forward_times(model, batch, kv, repeats)
+    finally:
+        cpu_gemv.DecodeStack.__call__ = stack_call
+        del model.lm_head.product
+    return {name: statistics.median(values[1:]) * 1e3 for name, values in timed.items()}
 
 
 def _attention_alone(model, kv, batch: ForwardBatch, repeats: int) -> list[float]:

@@ -50,6 +50,7 @@
 #define AKV_MAX_ROWS 16
 #define AKV_GROUP 8        /* output columns whose weights are interleaved and computed together */
 #define AKV_PREFETCH 2048  /* bytes ahead of the weights being read */
+#define AKV_SLOTS_AHEAD 4  /* KV slots ahead of the one being read */
 
 int akv_max_rows(void) { return AKV_MAX_ROWS; }
 
@@ -342,29 +343,18 @@ static void softmax(float *p, int64_t count) {
     for (t = 0; t < count; t++) p[t] *= norm;
 }
 
-/* o [D] = sum over t of p[t] * v_t, v_t the rows `stride` floats apart selected by `seen` (o in registers). */
-static void weighted_sum(const float *p, int64_t count, const float *v_pool, const int64_t *seen, int64_t stride,
-                         int64_t d, float *o) {
-    if (d == 64) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int64_t t = 0; t < count; t++) {
-            const __m256 w = _mm256_set1_ps(p[t]);
-            const float *v = v_pool + seen[t] * stride;
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2); a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
-            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a4); a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a5);
-            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a6); a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a7);
-        }
-        _mm256_storeu_ps(o, a0);      _mm256_storeu_ps(o + 8, a1);  _mm256_storeu_ps(o + 16, a2); _mm256_storeu_ps(o + 24, a3);
-        _mm256_storeu_ps(o + 32, a4); _mm256_storeu_ps(o + 40, a5); _mm256_storeu_ps(o + 48, a6); _mm256_storeu_ps(o + 56, a7);
-        return;
-    }
-    for (int64_t i = 0; i < d; i += 8) {  /* other head sizes: one 8-wide strip of o at a time */
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t t = 0; t < count; t++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v_pool + seen[t] * stride + i), a);
-        _mm256_storeu_ps(o + i, a);
-    }
+/* The `width` floats of pool row seen[t] asked for a cache line at a time, if t < count (a sequence's slots are
+ * gathered, and the K/V of all layers and sequences rarely fits in cache). */
+static inline void prefetch_row(const float *pool, const int64_t *seen, int64_t t, int64_t count, int64_t width) {
+    if (t >= count) return;
+    const char *row = (const char *)(pool + seen[t] * width);
+    for (int64_t i = 0; i < width * (int64_t)sizeof(float); i += 64) _mm_prefetch(row + i, _MM_HINT_T0);
+}
+
+/* o [D] += p * v [D] (D a multiple of 8). */
+static inline void add_scaled(float *o, float p, const float *v, int64_t d) {
+    const __m256 w = _mm256_set1_ps(p);
+    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
 }
 
 /* One layer's decode attention: qkv [M, (H + 2 Hkv) D] (row m: sequence m's one new token, q then k then v
@@ -394,25 +384,28 @@ static void rotate_and_store(float *qkv, const Attention *at, int64_t m0, int64_
 }
 
 /* Query heads [i0, i1) of all rows' heads (item m * H + h: head h of row m) -> out [M, H D], once every new
- * K/V is in the pool. scores: H * offsets[M] floats, head h of row m at H * offsets[m] + h * count. Each key
- * row is read once for the heads of its group within the range; a head's result is the same whatever the range. */
+ * K/V is in the pool. scores: H * offsets[M] floats, head h of row m at H * offsets[m] + h * count. A row's
+ * heads within the range are done together: each slot's key row, then its value row, is read once for all
+ * of them, in slot order. A head's result is the same whatever the range. */
 static void attend(const float *qkv, const Attention *at, int64_t i0, int64_t i1, float *scores, float *out) {
     const int64_t d = at->d, heads = at->heads, group = heads / at->kv_heads, stride = at->kv_heads * d;
     const int64_t width = (heads + 2 * at->kv_heads) * d;
     for (int64_t i = i0; i < i1;) {
-        const int64_t m = i / heads, h0 = i % heads, g = h0 / group;
-        const int64_t h1 = (g + 1) * group < h0 + (i1 - i) ? (g + 1) * group : h0 + (i1 - i);  /* this group's heads */
+        const int64_t m = i / heads, h0 = i % heads, h1 = heads < h0 + (i1 - i) ? heads : h0 + (i1 - i);
         const int64_t *seen = at->slots + at->offsets[m], count = at->offsets[m + 1] - at->offsets[m];
-        float *row_scores = scores + heads * at->offsets[m];
+        float *row_scores = scores + heads * at->offsets[m], *o = out + m * heads * d;
+        const float *q = qkv + m * width;
         for (int64_t t = 0; t < count; t++) {
-            const float *key = at->k_pool + seen[t] * stride + g * d;
-            for (int64_t h = h0; h < h1; h++)
-                row_scores[h * count + t] = dot(qkv + m * width + h * d, key, (int)d) * at->scale;
+            prefetch_row(at->k_pool, seen, t + AKV_SLOTS_AHEAD, count, stride);
+            const float *key = at->k_pool + seen[t] * stride;
+            for (int64_t h = h0; h < h1; h++) row_scores[h * count + t] = dot(q + h * d, key + h / group * d, (int)d) * at->scale;
         }
-        for (int64_t h = h0; h < h1; h++) {
-            float *p = row_scores + h * count;
-            softmax(p, count);
-            weighted_sum(p, count, at->v_pool + g * d, seen, stride, d, out + m * heads * d + h * d);
+        for (int64_t h = h0; h < h1; h++) softmax(row_scores + h * count, count);
+        memset(o + h0 * d, 0, sizeof(float) * (size_t)((h1 - h0) * d));
+        for (int64_t t = 0; t < count; t++) {
+            prefetch_row(at->v_pool, seen, t + AKV_SLOTS_AHEAD, count, stride);
+            const float *value = at->v_pool + seen[t] * stride;
+            for (int64_t h = h0; h < h1; h++) add_scaled(o + h * d, row_scores[h * count + t], value + h / group * d, d);
         }
         i += h1 - h0;
     }

@@ -24,7 +24,7 @@ from sandbox.suites.localswe import LocalSWE
 from sandbox.suites.localswe.bugs import VALIDATION_VERSION
 from sandbox.suites.localswe.hosts import fetch, load_hosts
 
-# The CPU limit stops runaway code; the wall limit is only a backstop, short here for the hanging test.
+# The CPU limit stops runaway code; the wall limit is only a backstop, short for the hanging test.
 HOSTILE_LIMITS = Limits(cpu_s=1, wall_s=120.0, memory_bytes=2 << 30, processes=8)
 HANGING_LIMITS = dataclasses.replace(HOSTILE_LIMITS, cpu_s=10, wall_s=2.0)
 
@@ -271,15 +271,24 @@ def test_each_run_starts_from_a_fresh_copy(suite: LocalSWE, task) -> None:
 
 
 # -- hostile code: contained, reported, and the run goes on --------------------------------
-# The strict environment's wall limit is short so that hanging tests cost little here.
+# The strict environments' limits are short so that runaway and hanging code cost little here.
 
-@pytest.fixture
-def hostile_env(suite: LocalSWE, task):
-    strict = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12, limits=HOSTILE_LIMITS)
+def strict_env(suite: LocalSWE, task, limits: Limits):
+    strict = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12, limits=limits)
     strict._home = suite._home
     env = strict.open(task)
     yield env
     env.close()
+
+
+@pytest.fixture
+def hostile_env(suite: LocalSWE, task):
+    yield from strict_env(suite, task, HOSTILE_LIMITS)
+
+
+@pytest.fixture
+def hanging_env(suite: LocalSWE, task):
+    yield from strict_env(suite, task, HANGING_LIMITS)
 
 
 def run_hostile_test(env, body: str) -> str:
@@ -296,15 +305,6 @@ def test_memory_and_network_failures_stay_inside_the_test_run(env) -> None:
     output = run_hostile_test(env, body)
     assert "2 failed" in output and "MemoryError" in output and "OSError" in output
     assert env.call_tool("read_file", {"path": "setup.cfg", "start": 1, "end": 1})  # the run goes on
-
-
-@pytest.fixture
-def hanging_env(suite: LocalSWE, task):
-    strict = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12, limits=HANGING_LIMITS)
-    strict._home = suite._home
-    env = strict.open(task)
-    yield env
-    env.close()
 
 
 def test_code_that_hangs_past_the_wall_clock_backstop_ends_the_task_as_an_error(hanging_env) -> None:

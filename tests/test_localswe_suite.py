@@ -318,6 +318,19 @@ def test_code_that_hangs_past_the_wall_clock_backstop_ends_the_task_as_an_error(
         hanging_env.grade(None)
 
 
+def test_a_run_whose_tool_outlives_the_backstop_is_an_error_naming_it(suite: LocalSWE, task) -> None:
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.harness import resolve_policy, run_task
+
+    rushed = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12,
+                      limits=dataclasses.replace(HANGING_LIMITS, wall_s=0.05))  # no test run finishes
+    rushed._home = suite._home
+    result, trajectory = run_task(task, rushed, resolve_policy("full"), rushed.scripted_agent(task), ReplayBackend())
+    assert result.status == "error" and result.score == 0.0
+    assert result.reason.startswith("WallClockExpired: run_tests ran past its 0.05 s wall-clock backstop")
+    assert not [note for note in trajectory.notes if note["type"] == "tool_error"]  # never shown to the agent
+
+
 def test_a_fork_bomb_in_the_library_fails_the_task_and_the_host_survives(hostile_env) -> None:
     bomb = "\nimport os as _os\nwhile True:\n    try:\n        _os.fork()\n    except OSError:\n        pass\n"
     init = hostile_env.sandbox.root / "src/isodate/__init__.py"

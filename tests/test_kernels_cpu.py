@@ -169,6 +169,38 @@ def test_the_models_fused_decode_step_agrees_with_torchs_path():
 
 
 @needs_kernel
+@pytest.mark.model
+def test_a_decode_step_of_more_sequences_than_one_call_takes_runs_fused_in_several():
+    """18 sequences (more than the kernels' 16 rows) decode fused in two calls: logits and written K/V bit for
+    bit those of the same rows decoded as two batches of 9 (a row's result never depends on its neighbours)."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+    from test_model_support import smollm2
+
+    model, rows = smollm2("int4"), 18
+    kv = model.new_kv_buffers(rows * 5)
+    for layer in range(model.config.num_layers):
+        kv.k[layer].normal_(generator=generator(40))
+        kv.v[layer].normal_(generator=generator(41))
+    slots = torch.arange(rows * 5).view(rows, 5)
+    tokens = torch.randint(100, 40000, (rows,), generator=generator(42))
+
+    def step(lo: int, hi: int) -> ForwardBatch:
+        return ForwardBatch(tokens[lo:hi], torch.full((hi - lo,), 4), slots[lo:hi, -1].contiguous(),
+                            [SeqAttention(m, 1, slots[lo + m]) for m in range(hi - lo)], torch.arange(hi - lo))
+
+    assert model.decodes_fused(step(0, rows), kv)
+    split_kv = [(k.clone(), v.clone()) for k, v in zip(kv.k, kv.v)]
+    whole = model.forward(step(0, rows), kv)
+    written = [kv.k[layer].clone() for layer in (0, 29)]
+    for layer, (k, v) in enumerate(split_kv):
+        kv.k[layer].copy_(k)
+        kv.v[layer].copy_(v)
+    halves = torch.cat([model.forward(step(0, 9), kv), model.forward(step(9, rows), kv)])
+    assert torch.equal(whole, halves)
+    assert all(torch.equal(keys, kv.k[layer]) for layer, keys in zip((0, 29), written))
+
+
+@needs_kernel
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_products_are_bit_identical_on_any_thread_count(rows: int):
     """Each output column is computed whole by one thread: 2 and 3 threads (more than this machine's cores)

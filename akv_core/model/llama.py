@@ -128,12 +128,14 @@ class CausalLM:
 
     def _decode_only(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
         """One new token per sequence, row m of the batch being sequence m's, no mask, no probe."""
-        return (self.attention_probe is None and kv.dtype == torch.float32 and len(batch.seqs) <= cpu_gemv.max_rows()
+        return (self.attention_probe is None and kv.dtype == torch.float32
                 and all(seq.q_len == 1 and seq.mask is None and seq.q_start == m for m, seq in enumerate(batch.seqs)))
 
     def _decode_fused(self, batch: ForwardBatch, kv: KVBuffers) -> Tensor:
         """The decode step in one call through all layers (`cpu_gemv.DecodeStack`: per layer norm + qkv,
-        RoPE + K/V write + attention, o into the residual, norm + gate/up, SwiGLU + down into the residual)."""
+        RoPE + K/V write + attention, o into the residual, norm + gate/up, SwiGLU + down into the residual);
+        more sequences than a call takes (`cpu_gemv.max_rows()`) go in several calls: each sequence reads only
+        its own slots, so a row's result does not depend on the rows beside it."""
         c, eps = self.config, self.config.rms_norm_eps
         if self._stack is None:
             self._stack = cpu_gemv.DecodeStack(
@@ -142,12 +144,19 @@ class CausalLM:
                 c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim, eps)
         x = self.embed[batch.input_ids].float()   # a fresh tensor: the residual stream, updated in place
         cos, sin = (t.reshape(len(batch.seqs), -1).contiguous() for t in self.rope.cos_sin(batch.positions))
-        slots = torch.cat([seq.kv_slots for seq in batch.seqs])
-        offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0)
-        self._stack(x, cos, sin, kv.k, kv.v, batch.out_slots, slots, offsets, self._scale)
+        most = cpu_gemv.max_rows()
+        for start in range(0, len(batch.seqs), most):
+            seqs, stop = batch.seqs[start:start + most], min(start + most, len(batch.seqs))
+            slots = torch.cat([seq.kv_slots for seq in seqs])
+            offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in seqs)]).cumsum(0)
+            self._stack(x[start:stop], cos[start:stop], sin[start:stop], kv.k, kv.v, batch.out_slots[start:stop], slots,
+                        offsets, self._scale)
         rows = x[batch.logits_rows]
         if getattr(self.lm_head, "fused", False):
-            return self.lm_head.product(rows, cpu_gemv.Prologue(self.final_norm.float().contiguous(), eps))
+            prologue = cpu_gemv.Prologue(self.final_norm.float().contiguous(), eps)
+            if rows.shape[0] <= most:
+                return self.lm_head.product(rows, prologue)
+            return torch.cat([self.lm_head.product(rows[i:i + most], prologue) for i in range(0, rows.shape[0], most)])
         return self.lm_head(rms_norm(rows, self.final_norm, eps)).float()
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:

@@ -226,11 +226,12 @@ class Engine:
                 self._fail(request, error)
         for part, logits in self._forward(parts):
             request = part.request
-            if request.prefilling:
-                request.advance(len(part.ids))
-            if logits is None:
-                continue
             try:
+                if request.prefilling:
+                    request.advance(len(part.ids))
+                    self._publish(request)
+                if logits is None:
+                    continue
                 if self.logits_probe is not None:
                     self.logits_probe(request.handle, logits)
                 if request.constraint is not None:
@@ -240,19 +241,28 @@ class Engine:
             except Exception as error:
                 self._fail(request, error)
 
+    def _publish(self, request: Request) -> None:
+        """Share the request's computed prompt through the cache: all of it once its prefill is done,
+        the part computed so far while a waiting request shares it (akv_core.scheduler)."""
+        if request.prompt_computed:
+            self.cache.publish(request.lease)
+        elif request.awaited:
+            self.cache.publish(request.lease, request.computed_tokens)
+
     def _plan_rows(self, running: list[Request]) -> list[tuple[Request, int]]:
         """(request, prompt rows) for this step: every decoding request, and prompt chunks.
 
         The prompt rows of all requests share a budget of `prefill_chunk` tokens, taken by
         the requests with the least prompt left first (a short prompt starts decoding at once
         beside a long one), except that a request that got no rows in the last step goes
-        first: every prefilling request moves at least every other step. One stage per
-        request per step (the next stage's re-rotations read this stage's keys).
+        first (every prefilling request moves at least every other step), and, after it, one
+        that waiting requests share (what it publishes lets them in). One stage per request
+        per step (the next stage's re-rotations read this stage's keys).
         """
         plan = [(request, 0) for request in running if not request.prefilling]
         prefilling = [request for request in running if request.prefilling]
         budget = self.prefill_chunk
-        for request in sorted(prefilling, key=lambda r: (not r.passed_over, r.prefill_left)):
+        for request in sorted(prefilling, key=lambda r: (not r.passed_over, not r.awaited, r.prefill_left)):
             rows = request.stage_rows_left if budget is None else min(budget, request.stage_rows_left)
             request.passed_over = rows == 0
             if rows:

@@ -176,6 +176,7 @@ class Request:
     next_row: int = 0                   # the stage's first row not computed yet (chunked prefill)
     passed_over: bool = False           # got no prefill rows in the last step: it goes first in the next
     bypassed: int = 0                   # later requests admitted while this one waited at the head
+    awaited: bool = False               # a waiting request shares its prompt: it publishes it step by step
     generated: list[int] = field(default_factory=list)
     usage: Usage | None = None
     decode_kv: Any = None               # tensor of the slots decode steps attend to (a prefix of it)
@@ -203,6 +204,11 @@ class Request:
             return 0
         later = sum(len(stage.token_ids) for stage in self.layout.stages[self.next_stage + 1:])
         return self.stage_rows_left + later
+
+    @property
+    def computed_tokens(self) -> int:
+        """Key tokens [0, n) whose KV exists: reused or computed (for a lease that `publishes_parts`)."""
+        return len(self.key) - self.prefill_left
 
     def advance(self, rows: int) -> None:
         """`rows` more rows of the current stage were computed."""

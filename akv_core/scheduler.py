@@ -8,12 +8,22 @@ instead, at most MAX_BYPASS times per head (bounded bypass): a small request
 does not wait behind a large one, and the large one is not starved. A running
 request's slots and locked path are never touched, and its decode reservation
 means it never has to wait for a slot again.
+
+A waiting request whose prompt shares at least SHARE_MIN_TOKENS tokens (in the
+same state: akv_core.cache.key.shared_prefix) with a running request that is
+still computing them, beyond what that one has published, is not admitted yet:
+the running one publishes its prompt step by step while it is awaited (and goes
+first in the prefill budget), and the waiting one is admitted once the shared
+part is in the tree, reusing it instead of computing it again. It waits only
+while that prefill is under way (which moves every step), never holds up the
+requests behind it, and keeps its place at the head.
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
 
+from akv_core.cache.key import shared_prefix
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.layout import expand
 from akv_core.request import ERROR_ENGINE, ERROR_KV_CAPACITY, Request
@@ -24,6 +34,9 @@ _log = logging.getLogger(__name__)
 # may start before it: a small request need not wait for a large one, which is not starved.
 LOOKAHEAD = 8
 MAX_BYPASS = 8
+# A waiting request waits for a running one's prefill when it would reuse at least this many of
+# its tokens: fewer are cheaper to compute again than to wait for.
+SHARE_MIN_TOKENS = 64
 
 
 class Scheduler:
@@ -46,6 +59,8 @@ class Scheduler:
         """
         admitted: list[Request] = []
         refused: list[tuple[Request, str, str]] = []
+        for request in self.running:
+            request.awaited = False
         while self.waiting and len(self.running) < self.max_running:
             request = self._next_admitted(refused)
             if request is None:
@@ -60,11 +75,19 @@ class Scheduler:
 
         A later request passes a head that waits for memory at most MAX_BYPASS times; then
         admission is first come, first served until the head is in, so the head is never starved.
+        A request that waits for a running prefill it shares (`_sharing_prefill`) is passed
+        over; passing a head that waits so does not count as a bypass.
         """
+        head_shares = False
         for request in list(self.waiting)[:LOOKAHEAD + 1]:
             head = self.waiting[0]
-            if request is not head and head.bypassed >= MAX_BYPASS:
+            if request is not head and head.bypassed >= MAX_BYPASS and not head_shares:
                 return None
+            source = self._sharing_prefill(request)
+            if source is not None:
+                source.awaited = True
+                head_shares = head_shares or request is head
+                continue
             try:
                 fits = self._try_admit(request)
             except KVCapacityError as error:
@@ -77,9 +100,20 @@ class Scheduler:
                 refused.append((request, f"engine error: {error}", ERROR_ENGINE))
                 continue
             if fits:
-                if request is not head:
+                if request is not head and not head_shares:
                     head.bypassed += 1
                 return request
+        return None
+
+    def _sharing_prefill(self, request: Request) -> Request | None:
+        """A running request still computing at least SHARE_MIN_TOKENS of `request`'s prompt that the
+        tree does not hold yet (it can publish them as it goes), or None."""
+        for other in self.running:
+            if not other.prefilling or not other.lease.publishes_parts:
+                continue
+            shared = min(shared_prefix(request.key, other.key), len(request.key) - 1)
+            if shared - other.lease.published_tokens >= SHARE_MIN_TOKENS:
+                return other
         return None
 
     def _try_admit(self, request: Request) -> bool:
@@ -115,6 +149,6 @@ class Scheduler:
         return True
 
     def finish(self, request: Request) -> None:
-        """Release a running request: its computed prompt goes into the cache, the rest is freed."""
+        """Release a running request: its computed prompt stays in the cache, the rest is freed."""
         self.running.remove(request)
         self.cache.release(request.lease, keep_prompt=request.prompt_computed)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akv_core.cache.allocator import SlotAllocator
-from akv_core.cache.key import build_key
+from akv_core.cache.key import build_key, shared_prefix
 from akv_core.cache.layout import expand
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.ops import validate_operations
@@ -146,6 +146,91 @@ def test_concurrent_requests_reuse_correct_state_and_leak_nothing(actions, pool)
         cache.release(lease, keep_prompt=True)
     cache.check_integrity()
     assert cache.stats().slots_used == cache.stats().slots_cached
+
+
+class _Prefill:
+    """One admitted request computed chunk by chunk on the symbolic KV, as the engine steps it."""
+
+    def __init__(self, cache: KVCache, plan, key) -> None:
+        self.cache, self.key = cache, key
+        self.lease = cache.admit(plan, 2)
+        self.layout = expand(cache.tree.path(plan.match.node), self.lease)
+        self.stage = self.row = 0
+
+    @property
+    def done(self) -> bool:
+        return self.stage == len(self.layout.stages)
+
+    def step(self, kv: SymbolicKV, chunk: int, awaited: bool) -> None:
+        """Compute one chunk; publish the whole prompt once done, the part so far while awaited."""
+        stage = self.layout.stages[self.stage]
+        stop = min(self.row + chunk, len(stage.token_ids))
+        kv.run_stage(stage.rows(self.row, stop))
+        self.row = stop
+        if stop == len(stage.token_ids):
+            self.stage, self.row = self.stage + 1, 0
+        if self.done:
+            self.cache.publish(self.lease)
+        elif awaited:
+            left = sum(len(s.token_ids) for s in self.layout.stages[self.stage:]) - self.row
+            self.cache.publish(self.lease, len(self.key) - left)
+
+    def check_state(self, kv: SymbolicKV) -> None:
+        assert kv.state(self.layout.view_slots, self.layout.end_position) == reference_state(self.key)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(requests, st.integers(0, 3), st.sampled_from(["run", "cancel", "finish"])),
+                min_size=1, max_size=10),
+       st.integers(40, 120), st.integers(1, 6), st.booleans())
+def test_prompts_published_while_they_prefill_are_shared_exactly(actions, pool, chunk, awaited):
+    """Requests publish their prompt chunk by chunk (`awaited`) and whole once computed; a request
+    admitted meanwhile reuses at least the published part it shares, reads exactly the state its
+    operations define, and cancelling the publisher mid-prefill or mid-decode leaks nothing."""
+    cache, kv = KVCache(pool), SymbolicKV()
+    live: list[_Prefill] = []
+    for (messages, drops, repos), steps, end in actions:
+        for _ in range(steps):
+            for run in [run for run in live if not run.done]:
+                run.step(kv, chunk, awaited)
+                cache.check_integrity()
+        if end != "run" and live:
+            run = live.pop(0)
+            if run.done:
+                run.check_state(kv)   # nothing it reads was freed and reused while it ran
+            cache.release(run.lease, keep_prompt=end == "finish" and run.done)
+            cache.check_integrity()
+        rendered = render(messages)
+        key = build_key(rendered, validate_operations(len(messages), drops, repos))
+        plan = cache.plan(key, 2)
+        for other in live:   # published nodes stay locked: nothing evicts them
+            assert plan.match.tokens >= min(shared_prefix(key, other.key), len(key) - 1,
+                                            other.lease.published_tokens)
+        if not cache.can_admit(plan, 2):
+            continue
+        live.append(_Prefill(cache, plan, key))
+        cache.check_integrity()
+    for run in live:
+        while not run.done:
+            run.step(kv, chunk, awaited)
+            cache.check_integrity()
+        run.check_state(kv)
+        cache.release(run.lease, keep_prompt=True)
+        cache.check_integrity()
+    assert cache.stats().slots_used == cache.stats().slots_cached
+
+
+def test_shared_prefix_ends_where_the_keys_tokens_or_records_first_differ():
+    rendered = render([(1, 2, 3), (4, 5), (6, 7, 8)])
+    plain = build_key(rendered, validate_operations(3, None, None))
+    dropped = build_key(rendered, validate_operations(3, {"1": [0]}, None))
+    moved = build_key(rendered, validate_operations(3, {"1": [0]}, [1]))
+    other = build_key(render([(1, 2, 3), (4, 9), (6, 7, 8)]), validate_operations(3, None, None))
+    assert shared_prefix(plain, plain) == len(plain)
+    assert shared_prefix(plain, dropped) == shared_prefix(dropped, plain) == 5   # the drop record sits after (4, 5)
+    assert shared_prefix(dropped, moved) == 5                                     # so does the reposition
+    assert shared_prefix(plain, other) == 4
+    assert shared_prefix(dropped, other) == 4
 
 
 spans = st.tuples(st.integers(0, 12), st.integers(0, 12)).map(sorted)

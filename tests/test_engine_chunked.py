@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from akv_core.cache.key import build_key, shared_prefix
+from akv_core.cache.ops import validate_operations
 from akv_core.engine import Engine
 from akv_core.scheduler import MAX_BYPASS
 from test_engine_model import THOUGHT, agent, assert_same_logits, run, thinking_agent
@@ -108,7 +110,11 @@ def test_small_requests_pass_a_large_one_waiting_for_memory_a_bounded_number_of_
     pool = 1 + tokens(holder) + 24 + max(map(tokens, small)) * (MAX_BYPASS + 1) + 2 * (MAX_BYPASS + 1)
     room = pool - tokens(holder) - 24
     large = [{"role": "user", "content": "word " * 10}]
-    while tokens(large) + 2 <= room:   # fits the pool alone, not beside the running holder
+    # It reuses the chat template's prefix from the holder's prompt, published into the cache
+    # while the holder decodes: it fits the pool alone, not beside the running holder.
+    common = shared_prefix(*(build_key(shared[1].render(m), validate_operations(1, None, None))
+                                for m in (holder, large)))
+    while tokens(large) - common + 2 <= room:
         large[0]["content"] += "word " * 10
     assert tokens(large) + 2 <= pool
     engine = new_engine(shared, None, kv_tokens=pool, max_running=MAX_BYPASS + 4)

@@ -115,3 +115,39 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
         else:
             merged.append([start, end])
     return tuple((start, end) for start, end in merged)
+
+
+def shared_prefix(a: CacheKey, b: CacheKey) -> int:
+    """How many leading tokens two keys hold in the same state: equal tokens, seen through equal records.
+
+    A record at offset o acts on the tokens from o on, so where the keys' records first differ
+    (one has a record the other lacks, or another one) the shared part ends at that offset.
+    """
+    shared = common_prefix(a.tokens, b.tokens, 0, len(b.tokens))
+    for (offset_a, record_a), (offset_b, record_b) in zip(a.records, b.records):
+        if min(offset_a, offset_b) >= shared:
+            return shared
+        if offset_a != offset_b or record_a != record_b:
+            return min(offset_a, offset_b)
+    extra = a.records[len(b.records):] or b.records[len(a.records):]
+    return min(shared, extra[0][0]) if extra else shared
+
+
+def key_prefix(key: CacheKey, tokens: int) -> CacheKey:
+    """The key of the first `tokens` tokens: the records before them, none at or after `tokens`."""
+    return CacheKey(key.tokens[:tokens], tuple(item for item in key.records if item[0] < tokens))
+
+
+def common_prefix(run: array, tokens: array, offset: int, end: int) -> int:
+    """Length of the common prefix of `run` and tokens[offset:end], by slice comparisons."""
+    m = min(len(run), end - offset)
+    if run[:m] == tokens[offset:offset + m]:
+        return m
+    low, high = 0, m - 1  # run[:low] matches; run[:high + 1] does not
+    while low < high:
+        mid = (low + high + 1) // 2
+        if run[low:mid] == tokens[offset + low:offset + mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

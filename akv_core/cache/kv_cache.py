@@ -1,20 +1,29 @@
 """The cache a request talks to: plan, check-then-admit, and release.
 
 One `KVCache` owns the slot allocator and the radix tree. A request's
-`Lease` owns the slots it was given until `release` hands them to the tree
-(the prompt path) or back to the allocator (decode slots, or everything of a
-request cancelled before its prompt was computed). The engine and the replay
-simulator call exactly these methods in the same order, which is what makes
-their accounting and evictions agree.
+`Lease` owns the slots it was given until `publish` or `release` hands them to
+the tree (the prompt path) or back to the allocator (decode slots, or what of a
+request cancelled before its prompt was computed it had not published). The
+engine and the replay simulator call exactly these methods in the same order
+for requests served one after another, which is what makes their accounting
+and evictions agree.
+
+Publishing: the engine hands a request's prompt to the tree as soon as its
+prefill is done (`publish`), and the part computed so far, step by step, while
+another request waits for it (`publish(lease, tokens)`), so that requests
+running at once share what they have in common. Published nodes stay locked by
+the request until it ends; where another request published the same KV first,
+the tree keeps that one and the request keeps reading its own copy, which it
+frees when it ends (`Lease.kept_slots`). Decode slots stay private.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from akv_core.cache.allocator import SlotAllocator
-from akv_core.cache.key import CacheKey
+from akv_core.cache.key import CacheKey, key_prefix
 from akv_core.cache.planner import Plan, map_copies, plan_request
-from akv_core.cache.radix import HOLE, RadixCache
+from akv_core.cache.radix import HOLE, Match, Node, RadixCache
 
 
 class KVCapacityError(ValueError):
@@ -35,6 +44,37 @@ class Lease:
     frees_on_release: int = 0   # reused keys its new records move: the tree frees their old KV at release
     decode_used: int = 0
     released: bool = field(default=False)
+    published: Match | None = None   # the prefix of the key handed to the tree so far (None: nothing yet)
+    complete: bool = False           # the whole prompt is in the tree (restored KV and live copies too)
+    kept_slots: list[int] = field(default_factory=list)   # its copies of KV another request published first
+
+    @property
+    def node(self) -> Node:
+        """The node whose path the request locks: the end of what it reused or published."""
+        return (self.published or self.plan.match).node
+
+    @property
+    def published_tokens(self) -> int:
+        """Key tokens [0, n) that the tree holds for this request (reused or published)."""
+        return (self.published or self.plan.match).tokens
+
+    @property
+    def publishes_parts(self) -> bool:
+        """Whether a part of its prompt can be published before the rest is computed.
+
+        Restored KV and recycled copies are placed only when the whole prompt is done.
+        """
+        return not self.plan.restore and self.plan.copy_ids is None
+
+    def prompt_slots(self) -> list[list[int]]:
+        """The prompt slots it still owns: what it has not published, and its kept copies."""
+        if self.complete:
+            return [self.kept_slots]
+        plan = self.plan
+        published = self.published or plan.match
+        copies = sum(plan.copies[:published.records - plan.match.records])
+        return [self.token_slots[published.tokens - plan.match.tokens:], self.copy_slots[copies:],
+                self.hole_slots, self.copy_hole_slots, self.kept_slots]
 
     def take_decode_slot(self) -> int | None:
         """The next reserved slot for a generated token, or None when the reservation is used up."""
@@ -137,31 +177,54 @@ class KVCache:
         self._leases.add(lease)
         return lease
 
+    def publish(self, lease: Lease, tokens: int | None = None) -> None:
+        """Hand the computed prompt to the tree now: key tokens [0, tokens), or all of it (None).
+
+        A part comes with the records before its end and only for a lease that
+        `publishes_parts`; the whole prompt brings restored KV and live copies too. The
+        published nodes stay locked by the lease until `release`; duplicates of what another
+        request published first stay the lease's (`kept_slots`): its layout reads them.
+        """
+        plan = lease.plan
+        whole = tokens is None or tokens >= len(plan.key)
+        if lease.released or lease.complete or (not whole and (not lease.publishes_parts
+                                                               or tokens <= lease.published_tokens)):
+            return
+        key = plan.key if whole else key_prefix(plan.key, tokens)
+        start = lease.published or plan.match
+        record_slots = lease.record_slots
+        if whole and plan.copy_ids is not None:   # recycled copies: the tree takes the live ones
+            record_slots, unused = _live_record_slots(plan, lease)
+            lease.kept_slots += unused
+        first = start.records - plan.match.records
+        end = self.tree.insert(start, key, lease.token_slots[start.tokens - plan.match.tokens:],
+                               record_slots[first:], lease.kept_slots)
+        if whole and plan.restore:
+            lease.kept_slots += self.tree.fill(plan.match.node, plan.restore.token_holes, lease.hole_slots,
+                                               plan.restore.copy_holes, lease.copy_hole_slots)
+        self.tree.lock(end)
+        self.tree.unlock(start.node)
+        lease.published = Match(end, len(key), len(key.records))
+        lease.complete = whole
+
     def release(self, lease: Lease, keep_prompt: bool) -> None:
-        """End a request: its prompt path goes into the tree (if computed), everything else is freed."""
+        """End a request: its prompt path goes into the tree (if computed), everything else is freed.
+
+        What it published stays in the tree either way, no longer locked by it.
+        """
         if lease.released:
             return
+        if keep_prompt:
+            self.publish(lease)
         lease.released = True
         self._leases.discard(lease)
         plan = lease.plan
-        end = None
-        if keep_prompt:
-            record_slots = lease.record_slots
-            if plan.copy_ids is not None:   # recycled copies: the tree takes the live ones, the rest is freed
-                record_slots, unused = _live_record_slots(plan, lease)
-                self.allocator.free(unused)
-            end = self.tree.insert(plan.match, plan.key, lease.token_slots, record_slots)
-            if plan.restore:
-                self.allocator.free(self.tree.fill(plan.match.node, plan.restore.token_holes, lease.hole_slots,
-                                                   plan.restore.copy_holes, lease.copy_hole_slots))
-        else:
-            self.allocator.free(lease.token_slots)
-            self.allocator.free(lease.copy_slots)
-            self.allocator.free(lease.hole_slots)
-            self.allocator.free(lease.copy_hole_slots)
-        self.tree.unlock(plan.match.node)
+        for slots in lease.prompt_slots():
+            self.allocator.free(slots)
+        self.tree.unlock(lease.node)
         self.allocator.free(lease.decode_slots)
-        if end is not None:   # KV the finished path no longer reads, where nobody running needs it
+        if lease.complete:   # KV the finished path no longer reads, where nobody running needs it
+            end = lease.node
             self.tree.punch(end, plan.key)
             if plan.key.records:
                 self.tree.punch_copies(end, plan.walk.live_copies)
@@ -182,10 +245,9 @@ class KVCache:
     def check_integrity(self) -> None:
         """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""
         leases = list(self._leases)
-        owned = [lease.token_slots for lease in leases] + [lease.decode_slots for lease in leases]
-        owned += [lease.hole_slots for lease in leases] + [lease.copy_hole_slots for lease in leases]
-        owned += [lease.copy_slots for lease in leases]
-        self.tree.check_integrity([lease.plan.match.node for lease in leases], owned)
+        owned = [slots for lease in leases for slots in lease.prompt_slots()]
+        owned += [lease.decode_slots for lease in leases]
+        self.tree.check_integrity([lease.node for lease in leases], owned)
 
 
 def _record_slots(plan: Plan, copy_slots: list[int]) -> list[list[int]]:

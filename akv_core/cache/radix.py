@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from akv_core.cache.allocator import SlotAllocator
-from akv_core.cache.key import CacheKey, DropRecord, Record
+from akv_core.cache.key import CacheKey, DropRecord, Record, common_prefix
 
 
 HOLE = -1   # a token whose dropped KV was freed; recomputed by the next request that needs it visible
@@ -204,17 +204,20 @@ class RadixCache:
     # -- insert --------------------------------------------------------------------------------
 
     def insert(self, match: Match, key: CacheKey, token_slots: list[int],
-               record_slots: list[list[int]]) -> Node:
+               record_slots: list[list[int]], duplicates: list[int] | None = None) -> Node:
         """Hang the rest of `key` below `match.node`, taking ownership of the request's slots.
 
         `token_slots` hold key tokens [match.tokens, len(key)); `record_slots[i]`
         belongs to record `match.records + i`. Parts another request inserted in
-        the meantime are kept, and this request's duplicates are freed (or fill
-        holes). Returns the node where the key ends.
+        the meantime are kept, and this request's duplicates fill holes or are
+        freed; with `duplicates`, they are appended there instead (a request that
+        still runs reads them: it frees them when it ends). Returns the node where
+        the key ends.
         """
         tokens, records = key.tokens, key.records
         node, offset, record_index = match.node, match.tokens, match.records
         base, first_record = match.tokens, match.records
+        give_back = self.allocator.free if duplicates is None else duplicates.extend
         now = self._tick()
         while True:
             if record_index < len(records) and records[record_index][0] == offset:
@@ -228,7 +231,7 @@ class RadixCache:
                     child = self._add(node, child)
                 else:
                     spare = self._fill_holes(child, mine) if child.holes else mine
-                    self.allocator.free([slot for slot in spare if slot != HOLE] if HOLE in spare else spare)
+                    give_back([slot for slot in spare if slot != HOLE] if HOLE in spare else spare)
                 node, record_index = child, record_index + 1
                 node.last_access = now
                 continue
@@ -247,7 +250,7 @@ class RadixCache:
             mine = token_slots[offset - base:offset - base + n]
             if child.holes:
                 mine = self._fill_holes(child, mine)
-            self.allocator.free(mine)
+            give_back(mine)
             node, offset = child, offset + n
             node.last_access = now
 
@@ -550,18 +553,3 @@ def _claim(seen: set[int], slots: list[int]) -> None:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(f"cache integrity: {message}")
-
-
-def common_prefix(run: array, tokens: array, offset: int, end: int) -> int:
-    """Length of the common prefix of `run` and tokens[offset:end], by slice comparisons."""
-    m = min(len(run), end - offset)
-    if run[:m] == tokens[offset:offset + m]:
-        return m
-    low, high = 0, m - 1  # run[:low] matches; run[:high + 1] does not
-    while low < high:
-        mid = (low + high + 1) // 2
-        if run[low:mid] == tokens[offset + low:offset + mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low

@@ -394,6 +394,8 @@ def dynamic_int8_model(exact: Any) -> Any:
 
 
 KERNEL_SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+KERNEL_ROWS = (1, 2, 4, 8, 16)     # one call of a fused kernel takes at most 16 rows
+STEP_ROWS = (*KERNEL_ROWS, 32)     # beyond 16 the fused step makes several calls
 
 
 def kernel_table(repeats: int = 20) -> None:
@@ -417,7 +419,7 @@ def kernel_table(repeats: int = 20) -> None:
         kernels["int4 fused (cpu_gemv)"] = lambda w: Int4Linear(Int4Groups.quantize(w)).product
     rows_tried = (1, 8, 512)
     print(f"kernels, 1 thread, median CPU us per product ({', '.join(f'{r} rows' for r in rows_tried)}; the fused "
-          f"ones at {', '.join(map(str, STEP_ROWS))} rows):")
+          f"ones at {', '.join(map(str, KERNEL_ROWS))} rows):")
     generator = torch.Generator().manual_seed(0)
     with torch_threads(1):
         for shape_name, (n, k) in KERNEL_SHAPES.items():
@@ -426,7 +428,7 @@ def kernel_table(repeats: int = 20) -> None:
                 product = make(weight)
                 cells = []
                 fused = "fused" in kernel_name
-                for rows in STEP_ROWS if fused else rows_tried[:2] if shape_name == "lm_head" else rows_tried:
+                for rows in KERNEL_ROWS if fused else rows_tried[:2] if shape_name == "lm_head" else rows_tried:
                     x = torch.randn(rows, k, generator=generator)
                     product(x)
                     times = []
@@ -436,9 +438,6 @@ def kernel_table(repeats: int = 20) -> None:
                         times.append(clock.cpu)
                     cells.append(f"{statistics.median(times) * 1e6:10.1f}")
                 print(f"  {shape_name:8s} {n:5d}x{k:<5d} {kernel_name:22s}" + "".join(cells), flush=True)
-
-
-STEP_ROWS = (1, 2, 4, 8, 16, 32)   # beyond 16 (one call's most) the fused step makes several calls
 
 
 def decode_step_table(precision: str = "int4", context: int = 128, repeats: int = 10) -> None:

@@ -402,12 +402,12 @@ def kernel_table(repeats: int = 20) -> None:
     """Every CPU matmul kernel torch offers for these precisions, on SmolLM2's projection shapes, one thread:
     median CPU microseconds per product (weights stay in cache except lm_head's)."""
     from akv_core.model.linear import Linear
-    from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear, torch_int4_pack
+    from akv_core.model.quantized import Int4Groups, Int4Linear, Int8Linear, quantize_int8_rows, torch_int4_pack
 
     kernels = {"fp32 (MKL)": lambda w: Linear(w), "fp16 (fbgemm)": lambda w: Linear(w, None, "fp16"),
                "bf16": lambda w: (lambda x, b=w.bfloat16(): torch.nn.functional.linear(x.bfloat16(), b)),
-               "int8 weight-only": lambda w: (lambda x, l=Int8Linear(w): torch.ops.aten._weight_int8pack_mm(
-                   x.bfloat16(), l.q, l.scale_bf16)),
+               "int8 weight-only": lambda w: (lambda x, q=quantize_int8_rows(w): torch.ops.aten._weight_int8pack_mm(
+                   x.bfloat16(), q[0], q[1].bfloat16())),
                "int4 weight-only": lambda w: (lambda x, packed=torch_int4_pack(Int4Groups.quantize(w)):
                                               torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[0], 32,
                                                                                          packed[1])),

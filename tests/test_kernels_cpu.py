@@ -67,6 +67,17 @@ def test_prologues_and_accumulation_match_torch(rows: int):
 
 
 @needs_kernel
+def test_int8_layers_hold_their_weights_once_in_the_kernels_layout():
+    """An int8 layer on the fused kernel keeps only the packed weights; they unpack to the row quantization."""
+    from akv_core.model.quantized import quantize_int8_rows
+
+    weight = torch.randn(43, 96, generator=generator(50))
+    layer, (q, scale) = Int8Linear(weight), quantize_int8_rows(weight)
+    assert not hasattr(layer, "q") and torch.equal(cpu_gemv.unpack_q8(layer.kernel), q)
+    assert torch.equal(layer.dequantize(), q.float() * scale[:, None])
+
+
+@needs_kernel
 def test_products_refuse_inputs_they_cannot_take():
     q = torch.zeros(8, 64, dtype=torch.int8)
     packed = cpu_gemv.pack_q8(q, torch.ones(8))

@@ -187,6 +187,13 @@ def pack_q8(q: Tensor, scale: Tensor) -> Weights:
                    None, n, k)
 
 
+def unpack_q8(weights: Weights) -> Tensor:
+    """The int8 weights q [N, K] back from `pack_q8`'s layout."""
+    n, k = weights.n, weights.k
+    v = weights.weight.reshape(-1, k // BLOCK, 8, GROUP, 4)                                   # [G, b, j, c, t]
+    return v.permute(0, 3, 1, 2, 4).reshape(-1, k)[:n].contiguous()
+
+
 @dataclass(frozen=True)
 class Prologue:
     """What happens to the input rows x before the product (fused into their quantization): with `glu`,

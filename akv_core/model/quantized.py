@@ -84,12 +84,13 @@ class Int8Linear(_QuantizedLinear):
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         _require_cpu(weight, "int8")
         self.bias, self.out_features = bias, weight.shape[0]
-        self.q, self.scale = quantize_int8_rows(weight)
-        self.scale_bf16 = self.scale.bfloat16()
-        self.prefill = PrefillWeights(self.dequantize())
+        q, self.scale = quantize_int8_rows(weight)
         self.fused = cpu_gemv.available() and weight.shape[1] % cpu_gemv.BLOCK == 0
-        if self.fused:   # the fused kernel's own layout (q stays for dequantize and torch's kernel)
-            self.kernel = cpu_gemv.pack_q8(self.q, self.scale)
+        if self.fused:   # the fused kernel's own layout only (the weights are held once)
+            self.kernel = cpu_gemv.pack_q8(q, self.scale)
+        else:            # torch's kernel's
+            self.q, self.scale_bf16 = q, self.scale.bfloat16()
+        self.prefill = PrefillWeights(self.dequantize())
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale_bf16)
@@ -101,7 +102,8 @@ class Int8Linear(_QuantizedLinear):
         return self.kernel
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return self.q.to(dtype) * self.scale[:, None].to(dtype)
+        q = cpu_gemv.unpack_q8(self.kernel) if self.fused else self.q
+        return q.to(dtype) * self.scale[:, None].to(dtype)
 
 
 @dataclass(frozen=True)

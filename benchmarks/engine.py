@@ -29,7 +29,9 @@ just these rows. `--kernels` times each matmul kernel on the model's shapes (the
 alone, a short run; `--serve` runs whatever the parts).
 
 Contenders take turns (decode in short bursts, prefill once per round), so that load from
-other processes falls on all of them alike. When every contender runs on one thread, ratios
+other processes falls on all of them alike; before each decode burst an untimed pause of
+SETTLE_S lets the threads the previous contender left spinning go to sleep (llama.cpp's did
+cost the burst after it a fifth of its speed on 2 threads). When every contender runs on one thread, ratios
 compare process CPU time (steady on a shared machine, where wall time mostly measures the wait
 for a core); with more threads they compare wall time (CPU time then counts every thread, and
 llama.cpp's threads spin while they wait). A ratio is the median over rounds of the per-round
@@ -249,11 +251,17 @@ def attention_ms(model, history: int, kept_fraction: float, steps: int) -> float
     return statistics.median(times) * 1e3
 
 
+# A pause before each burst, untimed: threads the previous contender left spinning (llama.cpp's, OpenMP's,
+# the fused kernels' pool) are asleep when the next one starts, as they would be were it running alone.
+SETTLE_S = 0.05
+
+
 def decode_bursts(decoders: dict[str, Decoder], bursts: int, steps: int) -> dict[str, list[Clock]]:
     """Every decoder in turn, `steps` tokens per burst, `bursts` times."""
     clocks: dict[str, list[Clock]] = {name: [] for name in decoders}
     for _ in range(bursts):
         for name, decoder in decoders.items():
+            time.sleep(SETTLE_S)
             with Clock() as clock:
                 for _ in range(steps):
                     decoder.step()

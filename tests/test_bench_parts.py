@@ -240,6 +240,21 @@ def test_the_llama_cpp_peer_is_found_in_another_venv_or_its_absence_explained(tm
         import_llama_cpp(str(tmp_path / "nowhere"))
 
 
+def test_the_engine_benchmark_runs_the_parts_asked_for(monkeypatch, capsys) -> None:
+    import sys
+
+    from benchmarks.engine import PARTS, parse_args
+
+    monkeypatch.setattr(sys, "argv", ["engine.py", "--parts", " decode , accuracy"])
+    assert parse_args().parts == ["decode", "accuracy"]
+    monkeypatch.setattr(sys, "argv", ["engine.py"])
+    assert parse_args().parts == list(PARTS)
+    monkeypatch.setattr(sys, "argv", ["engine.py", "--parts", "decode,serve"])
+    with pytest.raises(SystemExit):
+        parse_args()
+    assert "--parts: expected some of decode, prefill, accuracy, attention, got decode, serve" in capsys.readouterr().err
+
+
 def test_akv_bench_outside_a_checkout_says_in_one_line_what_it_needs(tmp_path) -> None:
     """An installed akv_cli has no benchmarks/ beside it (pyproject ships none): one clear line, exit 2."""
     import shutil

@@ -318,10 +318,14 @@ def test_code_that_hangs_past_the_wall_clock_backstop_ends_the_task_as_an_error(
         hanging_env.grade(None)
 
 
-def test_a_run_whose_tool_outlives_the_backstop_is_an_error_naming_it(suite: LocalSWE, task) -> None:
+def test_a_run_whose_tool_outlives_the_backstop_is_an_error_naming_it(suite: LocalSWE, task, monkeypatch) -> None:
     from sandbox.backends.replay import ReplayBackend
     from sandbox.harness import resolve_policy, run_task
+    from sandbox.suites.localswe import environment
 
+    # Outputs memoized by earlier tests of this process would answer without a test run.
+    monkeypatch.setattr(environment, "_TEST_OUTPUTS", environment._Outputs(capacity=16))
+    monkeypatch.setattr(environment, "_GRADES", environment._Outputs(capacity=16))
     rushed = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12,
                       limits=dataclasses.replace(HANGING_LIMITS, wall_s=0.05))  # no test run finishes
     rushed._home = suite._home

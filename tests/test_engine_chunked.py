@@ -7,22 +7,20 @@ pass a large one that waits for memory, a bounded number of times.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from akv_core.cache.key import build_key, shared_prefix
 from akv_core.cache.ops import validate_operations
 from akv_core.engine import Engine
 from akv_core.scheduler import MAX_BYPASS
 from test_engine_model import THOUGHT, agent, assert_same_logits, run, thinking_agent
+from test_model_support import engine_parts
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
 def shared():
-    torch.set_num_threads(1)
-    engine = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=1)
-    return engine.model, engine.tokenizer
+    return engine_parts()
 
 
 def new_engine(shared, prefill_chunk: int | None, kv_tokens: int = 2048, max_running: int = 8) -> Engine:

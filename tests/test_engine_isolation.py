@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from akv_core.engine import Engine
 from akv_core.request import ERROR_ENGINE, RequestFailed
+from test_model_support import engine_parts, run_together
 
 pytestmark = pytest.mark.model
 
@@ -15,20 +15,12 @@ QUESTIONS = [[{"role": "user", "content": f"One fact about {topic}."}]
 
 @pytest.fixture(scope="module")
 def shared():
-    torch.set_num_threads(1)
-    engine = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=1)
-    return engine.model, engine.tokenizer
+    return engine_parts()
 
 
 def new_engine(shared, kv_tokens: int = 2048) -> Engine:
     model, tokenizer = shared
     return Engine(model, tokenizer, kv_tokens, 8, threads={"prefill": 1, "decode": 1})
-
-
-def run_together(engine: Engine, handles: list) -> None:
-    while not all(handle.done for handle in handles):
-        engine.step()
-        engine.check_integrity()
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.engine import Engine
 from akv_core.request import RequestFailed
+from test_model_support import engine_parts
 
 pytestmark = pytest.mark.model
 
@@ -61,9 +62,7 @@ def agent(turns: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def shared():
-    torch.set_num_threads(1)
-    engine = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=1)
-    return engine.model, engine.tokenizer
+    return engine_parts()
 
 
 def new_engine(shared, kv_tokens: int = 2048, max_running: int = 8) -> Engine:

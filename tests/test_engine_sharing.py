@@ -14,6 +14,7 @@ from akv_core.engine import Engine
 from akv_core.request import ERROR_ENGINE, RequestFailed
 from akv_core.scheduler import SHARE_MIN_TOKENS
 from test_engine_model import assert_same_logits
+from test_model_support import engine_parts, run_together
 
 pytestmark = pytest.mark.model
 
@@ -30,9 +31,7 @@ HISTORIES = [[SYSTEM, {"role": "user", "content": f"One fact about {topic}."}] f
 
 @pytest.fixture(scope="module")
 def shared():
-    torch.set_num_threads(1)
-    engine = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=1)
-    return engine.model, engine.tokenizer
+    return engine_parts()
 
 
 def new_engine(shared, prefill_chunk: int = 512) -> Engine:
@@ -44,12 +43,6 @@ def probe_logits(engine: Engine) -> dict:
     logits: dict = {}
     engine.logits_probe = lambda handle, row: logits.setdefault(handle, []).append(row.clone())
     return logits
-
-
-def run_together(engine: Engine, handles: list) -> None:
-    while not all(handle.done for handle in handles):
-        engine.step()
-        engine.check_integrity()
 
 
 @pytest.fixture(scope="module")

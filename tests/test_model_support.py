@@ -23,6 +23,21 @@ def transformers_smollm2():
     return transformers_reference()
 
 
+@functools.lru_cache(maxsize=None)
+def engine_parts():
+    """The embedded model and its chat tokenizer, once per session, for the engines the tests build."""
+    from akv_core.chat import ChatTokenizer
+
+    return smollm2(), ChatTokenizer.from_model("smollm2")
+
+
+def run_together(engine, handles: list) -> None:
+    """Step `engine` until every handle is done, checking the cache's invariants after each step."""
+    while not all(handle.done for handle in handles):
+        engine.step()
+        engine.check_integrity()
+
+
 def random_ids(n: int, seed: int = 0) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(100, 40000, (n,), generator=generator).tolist()

@@ -16,6 +16,7 @@ import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,10 @@ from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
                               StreamText)
+from akv_core import passes
 from akv_core.sampling import check_sampling, generator_for, sample
 from akv_core.scheduler import Scheduler
-from akv_core.threads import phase_threads
+from akv_core.threads import MAX_PASSES, METER, forward_cpu, phase_threads, side_by_side_passes
 
 _log = logging.getLogger(__name__)
 
@@ -80,7 +82,9 @@ class Engine:
         self.cache = KVCache(kv_tokens)
         self.scheduler = Scheduler(self.cache, max_running)
         self.context_length: int = model.config.context_length
-        self._threads = dict(threads) if threads is not None else None   # None: akv_core.threads decides
+        # None: akv_core.threads decides; else {"prefill": n, "decode": n} and optionally "passes" (default 1)
+        self._threads = dict(threads) if threads is not None else None
+        METER.busy_elsewhere()   # a first reading, so that the first steps judge the idle cores
         self._lock = threading.Lock()              # one step at a time; guards scheduler and cache
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -295,7 +299,7 @@ class Engine:
         """
         if len(parts) > 1:
             try:
-                return list(zip(parts, self._run(parts)))
+                return self._run_batched(parts)
             except Exception as error:
                 _log.warning("a batched forward failed (%s); running its requests one at a time", error)
         done = []
@@ -306,7 +310,40 @@ class Engine:
                 self._fail(part.request, error)
         return done
 
+    def _run_batched(self, parts: list[_Part]) -> list[tuple[_Part, torch.Tensor | None]]:
+        """The parts in one forward pass, or in passes side by side (akv_core.passes) where that pays."""
+        count = min(self._passes_allowed(), MAX_PASSES)
+        groups = None if count < 2 else passes.split(
+            [passes.part_cost(len(p.ids), p.kv_slots.numel(), not p.request.prefilling) for p in parts], count)
+        if groups is None:
+            return list(zip(parts, self._run(parts)))
+        batches = [self._batch([parts[i] for i in group]) for group in groups]
+        with forward_cpu():
+            results = passes.shared().run([partial(self.model.forward, batch, self.kv) for batch in batches])
+        logits = {}
+        for group, batch_logits in zip(groups, results):
+            logits.update(zip(group, self._logits_of([parts[i] for i in group], batch_logits)))
+        return [(part, logits[i]) for i, part in enumerate(parts)]
+
+    def _passes_allowed(self) -> int:
+        if not getattr(self.model, "passes_safe", False):
+            return 1
+        return side_by_side_passes() if self._threads is None else self._threads.get("passes", 1)
+
     def _run(self, parts: list[_Part]) -> list[torch.Tensor | None]:
+        batch = self._batch(parts)
+        prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
+        with self._phase_threads("prefill" if prefill_tokens else "decode", batch.input_ids.numel(),
+                                 self.model.decodes_fused(batch, self.kv)):
+            logits = self.model.forward(batch, self.kv)
+        return self._logits_of(parts, logits)
+
+    @staticmethod
+    def _logits_of(parts: list[_Part], logits: torch.Tensor) -> list[torch.Tensor | None]:
+        rows = iter(logits.float().cpu())   # sampling generators live on the CPU
+        return [next(rows) if part.samples else None for part in parts]
+
+    def _batch(self, parts: list[_Part]) -> ForwardBatch:
         ids: list[int] = []
         positions: list[int] = []
         out_slots: list[int] = []
@@ -321,13 +358,7 @@ class Engine:
                 logits_rows.append(len(ids) - 1)
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              _slots(out_slots), seqs, torch.tensor(logits_rows, dtype=torch.long))
-        prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
-        batch = _to_device(batch, self.kv.device)
-        with self._phase_threads("prefill" if prefill_tokens else "decode", len(ids),
-                                 self.model.decodes_fused(batch, self.kv)):
-            logits = self.model.forward(batch, self.kv)
-        rows = iter(logits.float().cpu())   # sampling generators live on the CPU
-        return [next(rows) if part.samples else None for part in parts]
+        return _to_device(batch, self.kv.device)
 
     def _rerotate(self, work: Rerotations) -> None:
         """Write re-rotated copies of keys (values copied as they are) into their new slots."""

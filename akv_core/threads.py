@@ -1,4 +1,4 @@
-"""How many CPU threads each phase of a forward pass gets.
+"""How many CPU threads each phase of a forward pass gets, and when a step runs as two passes side by side.
 
 One rule for torch's operators and the fused C kernels (`akv_core.kernels.cpu_gemv`, which run on
 torch's thread count): the engine wraps each forward pass in `phase_threads(...)`.
@@ -12,19 +12,26 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
   thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.
+- Passes side by side (`side_by_side_passes()`): a step of several requests on the torch operators may run as
+  two forward passes at once, one thread each, a part of the requests in each (akv_core.passes).
+  Per-op threading barely helps a decode step of a few rows (its products are too small, its
+  attention one call per request); two one-thread passes side by side use both cores
+  (docs/benchmarks.md). As many passes as idle cores, at most MAX_PASSES.
 
-The idle cores are the cores minus the 1-minute load average. For the fused decode step this
-process's own recent CPU use is not counted as load: a server's own decode threads would otherwise
-push it down to 1 thread as soon as it is busy. Prefill keeps counting it: OpenMP threads lose
-badly to any other running thread, this process's (agents, a client in the same process) included.
-AKV_DECODE_THREADS / AKV_PREFILL_THREADS override.
+The idle cores are the cores less what is busy with other work: over the last BUSY_WINDOW_S
+seconds, the machine's busy CPU time (/proc/stat, steal included) less what this process spent in
+its own forward passes. The engine runs one step at a time, so its last pass never competes with
+its next; everything else does, this process's other threads (agents or a client in the same
+process, the HTTP side) included. Where /proc/stat is missing, the 1-minute load average stands in.
+AKV_DECODE_THREADS / AKV_PREFILL_THREADS / AKV_PASSES override.
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -35,9 +42,76 @@ DECODE_THREADS = 1
 FUSED_DECODE_MAX_THREADS = 4
 # Below this many new tokens a forward pass is decode-like: more threads do not pay off.
 PREFILL_MIN_TOKENS = 64
-LOAD_WINDOW_S = 60.0   # the kernel's 1-minute load average decays with this time constant
+# Two passes measured on 2 cores (docs/benchmarks.md); more would each stream the weights again.
+MAX_PASSES = 2
+BUSY_WINDOW_S = 2.0    # how far back the busy CPU time is averaged
+SAMPLE_EVERY_S = 0.25  # at most one /proc/stat reading per this many seconds
+PROC_STAT = "/proc/stat"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-_own = {"wall": time.monotonic(), "cpu": time.process_time(), "load": 0.0}
+
+def averaged(previous: float, rate: float, elapsed: float, window: float = BUSY_WINDOW_S) -> float:
+    """An average decaying with time constant `window`, after `elapsed` seconds at `rate`."""
+    return previous + (1.0 - math.exp(-elapsed / window)) * (rate - previous)
+
+
+def idle_of(cores: int, busy_elsewhere: float) -> int:
+    """Cores free for this process's next pass when `busy_elsewhere` cores' worth of other work runs."""
+    return max(1, min(cores, int(cores - max(0.0, busy_elsewhere) + 0.5)))
+
+
+def machine_busy_s(stat_text: str) -> float | None:
+    """The CPU seconds all cores have been busy since boot, from /proc/stat's text (None if unreadable)."""
+    for line in stat_text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            ticks = [int(v) for v in fields[1:9]] + [0] * 8   # user nice system idle iowait irq softirq steal
+            return (sum(ticks[0:3]) + sum(ticks[5:8])) / TICKS_PER_S
+    return None
+
+
+class BusyMeter:
+    """Cores' worth of CPU busy with work other than this process's forward passes, recently."""
+
+    def __init__(self, stat_path: str = PROC_STAT, clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = stat_path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._forward_s = 0.0          # CPU seconds of this process inside forward passes
+        self._last: tuple[float, float, float] | None = None   # (wall, machine busy, forward) at the last sample
+        self._busy = 0.0
+        self._samples = 0
+
+    def add_forward(self, cpu_s: float) -> None:
+        with self._lock:
+            self._forward_s += cpu_s
+
+    def _read(self) -> float | None:
+        try:
+            with open(self._path, encoding="ascii") as stat:
+                return machine_busy_s(stat.read())
+        except (OSError, ValueError):
+            return None
+
+    def busy_elsewhere(self) -> float | None:
+        """The averaged figure, or None until two readings SAMPLE_EVERY_S apart exist (or without /proc)."""
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last[0] < SAMPLE_EVERY_S:
+                return self._busy if self._samples else None
+            machine = self._read()
+            if machine is None:
+                return None
+            if self._last is not None:
+                elapsed = now - self._last[0]
+                rate = ((machine - self._last[1]) - (self._forward_s - self._last[2])) / elapsed
+                self._busy = max(0.0, rate) if not self._samples else averaged(self._busy, max(0.0, rate), elapsed)
+                self._samples += 1
+            self._last = (now, machine, self._forward_s)
+            return self._busy if self._samples else None
+
+
+METER = BusyMeter()
 
 
 def _env_threads(name: str) -> int | None:
@@ -49,34 +123,16 @@ def _env_threads(name: str) -> int | None:
     return int(value)
 
 
-def own_load() -> float:
-    """This process's CPU use (cores' worth), averaged over the load average's window."""
-    wall, cpu = time.monotonic(), time.process_time()
-    elapsed = wall - _own["wall"]
-    if elapsed >= 0.5:   # a cheap reading per forward pass, an update at most twice a second
-        _own.update(wall=wall, cpu=cpu, load=averaged(_own["load"], (cpu - _own["cpu"]) / elapsed, elapsed))
-    return _own["load"]
-
-
-def averaged(previous: float, rate: float, elapsed: float) -> float:
-    """An average decaying as the kernel's load average does, after `elapsed` seconds at `rate`."""
-    return previous + (1.0 - math.exp(-elapsed / LOAD_WINDOW_S)) * (rate - previous)
-
-
-def idle_of(cores: int, load: float, own: float) -> int:
-    """Cores not busy with other processes' work: `load` less this process's `own` share, rounded."""
-    return max(1, min(cores, int(cores - max(0.0, load - own) + 0.5)))
-
-
-def idle_cores(discount_own: bool = False) -> int:
-    """Cores not busy with other work, judged by the 1-minute load average; with `discount_own`, this
-    process's own recent CPU use is not counted as load."""
+def idle_cores() -> int:
+    """Cores not busy with other work (the module's docstring says how that is judged)."""
     cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        return cores
-    return idle_of(cores, load, own_load() if discount_own else 0.0)
+    busy = METER.busy_elsewhere()
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except OSError:  # no load average on this platform
+            return cores
+    return idle_of(cores, busy)
 
 
 def threads_for(phase: str, new_tokens: int = 1, fused: bool = False) -> int:
@@ -88,17 +144,33 @@ def threads_for(phase: str, new_tokens: int = 1, fused: bool = False) -> int:
         chosen = _env_threads("AKV_DECODE_THREADS")
         if chosen is not None:
             return chosen
-        return min(idle_cores(discount_own=True), FUSED_DECODE_MAX_THREADS) if fused else DECODE_THREADS
+        return min(idle_cores(), FUSED_DECODE_MAX_THREADS) if fused else DECODE_THREADS
     return _env_threads("AKV_PREFILL_THREADS") or idle_cores()
+
+
+def side_by_side_passes() -> int:
+    """How many one-thread forward passes a step of several requests may run side by side."""
+    return _env_threads("AKV_PASSES") or min(idle_cores(), MAX_PASSES)
+
+
+@contextmanager
+def forward_cpu(meter: BusyMeter = METER) -> Iterator[None]:
+    """Count the body's CPU time (the whole process's) as this process's forward passes."""
+    started = time.process_time()
+    try:
+        yield
+    finally:
+        meter.add_forward(time.process_time() - started)
 
 
 @contextmanager
 def phase_threads(phase: str, new_tokens: int = 1, fused: bool = False) -> Iterator[int]:
-    """Run the body with the phase's thread count, restoring the previous count afterwards."""
+    """Run the body (a forward pass) with the phase's thread count, restoring the previous count afterwards."""
     previous = torch.get_num_threads()
     chosen = threads_for(phase, new_tokens, fused)
     torch.set_num_threads(chosen)
     try:
-        yield chosen
+        with forward_cpu():
+            yield chosen
     finally:
         torch.set_num_threads(previous)

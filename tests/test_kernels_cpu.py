@@ -310,3 +310,71 @@ def test_a_compiler_failure_is_reported_with_its_message(monkeypatch, tmp_path):
     finally:
         cpu_gemv._loaded.cache_clear()   # the real compiler again for the other tests
     assert reason is not None and str(fake) in reason and "unrecognized option -mavx2" in reason and "exit 1" in reason
+
+
+@needs_kernel
+def test_dense_products_of_a_few_rows_match_torch_and_do_not_depend_on_their_neighbours():
+    """fp32 weights as loaded: every row count the kernel takes (rows run in pairs, columns in fours: full and
+    partial ones), on 1 and 3 threads; a row's result is bit for bit the same alone, beside others and on any
+    thread count."""
+    n, k, most = 43, 96, cpu_gemv.max_rows()
+    x, weight = torch.randn(most, k, generator=generator(50)), torch.randn(n, k, generator=generator(51))
+    alone = torch.cat([cpu_gemv.dense_gemv(x[m:m + 1], weight) for m in range(most)])
+    torch.testing.assert_close(alone, F.linear(x, weight), atol=1e-4, rtol=1e-5)
+    for rows in range(1, most + 1):
+        for threads in (1, 3):
+            assert torch.equal(cpu_gemv.dense_gemv(x[:rows], weight, threads=threads), alone[:rows]), (rows, threads)
+    exact_x, exact_w = torch.randint(-8, 9, (5, k), generator=generator(52)).float(), torch.randint(-8, 9, (n, k)).float()
+    assert torch.equal(cpu_gemv.dense_gemv(exact_x, exact_w), (exact_x.double() @ exact_w.double().T).float())
+
+
+@needs_kernel
+def test_dense_products_refuse_what_they_cannot_take():
+    weight = torch.randn(8, 64)
+    for x, w, what in ((torch.randn(2, 60), torch.randn(8, 60), "multiple of 8"),
+                       (torch.randn(cpu_gemv.max_rows() + 1, 64), weight, "rows"),
+                       (torch.randn(2, 64), torch.randn(64, 8).T, "contiguous"),
+                       (torch.randn(2, 32), weight, "K a multiple")):
+        with pytest.raises(ValueError, match="dense_gemv"):
+            cpu_gemv.dense_gemv(x, w)
+    with pytest.raises(ValueError, match="fp32"):
+        cpu_gemv.dense_gemv(torch.randn(2, 64).half(), weight)
+
+
+@needs_kernel
+@pytest.mark.model
+def test_the_float32_models_decode_kernels_agree_with_torchs_operators():
+    """float32 SmolLM2: a decode step of three sequences through the dense product and attention kernels and
+    through torch's operators alone (F.linear, one SDPA call per sequence): the same K/V written (up to
+    rounding), logits within float32 rounding; a prompt pass never takes the kernels' attention."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+    from akv_core.model.linear import Linear
+    from test_model_support import smollm2
+
+    model = smollm2()
+    kv = model.new_kv_buffers(40)
+    prompt, slots = torch.randint(100, 40000, (24,), generator=generator(60)), torch.arange(40)
+    first = ForwardBatch(prompt, slots[:24], slots[:24], [SeqAttention(0, 24, slots[:24])], torch.tensor([23]))
+    assert model._kernel_attention(first, kv, *model.rope.cos_sin(first.positions)) is None
+    model.forward(first, kv)
+    step = ForwardBatch(torch.tensor([5, 77, 901]), torch.tensor([24, 10, 3]), torch.tensor([24, 25, 26]),
+                        [SeqAttention(0, 1, slots[:25]), SeqAttention(1, 1, torch.cat([slots[:10], slots[25:26]])),
+                         SeqAttention(2, 1, torch.cat([slots[20:23], slots[26:27]]))], torch.tensor([0, 1, 2]))
+    assert model._kernel_attention(step, kv, *model.rope.cos_sin(step.positions)) is not None
+    kernels = model.forward(step, kv)
+    written = [kv.k[layer][24:27].clone() for layer in (0, 29)]
+    projections = [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
+    assert all(isinstance(p, Linear) and p.dense_rows for p in projections)
+    try:
+        model._attention_kernel = False
+        for p in projections:
+            p.dense_rows = False
+        torch_path = model.forward(step, kv)
+    finally:
+        model._attention_kernel = True
+        for p in projections:
+            p.dense_rows = True
+    torch.testing.assert_close(kernels, torch_path, atol=2e-3, rtol=0)
+    assert (kernels.argmax(-1) == torch_path.argmax(-1)).all()
+    for layer, keys in zip((0, 29), written):
+        torch.testing.assert_close(keys, kv.k[layer][24:27], atol=1e-3, rtol=0)

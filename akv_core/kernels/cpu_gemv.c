@@ -776,3 +776,59 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
     release(&c.r);
     return status;
 }
+
+/* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,
+ * row-major; K a multiple of 8). A strip of 4 weight rows is read from memory once and stays in L1 while
+ * every pair of input rows meets it (8 accumulators), so the weights stream once for all rows; each output
+ * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
+ * the rows beside it). torch's sgemm repacks the whole weight for every call of a few rows. */
+static inline __attribute__((always_inline)) void f32_strip(const float *x, int rows, int64_t k, const float *w,
+                                                              int cols, float *y, int64_t n) {
+    __m256 acc[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 8) {
+        __m256 wv[4];
+        for (int j = 0; j < 4; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const __m256 xv = _mm256_loadu_ps(x + r * k + i);
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) y[r * n + j] = hsum(acc[r][j]);
+}
+
+/* The strip for constant row and column counts, so that the accumulators stay in registers. */
+static void f32_strip_2x4(const float *x, int64_t k, const float *w, float *y, int64_t n) { f32_strip(x, 2, k, w, 4, y, n); }
+static void f32_strip_1x4(const float *x, int64_t k, const float *w, float *y, int64_t n) { f32_strip(x, 1, k, w, 4, y, n); }
+
+static void f32_columns(const float *x, int64_t m_rows, int64_t k, const float *w, int64_t n, int64_t n0, int64_t n1,
+                        float *y) {
+    for (int64_t c = n0; c < n1; c += 4) {
+        const int64_t cols = n1 - c < 4 ? n1 - c : 4;
+        for (int64_t m = 0; m < m_rows; m += 2) {
+            const int rows = m_rows - m < 2 ? (int)(m_rows - m) : 2;
+            if (cols == 4 && rows == 2) f32_strip_2x4(x + m * k, k, w + c * k, y + m * n + c, n);
+            else if (cols == 4) f32_strip_1x4(x + m * k, k, w + c * k, y + m * n + c, n);
+            else f32_strip(x + m * k, rows, k, w + c * k, (int)cols, y + m * n + c, n);
+        }
+    }
+}
+
+typedef struct { const float *x, *w; int64_t m_rows, k, n; float *y; } DenseProduct;
+
+static void dense_job(Member *me) {
+    const DenseProduct *c = me->team->context;
+    int64_t n0, n1;
+    while (claim_columns(me, c->n, &n0, &n1)) f32_columns(c->x, c->m_rows, c->k, c->w, c->n, n0, n1, c->y);
+    barrier(me);
+}
+
+/* y [M, N] = x [M, K] times w [N, K] transposed, all fp32, on `threads` threads; K a multiple of 8. */
+int akv_f32_gemv(const float *x, int64_t m_rows, int64_t k, const float *w, int64_t n, float *y, int64_t threads) {
+    if (k % 8 || m_rows < 1 || m_rows > AKV_MAX_ROWS) return -2;
+    DenseProduct c = {x, w, m_rows, k, n, y};
+    run_team(dense_job, &c, threads);
+    return 0;
+}

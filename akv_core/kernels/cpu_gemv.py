@@ -109,8 +109,9 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     library.akv_q8_gemv.argtypes = [*prologue, ptr, ptr, i64, ptr, i64]
     library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr,
                                              i64]
+    library.akv_f32_gemv.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
     for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows,
-                     library.akv_last_threads):
+                     library.akv_last_threads, library.akv_f32_gemv):
         function.restype = ctypes.c_int
     return library, None
 
@@ -246,6 +247,25 @@ def gemv(x: Tensor, weights: Weights, prologue: Prologue = PLAIN, out: Tensor | 
                       *(t.data_ptr() for t in tensors), weights.n, y.data_ptr(), threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: {function.__name__} failed ({status})")
+    return y
+
+
+def dense_gemv(x: Tensor, weight: Tensor, threads: int | None = None) -> Tensor:
+    """x [M, K] times the fp32 weight [N, K] (as loaded, row-major) transposed -> a new [M, N] fp32 tensor, for
+    M up to `max_rows()` and K a multiple of 8, on `threads` threads (default `default_threads()`). Each
+    output is its row's own sum over k, whatever M: a row's result does not depend on the rows beside it."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2 or weight.dim() != 2:
+        raise ValueError("cpu_gemv.dense_gemv: fp32 x [M, K] and weight [N, K]")
+    m_rows, k = x.shape
+    if weight.shape[1] != k or k % 8 or not 1 <= m_rows <= max_rows() or not weight.is_contiguous():
+        raise ValueError(f"cpu_gemv.dense_gemv: x {tuple(x.shape)} and a contiguous weight {tuple(weight.shape)} with "
+                         f"K a multiple of 8 and 1 to {max_rows()} rows")
+    x = x.contiguous()
+    y = torch.empty(m_rows, weight.shape[0])
+    status = _library().akv_f32_gemv(x.data_ptr(), m_rows, k, weight.data_ptr(), weight.shape[0], y.data_ptr(),
+                                     threads or default_threads())
+    if status:
+        raise ValueError(f"cpu_gemv: akv_f32_gemv refused its arguments ({status})")
     return y
 
 

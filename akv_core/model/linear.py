@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from akv_core.kernels import cpu_gemv
 from akv_core.model.precisions import DENSE_PRECISIONS, PRECISIONS  # noqa: F401  (PRECISIONS: re-exported)
 
 # Matmuls with at most this many rows are decode steps (one row per running sequence); larger
@@ -78,6 +79,10 @@ class Linear:
         self.bias = bias
         self.out_features = weight.shape[0]
         self.weight = weight if precision == "float32" else None
+        # A few rows (a decode step) go through cpu_gemv's dense kernel where it runs: torch's sgemm repacks
+        # the whole weight for every call of a few rows (docs/benchmarks.md, "Dense products of a few rows").
+        self.dense_rows = (precision == "float32" and weight.device.type == "cpu" and weight.dtype == torch.float32
+                           and weight.is_contiguous() and weight.shape[1] % 8 == 0 and cpu_gemv.available())
         self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None
         bf16 = precision == "mixed" and (weight.device.type != "cpu" or native_bf16())
         self.prefill = PrefillWeights(weight) if bf16 else None
@@ -85,6 +90,9 @@ class Linear:
     def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
         if self.weight is not None:
+            if self.dense_rows and x.dim() == 2 and 1 <= x.shape[0] <= GEMV_ROWS and x.dtype == torch.float32:
+                y = cpu_gemv.dense_gemv(x, self.weight)
+                return y if self.bias is None else y.add_(self.bias)
             return F.linear(x, self.weight, self.bias)
         if self.prefill is not None and x.shape[0] > GEMV_ROWS:
             y = self.prefill(x, out_dtype if self.bias is None else None)

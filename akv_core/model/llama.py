@@ -32,6 +32,16 @@ PREFILL_CHUNK = 512
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
 
 
+@dataclass(frozen=True)
+class KernelAttention:
+    """A decode-only pass's attention arguments for `cpu_gemv.decode_attention`, the same in every layer."""
+
+    cos: Tensor       # [M, rotary]
+    sin: Tensor       # signed sin [M, rotary]
+    slots: Tensor     # every sequence's visible slots, concatenated
+    offsets: Tensor   # [M + 1]: sequence m's slots are slots[offsets[m]:offsets[m + 1]]
+
+
 @dataclass
 class LayerWeights:
     """One transformer block; q/k/v rows are in Hugging Face order (rotate-half RoPE)."""
@@ -82,6 +92,11 @@ class CausalLM:
         self.attention_probe: AttentionProbe | None = None
         self._scale = config.head_dim ** -0.5
         self.fused_decode = self._can_fuse_decode()
+        self._attention_kernel = (self.device.type == "cpu" and config.head_dim % 8 == 0
+                                  and config.rotary_dim <= min(config.head_dim, 512)
+                                  and all(w.q_norm is None for w in layers) and cpu_gemv.available())
+        self._any_fused = any(getattr(p, "fused", False) for p in (
+            self.lm_head, *(p for w in layers for p in (w.qkv, w.o, w.gate_up, w.down))))
         self._stack: cpu_gemv.DecodeStack | None = None   # built on the first fused decode step
 
     def _can_fuse_decode(self) -> bool:
@@ -91,6 +106,13 @@ class CausalLM:
         return (self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim % 8 == 0
                 and all(getattr(p, "fused", False) for p in projections)
                 and all(w.q_norm is None and w.o.bias is None and w.down.bias is None for w in self.layers))
+
+    @property
+    def passes_safe(self) -> bool:
+        """Whether two forward passes may run at once on two threads (akv_core.passes): on the CPU, through
+        torch's operators only (the fused C kernels' worker pool serves one call at a time), without an
+        attention probe (it numbers the sequences of one pass)."""
+        return self.device.type == "cpu" and self.attention_probe is None and not self._any_fused
 
     def new_kv_buffers(self, num_slots: int) -> KVBuffers:
         c = self.config
@@ -106,8 +128,9 @@ class CausalLM:
         cos, sin = self.rope.cos_sin(batch.positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         chunks = [self._chunks(seq) for seq in batch.seqs]  # masks are the same in every layer
+        kernel = self._kernel_attention(batch, kv, cos, sin)
         for index, layer in enumerate(self.layers):
-            x = self._block(index, layer, x, cos, sin, batch, kv, chunks)
+            x = self._block(index, layer, x, cos, sin, batch, kv, chunks if kernel is None else kernel)
         x = rms_norm(x[batch.logits_rows], self.final_norm, self.config.rms_norm_eps)
         return self.lm_head(x).float()
 
@@ -159,6 +182,17 @@ class CausalLM:
             return torch.cat([self.lm_head.product(rows[i:i + most], prologue) for i in range(0, rows.shape[0], most)])
         return self.lm_head(rms_norm(rows, self.final_norm, eps)).float()
 
+    def _kernel_attention(self, batch: ForwardBatch, kv: KVBuffers, cos: Tensor, sin: Tensor) -> KernelAttention | None:
+        """For a decode-only pass on the CPU: the arguments of `cpu_gemv.decode_attention` (RoPE, K/V write and
+        attention of every row in one call per layer, instead of one attention call per sequence and layer);
+        None where that kernel does not apply (a prompt row, a mask, a probe, q/k norms, not fp32)."""
+        if not (self._attention_kernel and self.dtype == torch.float32 and self._decode_only(batch, kv)):
+            return None
+        rows = len(batch.seqs)
+        return KernelAttention(cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous(),
+                               torch.cat([seq.kv_slots for seq in batch.seqs]),
+                               torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0))
+
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
         marks a fresh prefill (new tokens only), which SDPA handles block-causally without a mask."""
@@ -174,7 +208,7 @@ class CausalLM:
         return out
 
     def _block(self, index: int, w: LayerWeights, x: Tensor, cos: Tensor, sin: Tensor, batch: ForwardBatch,
-               kv: KVBuffers, chunks: list) -> Tensor:
+               kv: KVBuffers, chunks: list | KernelAttention) -> Tensor:
         eps = self.config.rms_norm_eps
         # The residual stream is this pass's own tensor: it is updated in place.
         x = x.add_(self._self_attention(index, w, rms_norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks))
@@ -182,10 +216,16 @@ class CausalLM:
         return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))  # bf16 only in a mixed prefill
 
     def _self_attention(self, index: int, w: LayerWeights, h: Tensor, cos: Tensor, sin: Tensor,
-                        batch: ForwardBatch, kv: KVBuffers, chunks: list) -> Tensor:
-        """Project, rotate, write the new K/V into the pool, attend per sequence, project back."""
+                        batch: ForwardBatch, kv: KVBuffers, chunks: list | KernelAttention) -> Tensor:
+        """Project, rotate, write the new K/V into the pool, attend per sequence (or all rows in one kernel
+        call: `_kernel_attention`), project back."""
         c = self.config
         qkv = w.qkv(h)
+        if isinstance(chunks, KernelAttention):   # rotation, K/V write and attention in one call
+            a = chunks
+            return w.o(cpu_gemv.decode_attention(qkv.float().contiguous(), c.num_heads, c.num_kv_heads, a.cos, a.sin,
+                                                 kv.k[index], kv.v[index], batch.out_slots, a.slots, a.offsets,
+                                                 self._scale))
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
         if w.q_norm is None:  # q and k are adjacent in qkv: rotate all their heads in one go

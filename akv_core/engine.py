@@ -313,6 +313,8 @@ class Engine:
     def _run_batched(self, parts: list[_Part]) -> list[tuple[_Part, torch.Tensor | None]]:
         """The parts in one forward pass, or in passes side by side (akv_core.passes) where that pays."""
         count = min(self._passes_allowed(), MAX_PASSES)
+        if not any(part.request.prefilling for part in parts) and getattr(self.model, "kernel_decode", False):
+            count = 1   # the kernels split a decode step's products over the idle cores, reading each weight once
         groups = None if count < 2 else passes.split(
             [passes.part_cost(len(p.ids), p.kv_slots.numel(), not p.request.prefilling) for p in parts], count)
         if groups is None:
@@ -334,7 +336,7 @@ class Engine:
         batch = self._batch(parts)
         prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
         with self._phase_threads("prefill" if prefill_tokens else "decode", batch.input_ids.numel(),
-                                 self.model.decodes_fused(batch, self.kv)):
+                                 self.model.decodes_on_kernels(batch, self.kv)):
             logits = self.model.forward(batch, self.kv)
         return self._logits_of(parts, logits)
 
@@ -408,11 +410,11 @@ class Engine:
                 request.handle.put(RequestEvent(None, "", FINISH_ERROR, Usage.of_prompt(0, 0, 0, 0),
                                                 f"engine error: {error}", ERROR_ENGINE))
 
-    def _phase_threads(self, phase: str, new_tokens: int, fused: bool) -> AbstractContextManager:
+    def _phase_threads(self, phase: str, new_tokens: int, kernels: bool) -> AbstractContextManager:
         if self.kv.device.type != "cpu":
             return nullcontext()
         if self._threads is None:
-            return phase_threads(phase, new_tokens, fused)
+            return phase_threads(phase, new_tokens, kernels)
         if torch.get_num_threads() != self._threads[phase]:
             torch.set_num_threads(self._threads[phase])
         return nullcontext()

@@ -6,10 +6,11 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
 - Decode through torch's operators: 1 thread. Measured on a 2-core machine with SmolLM2-135M
   (docs/engine-model.md): a chain of small products bound by memory bandwidth and per-op overhead,
   where a second thread only adds synchronisation.
-- Decode through the fused kernels (`fused=True`: the model's int8 / int4 decode step in one C
-  call, each product's columns split across a pool of spinning threads): the idle cores, at most
-  FUSED_DECODE_MAX_THREADS. On idle cores 2 threads beat 1 (docs/benchmarks.md); on busy ones a
-  thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
+- Decode on the C kernels (`kernels=True`: the model's fused int8 / int4 decode step in one C
+  call, or float32's dense products and attention kernel; each product's columns split across a
+  pool of spinning threads): the idle cores, at most KERNEL_DECODE_MAX_THREADS. On idle cores 2
+  threads beat 1 (docs/benchmarks.md: the weights stream from memory about twice as fast); on busy
+  ones a thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.
 - Passes side by side (`side_by_side_passes()`): a step of several requests on the torch operators may run as
@@ -37,9 +38,9 @@ from contextlib import contextmanager
 import torch
 
 DECODE_THREADS = 1
-# The fused decode kernels split products of a few hundred columns: measured up to 2 threads; beyond
-# a few, each thread's share is too small to pay for the barriers (a judgement, not a measurement).
-FUSED_DECODE_MAX_THREADS = 4
+# The decode kernels split products of a few hundred columns: measured up to 2 threads; beyond a few,
+# each thread's share is too small to pay for the barriers (a judgement, not a measurement).
+KERNEL_DECODE_MAX_THREADS = 4
 # Below this many new tokens a forward pass is decode-like: more threads do not pay off.
 PREFILL_MIN_TOKENS = 64
 # Two passes measured on 2 cores (docs/benchmarks.md); more would each stream the weights again.
@@ -135,16 +136,16 @@ def idle_cores() -> int:
     return idle_of(cores, busy)
 
 
-def threads_for(phase: str, new_tokens: int = 1, fused: bool = False) -> int:
-    """The thread count for a forward pass of `new_tokens` in `phase` ("decode" or "prefill"); `fused`: a
-    decode step runs on the fused C kernels."""
+def threads_for(phase: str, new_tokens: int = 1, kernels: bool = False) -> int:
+    """The thread count for a forward pass of `new_tokens` in `phase` ("decode" or "prefill"); `kernels`: a
+    decode step runs on the C kernels."""
     if phase not in ("decode", "prefill"):
         raise ValueError(f"phase must be 'decode' or 'prefill', got {phase!r}")
     if phase == "decode" or new_tokens < PREFILL_MIN_TOKENS:
         chosen = _env_threads("AKV_DECODE_THREADS")
         if chosen is not None:
             return chosen
-        return min(idle_cores(), FUSED_DECODE_MAX_THREADS) if fused else DECODE_THREADS
+        return min(idle_cores(), KERNEL_DECODE_MAX_THREADS) if kernels else DECODE_THREADS
     return _env_threads("AKV_PREFILL_THREADS") or idle_cores()
 
 
@@ -164,10 +165,10 @@ def forward_cpu(meter: BusyMeter = METER) -> Iterator[None]:
 
 
 @contextmanager
-def phase_threads(phase: str, new_tokens: int = 1, fused: bool = False) -> Iterator[int]:
+def phase_threads(phase: str, new_tokens: int = 1, kernels: bool = False) -> Iterator[int]:
     """Run the body (a forward pass) with the phase's thread count, restoring the previous count afterwards."""
     previous = torch.get_num_threads()
-    chosen = threads_for(phase, new_tokens, fused)
+    chosen = threads_for(phase, new_tokens, kernels)
     torch.set_num_threads(chosen)
     try:
         with forward_cpu():

@@ -8,7 +8,9 @@
    this process (read from /proc): CPU per evaluation does not depend on what else the machine runs.
 2. **Concurrent tasks.** Tasks per second of the `llm` agent against `akv serve` (the embedded
    SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
-   level (so that no level finds the prefixes of another cached). The small model answers at its
+   level (so that no level finds the prefixes of another cached; each is warmed by one request that
+   shares nothing with the tasks, and this process by the same tasks on replay, before the clock
+   starts). The small model answers at its
    first step, so these tasks are one prefill-bound request each.
 3. **Multi-step tasks** (`multistep`): the same levels with the scripted agent's trajectories (its
    requests, several per task, growing histories under the policy), while the server decodes
@@ -20,7 +22,8 @@
    a GPU fleet from them (labelled as a projection).
 
 The ratios (2 workers vs 1, concurrency c vs 1) come from levels measured one after another in
-this one run, on the same machine.
+this one run, on the same machine. With `--rounds N` the concurrency levels are measured N times,
+in alternating order (1, 4, 8, then 8, 4, 1, ...), and each level reports its median round.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class Settings:
     multistep_steps: int = 4
     reply_tokens: int = 128
     concurrency: tuple[int, ...] = (1, 4, 8)
+    rounds: int = 1   # of the llm and multistep levels; each level's median round is reported
     kv_tokens: int = 32_768
     parts: tuple[str, ...] = field(default=("workers", "llm", "multistep"))
 
@@ -232,25 +236,70 @@ def measure_multistep(settings: Settings, say: Say) -> list[dict[str, Any]]:
 
 
 def _concurrency_levels(settings: Settings, agent: str, n_tasks: int, limits: Any, say: Say) -> list[dict[str, Any]]:
+    """Every level `settings.rounds` times, the order reversed every other round (so that a drift of the
+    machine's speed falls on every level alike); each level's cell is its median round by wall time,
+    with every round's wall beside it."""
+    rounds: dict[int, list[dict[str, Any]]] = {level: [] for level in settings.concurrency}
+    _warm_up(settings, n_tasks)
+    for index in range(settings.rounds):
+        order = settings.concurrency if index % 2 == 0 else tuple(reversed(settings.concurrency))
+        for level in order:
+            rounds[level].append(_concurrency_level(settings, agent, n_tasks, limits, level, say))
+    cells = []
+    for level in settings.concurrency:
+        ranked = sorted(rounds[level], key=lambda cell: cell["wall_s"])
+        cells.append({**ranked[(len(ranked) - 1) // 2], "walls_s": [cell["wall_s"] for cell in rounds[level]]})
+    return cells
+
+
+def _warm_up(settings: Settings, n_tasks: int) -> None:
+    """Load what this process loads once (the suite's tasks, the tokenizer, the harness) before any level is
+    timed, so that the first level measured does not pay for it: the same tasks on the replay backend."""
+    from sandbox.harness import run_tasks
+
+    run_tasks(settings.suite, "train", "expert-8k", agent="scripted", backend="replay", limit=n_tasks)
+
+
+def _concurrency_level(settings: Settings, agent: str, n_tasks: int, limits: Any, level: int,
+                       say: Say) -> dict[str, Any]:
     from benchmarks.serving import akv_server
     from sandbox.harness import run_tasks
 
-    cells = []
-    for level in settings.concurrency:
-        with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
-            with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
-                servers = _children(os.getpid())
-                cpu_before = sum(_cpu_of(pid) for pid in servers)
-                started = time.perf_counter()
-                report = run_tasks(settings.suite, "train", "expert-8k", agent=agent, backend=url, limit=n_tasks,
-                                   concurrency=level, model="smollm2", limits=limits)
-                wall = time.perf_counter() - started
-                cpu = sum(_cpu_of(pid) for pid in servers) - cpu_before
-                served = _served_tokens(url)
-        cells.append(_llm_cell(level, report.results, wall, cpu, served))
-        say(f"{agent} agent, concurrency {level}: {len(report.results)} tasks, {cells[-1]['requests']} requests "
-            f"in {wall:.1f} s, server CPU {cpu:.1f} s; load {cells[-1]['load_1min']}")
-    return cells
+    with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
+        with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
+            _warm_server(url)
+            served_before = _served_tokens(url)
+            servers = _children(os.getpid())
+            cpu_before = sum(_cpu_of(pid) for pid in servers)
+            started = time.perf_counter()
+            report = run_tasks(settings.suite, "train", "expert-8k", agent=agent, backend=url, limit=n_tasks,
+                               concurrency=level, model="smollm2", limits=limits)
+            wall = time.perf_counter() - started
+            cpu = sum(_cpu_of(pid) for pid in servers) - cpu_before
+            served = {kind: count - served_before.get(kind, 0) for kind, count in _served_tokens(url).items()}
+    cell = _llm_cell(level, report.results, wall, cpu, served)
+    say(f"{agent} agent, concurrency {level}: {len(report.results)} tasks, {cell['requests']} requests "
+        f"in {wall:.1f} s, server CPU {cpu:.1f} s; load {cell['load_1min']}")
+    return cell
+
+
+WARM_UP = ("Before the tasks: count the planets of the solar system from the Sun outwards, then the months of "
+           "the year, then the days of the week, each list on one line, and say which list is the longest. " * 3)
+
+
+def _warm_server(url: str) -> None:
+    """One request that shares nothing with the tasks but the chat template's first tokens, so that the
+    timed level does not pay a fresh server's first prefill and decode (allocations, thread pools): the
+    server an evaluation runs against has served before."""
+    import urllib.request
+
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": WARM_UP}],
+                       "max_tokens": 8}).encode()
+    base = url.split("/v1")[0].rstrip("/")
+    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        response.read()
 
 
 def _children(pid: int) -> list[int]:
@@ -348,9 +397,10 @@ def render(figures: Mapping[str, Any]) -> str:
             parts.append(title)
             parts.append(format_table(
                 ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
-                 "completion/req", "decoded/req", "s/request", "server CPU s/task", "load"],
+                 "completion/req", "decoded/req", "s/request", "server CPU s/task", "load", "rounds' wall s"],
                 [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
-                  *c["per_request"].values(), c["server_cpu_s_per_task"], c["load_1min"]] for c in figures[part]]))
+                  *c["per_request"].values(), c["server_cpu_s_per_task"], c["load_1min"],
+                  "/".join(map(str, c.get("walls_s", [c["wall_s"]])))] for c in figures[part]]))
     parts.append("ratios, measured side by side in this run:")
     parts += [f"  {name}: {value}x" for name, value in figures["ratios"].items()]
     return "\n".join(parts)
@@ -371,6 +421,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     parser.add_argument("--reply-tokens", type=int, default=defaults.reply_tokens,
                         help="tokens the server decodes for each request of the multi-step tasks")
     parser.add_argument("--concurrency", default=",".join(map(str, defaults.concurrency)))
+    parser.add_argument("--rounds", type=int, default=defaults.rounds,
+                        help="rounds of the llm and multistep levels, in alternating order; the median is reported")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     parts = tuple(p for p in args.parts.split(",") if p)
@@ -385,10 +437,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
             parser.error(f"--{option}: expected positive integers separated by commas")
         if min(numbers[option]) < 1:
             parser.error(f"--{option}: expected positive integers separated by commas")
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected a positive integer, got {args.rounds}")
     settings = Settings(train_tasks=args.train_tasks, workers=numbers["workers"], llm_tasks=args.llm_tasks,
                         llm_steps=args.llm_steps, llm_max_tokens=args.llm_max_tokens,
                         multistep_tasks=args.multistep_tasks, multistep_steps=args.multistep_steps,
-                        reply_tokens=args.reply_tokens, concurrency=numbers["concurrency"], parts=parts)
+                        reply_tokens=args.reply_tokens, concurrency=numbers["concurrency"], rounds=args.rounds,
+                        parts=parts)
     return settings, args.json
 
 

@@ -28,6 +28,7 @@ def test_one_and_two_workers_store_every_queued_evaluation_once(postgres_server)
     (["--parts", "gpu"], "unknown part 'gpu'"),
     (["--workers", "1,0"], "--workers: expected positive integers"),
     (["--concurrency", "one"], "--concurrency: expected positive integers"),
+    (["--rounds", "0"], "--rounds: expected a positive integer"),
 ])
 def test_bad_arguments_are_one_line(argv, expected, capsys) -> None:
     with pytest.raises(SystemExit):

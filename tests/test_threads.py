@@ -85,12 +85,12 @@ def test_the_thread_counts_and_the_overrides(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     cores = os.cpu_count() or 1   # what is idle moves between readings: bounds, not equalities
     assert threads.threads_for("decode") == threads.DECODE_THREADS == 1
-    assert 1 <= threads.threads_for("decode", fused=True) <= min(cores, threads.FUSED_DECODE_MAX_THREADS)
+    assert 1 <= threads.threads_for("decode", kernels=True) <= min(cores, threads.KERNEL_DECODE_MAX_THREADS)
     assert threads.threads_for("prefill", 10) == 1 and 1 <= threads.threads_for("prefill", 64) <= cores
     assert 1 <= threads.side_by_side_passes() <= min(cores, threads.MAX_PASSES)
     monkeypatch.setenv("AKV_DECODE_THREADS", "3")
     monkeypatch.setenv("AKV_PASSES", "1")
-    assert threads.threads_for("decode") == threads.threads_for("decode", fused=True) == 3
+    assert threads.threads_for("decode") == threads.threads_for("decode", kernels=True) == 3
     assert threads.side_by_side_passes() == 1
     monkeypatch.setenv("AKV_DECODE_THREADS", "two")
     with pytest.raises(ValueError, match="AKV_DECODE_THREADS must be a positive integer"):

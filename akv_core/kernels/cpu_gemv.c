@@ -778,21 +778,24 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
 }
 
 /* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,
- * row-major; K a multiple of 8). A strip of 4 weight rows is read from memory once and stays in L1 while
- * every pair of input rows meets it (8 accumulators), so the weights stream once for all rows; each output
+ * row-major; K a multiple of 8). A strip of 3 weight rows is read from memory once and stays in L1 while
+ * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows; each output
  * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
  * the rows beside it). torch's sgemm repacks the whole weight for every call of a few rows. */
+#define F32_ROWS 4   /* input rows per pass over a strip */
+#define F32_COLS 3   /* weight rows (output columns) per strip: 12 accumulators, 3 weights and 1 input in registers */
+
 static inline __attribute__((always_inline)) void f32_strip(const float *x, int rows, int64_t k, const float *w,
                                                               int cols, float *y, int64_t n) {
-    __m256 acc[2][4];
-    for (int r = 0; r < 2; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
+    __m256 acc[F32_ROWS][F32_COLS];
+    for (int r = 0; r < F32_ROWS; r++)
+        for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k; i += 8) {
-        __m256 wv[4];
-        for (int j = 0; j < 4; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
+        __m256 wv[F32_COLS];
+        for (int j = 0; j < F32_COLS; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
         for (int r = 0; r < rows; r++) {
             const __m256 xv = _mm256_loadu_ps(x + r * k + i);
-            for (int j = 0; j < 4; j++) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+            for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
         }
     }
     for (int r = 0; r < rows; r++)
@@ -800,18 +803,23 @@ static inline __attribute__((always_inline)) void f32_strip(const float *x, int 
 }
 
 /* The strip for constant row and column counts, so that the accumulators stay in registers. */
-static void f32_strip_2x4(const float *x, int64_t k, const float *w, float *y, int64_t n) { f32_strip(x, 2, k, w, 4, y, n); }
-static void f32_strip_1x4(const float *x, int64_t k, const float *w, float *y, int64_t n) { f32_strip(x, 1, k, w, 4, y, n); }
+static void f32_strip_full(const float *x, int rows, int64_t k, const float *w, float *y, int64_t n) {
+    switch (rows) {
+    case 4: f32_strip(x, 4, k, w, F32_COLS, y, n); break;
+    case 3: f32_strip(x, 3, k, w, F32_COLS, y, n); break;
+    case 2: f32_strip(x, 2, k, w, F32_COLS, y, n); break;
+    default: f32_strip(x, 1, k, w, F32_COLS, y, n); break;
+    }
+}
 
 static void f32_columns(const float *x, int64_t m_rows, int64_t k, const float *w, int64_t n, int64_t n0, int64_t n1,
                         float *y) {
-    for (int64_t c = n0; c < n1; c += 4) {
-        const int64_t cols = n1 - c < 4 ? n1 - c : 4;
-        for (int64_t m = 0; m < m_rows; m += 2) {
-            const int rows = m_rows - m < 2 ? (int)(m_rows - m) : 2;
-            if (cols == 4 && rows == 2) f32_strip_2x4(x + m * k, k, w + c * k, y + m * n + c, n);
-            else if (cols == 4) f32_strip_1x4(x + m * k, k, w + c * k, y + m * n + c, n);
-            else f32_strip(x + m * k, rows, k, w + c * k, (int)cols, y + m * n + c, n);
+    for (int64_t c = n0; c < n1; c += F32_COLS) {
+        const int cols = n1 - c < F32_COLS ? (int)(n1 - c) : F32_COLS;
+        for (int64_t m = 0; m < m_rows; m += F32_ROWS) {
+            const int rows = m_rows - m < F32_ROWS ? (int)(m_rows - m) : F32_ROWS;
+            if (cols == F32_COLS) f32_strip_full(x + m * k, rows, k, w + c * k, y + m * n + c, n);
+            else f32_strip(x + m * k, rows, k, w + c * k, cols, y + m * n + c, n);
         }
     }
 }

@@ -145,8 +145,20 @@ class CausalLM:
         if kv.num_layers != self.config.num_layers or kv.head_dim != self.config.head_dim:
             raise ValueError("KVBuffers were made for a different model; use model.new_kv_buffers()")
 
+    @property
+    def kernel_decode(self) -> bool:
+        """Whether decode-only passes run on the C kernels (the fused int8 / int4 step, or float32's dense
+        products and attention kernel), which split their work over torch's thread count."""
+        return self.fused_decode or (self._attention_kernel and self.dtype == torch.float32 and all(
+            getattr(p, "dense_rows", False) for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)))
+
+    def decodes_on_kernels(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
+        """Whether `forward(batch, kv)` is a decode-only pass on the C kernels (its thread count:
+        akv_core.threads, kernels=True)."""
+        return self.kernel_decode and self._decode_only(batch, kv)
+
     def decodes_fused(self, batch: ForwardBatch, kv: KVBuffers) -> bool:
-        """Whether `forward(batch, kv)` runs as one fused C call (its thread count: akv_core.threads, fused=True)."""
+        """Whether `forward(batch, kv)` runs as one fused C call."""
         return self.fused_decode and self._decode_only(batch, kv)
 
     def _decode_only(self, batch: ForwardBatch, kv: KVBuffers) -> bool:

@@ -22,6 +22,7 @@ def _stat(user: int, system: int, idle: int, steal: int = 0) -> str:
 def test_the_idle_cores_are_the_cores_less_the_work_elsewhere():
     assert threads.idle_of(2, 1.1) == 1 and threads.idle_of(2, 0.4) == 2 and threads.idle_of(2, 0.6) == 1
     assert threads.idle_of(4, 9.0) == 1 and threads.idle_of(4, -1.0) == 4   # within 1..cores
+    assert threads.idle_of(2, 0.6, threads.PASSES_SLACK) == 2 and threads.idle_of(2, 1.2, threads.PASSES_SLACK) == 1
     assert threads.averaged(0.0, 1.0, threads.BUSY_WINDOW_S) == pytest.approx(1 - 1 / math.e)
     # busy: user + nice + system + irq + softirq + steal; idle and iowait are not
     assert threads.machine_busy_s(_stat(100, 50, 900, steal=10)) == pytest.approx(160 / threads.TICKS_PER_S)

@@ -16,7 +16,6 @@ import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +33,9 @@ from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
                               StreamText)
-from akv_core import passes
 from akv_core.sampling import check_sampling, generator_for, sample
 from akv_core.scheduler import Scheduler
-from akv_core.threads import MAX_PASSES, METER, forward_cpu, phase_threads, side_by_side_passes
+from akv_core.threads import METER, phase_threads
 
 _log = logging.getLogger(__name__)
 
@@ -82,8 +80,7 @@ class Engine:
         self.cache = KVCache(kv_tokens)
         self.scheduler = Scheduler(self.cache, max_running)
         self.context_length: int = model.config.context_length
-        # None: akv_core.threads decides; else {"prefill": n, "decode": n} and optionally "passes" (default 1)
-        self._threads = dict(threads) if threads is not None else None
+        self._threads = dict(threads) if threads is not None else None   # None: akv_core.threads decides
         METER.busy_elsewhere()   # a first reading, so that the first steps judge the idle cores
         self._lock = threading.Lock()              # one step at a time; guards scheduler and cache
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
@@ -299,7 +296,7 @@ class Engine:
         """
         if len(parts) > 1:
             try:
-                return self._run_batched(parts)
+                return list(zip(parts, self._run(parts)))
             except Exception as error:
                 _log.warning("a batched forward failed (%s); running its requests one at a time", error)
         done = []
@@ -309,28 +306,6 @@ class Engine:
             except Exception as error:
                 self._fail(part.request, error)
         return done
-
-    def _run_batched(self, parts: list[_Part]) -> list[tuple[_Part, torch.Tensor | None]]:
-        """The parts in one forward pass, or in passes side by side (akv_core.passes) where that pays."""
-        count = min(self._passes_allowed(), MAX_PASSES)
-        if not any(part.request.prefilling for part in parts) and getattr(self.model, "kernel_decode", False):
-            count = 1   # the kernels split a decode step's products over the idle cores, reading each weight once
-        groups = None if count < 2 else passes.split(
-            [passes.part_cost(len(p.ids), p.kv_slots.numel(), not p.request.prefilling) for p in parts], count)
-        if groups is None:
-            return list(zip(parts, self._run(parts)))
-        batches = [self._batch([parts[i] for i in group]) for group in groups]
-        with forward_cpu():
-            results = passes.shared().run([partial(self.model.forward, batch, self.kv) for batch in batches])
-        logits = {}
-        for group, batch_logits in zip(groups, results):
-            logits.update(zip(group, self._logits_of([parts[i] for i in group], batch_logits)))
-        return [(part, logits[i]) for i, part in enumerate(parts)]
-
-    def _passes_allowed(self) -> int:
-        if not getattr(self.model, "passes_safe", False):
-            return 1
-        return side_by_side_passes() if self._threads is None else self._threads.get("passes", 1)
 
     def _run(self, parts: list[_Part]) -> list[torch.Tensor | None]:
         batch = self._batch(parts)

@@ -1,4 +1,4 @@
-"""How many CPU threads each phase of a forward pass gets, and when a step runs as two passes side by side.
+"""How many CPU threads each phase of a forward pass gets.
 
 One rule for torch's operators and the fused C kernels (`akv_core.kernels.cpu_gemv`, which run on
 torch's thread count): the engine wraps each forward pass in `phase_threads(...)`.
@@ -13,19 +13,12 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
   ones a thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.
-- Passes side by side (`side_by_side_passes()`): a step of several requests on the torch operators may run as
-  two forward passes at once, one thread each, a part of the requests in each (akv_core.passes).
-  Per-op threading barely helps a decode step of a few rows (its products are too small, its
-  attention one call per request); two one-thread passes side by side use both cores
-  (docs/benchmarks.md). As many passes as idle cores, at most MAX_PASSES; a core that light work
-  shares still counts for a pass (PASSES_SLACK), since passes meet only at the end of the step.
-
 The idle cores are the cores less what is busy with other work: over the last BUSY_WINDOW_S
 seconds, the machine's busy CPU time (/proc/stat, steal included) less what this process spent in
 its own forward passes. The engine runs one step at a time, so its last pass never competes with
 its next; everything else does, this process's other threads (agents or a client in the same
 process, the HTTP side) included. Where /proc/stat is missing, the 1-minute load average stands in.
-AKV_DECODE_THREADS / AKV_PREFILL_THREADS / AKV_PASSES override.
+AKV_DECODE_THREADS / AKV_PREFILL_THREADS override.
 """
 from __future__ import annotations
 
@@ -44,13 +37,6 @@ DECODE_THREADS = 1
 KERNEL_DECODE_MAX_THREADS = 4
 # Below this many new tokens a forward pass is decode-like: more threads do not pay off.
 PREFILL_MIN_TOKENS = 64
-# Two passes measured on 2 cores (docs/benchmarks.md); more would each stream the weights again.
-MAX_PASSES = 2
-# A pass meets the other passes only at the end of the step, so a core that light work (an HTTP loop,
-# a client's threads) shares still serves one: it counts while less than this much of it is taken.
-# OpenMP teams and the kernels' thread pool meet at a barrier after every product and count a core
-# only while less than half of it is taken.
-PASSES_SLACK = 0.9
 BUSY_WINDOW_S = 2.0    # how far back the busy CPU time is averaged
 SAMPLE_EVERY_S = 0.25  # at most one /proc/stat reading per this many seconds
 PROC_STAT = "/proc/stat"
@@ -62,10 +48,9 @@ def averaged(previous: float, rate: float, elapsed: float, window: float = BUSY_
     return previous + (1.0 - math.exp(-elapsed / window)) * (rate - previous)
 
 
-def idle_of(cores: int, busy_elsewhere: float, slack: float = 0.5) -> int:
-    """Cores free for this process's next pass when `busy_elsewhere` cores' worth of other work runs: a core
-    counts while less than `slack` of it is taken (0.5: rounded)."""
-    return max(1, min(cores, int(cores - max(0.0, busy_elsewhere) + slack)))
+def idle_of(cores: int, busy_elsewhere: float) -> int:
+    """Cores free for this process's next pass when `busy_elsewhere` cores' worth of other work runs (rounded)."""
+    return max(1, min(cores, int(cores - max(0.0, busy_elsewhere) + 0.5)))
 
 
 def machine_busy_s(stat_text: str) -> float | None:
@@ -131,8 +116,8 @@ def _env_threads(name: str) -> int | None:
     return int(value)
 
 
-def idle_cores(slack: float = 0.5) -> int:
-    """Cores not busy with other work (the module's docstring says how that is judged; `slack`: idle_of)."""
+def idle_cores() -> int:
+    """Cores not busy with other work (the module's docstring says how that is judged)."""
     cores = os.cpu_count() or 1
     busy = METER.busy_elsewhere()
     if busy is None:
@@ -140,7 +125,7 @@ def idle_cores(slack: float = 0.5) -> int:
             busy = os.getloadavg()[0]
         except OSError:  # no load average on this platform
             return cores
-    return idle_of(cores, busy, slack)
+    return idle_of(cores, busy)
 
 
 def threads_for(phase: str, new_tokens: int = 1, kernels: bool = False) -> int:
@@ -154,11 +139,6 @@ def threads_for(phase: str, new_tokens: int = 1, kernels: bool = False) -> int:
             return chosen
         return min(idle_cores(), KERNEL_DECODE_MAX_THREADS) if kernels else DECODE_THREADS
     return _env_threads("AKV_PREFILL_THREADS") or idle_cores()
-
-
-def side_by_side_passes() -> int:
-    """How many one-thread forward passes a step of several requests may run side by side."""
-    return _env_threads("AKV_PASSES") or min(idle_cores(PASSES_SLACK), MAX_PASSES)
 
 
 @contextmanager

@@ -1,6 +1,6 @@
-"""The one thread-count rule (`akv_core.threads`): decode through torch on 1 thread, decode on the fused
-kernels, prefill and passes side by side on the idle cores, judged from the machine's busy CPU time less
-this process's own forward passes."""
+"""The one thread-count rule (`akv_core.threads`): decode through torch on 1 thread, decode on the C
+kernels and prefill on the idle cores, judged from the machine's busy CPU time less this process's own
+forward passes."""
 from __future__ import annotations
 
 import math
@@ -22,7 +22,6 @@ def _stat(user: int, system: int, idle: int, steal: int = 0) -> str:
 def test_the_idle_cores_are_the_cores_less_the_work_elsewhere():
     assert threads.idle_of(2, 1.1) == 1 and threads.idle_of(2, 0.4) == 2 and threads.idle_of(2, 0.6) == 1
     assert threads.idle_of(4, 9.0) == 1 and threads.idle_of(4, -1.0) == 4   # within 1..cores
-    assert threads.idle_of(2, 0.6, threads.PASSES_SLACK) == 2 and threads.idle_of(2, 1.2, threads.PASSES_SLACK) == 1
     assert threads.averaged(0.0, 1.0, threads.BUSY_WINDOW_S) == pytest.approx(1 - 1 / math.e)
     # busy: user + nice + system + irq + softirq + steal; idle and iowait are not
     assert threads.machine_busy_s(_stat(100, 50, 900, steal=10)) == pytest.approx(160 / threads.TICKS_PER_S)
@@ -82,23 +81,20 @@ def test_other_work_is_seen_and_this_processs_forward_passes_are_not():
 
 
 def test_the_thread_counts_and_the_overrides(monkeypatch):
-    for name in ("AKV_DECODE_THREADS", "AKV_PREFILL_THREADS", "AKV_PASSES"):
+    for name in ("AKV_DECODE_THREADS", "AKV_PREFILL_THREADS"):
         monkeypatch.delenv(name, raising=False)
     cores = os.cpu_count() or 1   # what is idle moves between readings: bounds, not equalities
     assert threads.threads_for("decode") == threads.DECODE_THREADS == 1
     assert 1 <= threads.threads_for("decode", kernels=True) <= min(cores, threads.KERNEL_DECODE_MAX_THREADS)
     assert threads.threads_for("prefill", 10) == 1 and 1 <= threads.threads_for("prefill", 64) <= cores
-    assert 1 <= threads.side_by_side_passes() <= min(cores, threads.MAX_PASSES)
     monkeypatch.setenv("AKV_DECODE_THREADS", "3")
-    monkeypatch.setenv("AKV_PASSES", "1")
     assert threads.threads_for("decode") == threads.threads_for("decode", kernels=True) == 3
-    assert threads.side_by_side_passes() == 1
     monkeypatch.setenv("AKV_DECODE_THREADS", "two")
     with pytest.raises(ValueError, match="AKV_DECODE_THREADS must be a positive integer"):
         threads.threads_for("decode")
-    monkeypatch.setenv("AKV_PASSES", "0")
-    with pytest.raises(ValueError, match="AKV_PASSES must be a positive integer"):
-        threads.side_by_side_passes()
+    monkeypatch.setenv("AKV_PREFILL_THREADS", "0")
+    with pytest.raises(ValueError, match="AKV_PREFILL_THREADS must be a positive integer"):
+        threads.threads_for("prefill", 512)
     with pytest.raises(ValueError, match="phase must be"):
         threads.threads_for("train")
 

@@ -95,8 +95,6 @@ class CausalLM:
         self._attention_kernel = (self.device.type == "cpu" and config.head_dim % 8 == 0
                                   and config.rotary_dim <= min(config.head_dim, 512)
                                   and all(w.q_norm is None for w in layers) and cpu_gemv.available())
-        self._any_fused = any(getattr(p, "fused", False) for p in (
-            self.lm_head, *(p for w in layers for p in (w.qkv, w.o, w.gate_up, w.down))))
         self._stack: cpu_gemv.DecodeStack | None = None   # built on the first fused decode step
 
     def _can_fuse_decode(self) -> bool:
@@ -106,13 +104,6 @@ class CausalLM:
         return (self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim % 8 == 0
                 and all(getattr(p, "fused", False) for p in projections)
                 and all(w.q_norm is None and w.o.bias is None and w.down.bias is None for w in self.layers))
-
-    @property
-    def passes_safe(self) -> bool:
-        """Whether two forward passes may run at once on two threads (akv_core.passes): on the CPU, through
-        torch's operators only (the fused C kernels' worker pool serves one call at a time), without an
-        attention probe (it numbers the sequences of one pass)."""
-        return self.device.type == "cpu" and self.attention_probe is None and not self._any_fused
 
     def new_kv_buffers(self, num_slots: int) -> KVBuffers:
         c = self.config

@@ -1,0 +1,98 @@
+"""float32 decode steps on the CPU, measured side by side in one run: `python benchmarks/dense_decode.py`.
+
+SmolLM2's float32 decode step at 1, 4 and 8 rows (one per sequence, each attending to its own
+`context` slots) on 1 and 2 threads: on the C kernels (`cpu_gemv.dense_gemv` for every projection,
+`cpu_gemv.decode_attention` once per layer) against torch's operators alone (F.linear, one SDPA call
+per sequence and layer), in alternating rounds. Median wall ms per step.
+The ratios come from rounds measured one after another in this one run, on the same machine.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import `benchmarks` and the packages from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from benchmarks.common import format_table, ratio
+
+
+def _decode_batch(model: Any, rows: int, context: int, kv: Any) -> Any:
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+
+    seqs = [SeqAttention(m, 1, torch.arange(m * context, (m + 1) * context), None) for m in range(rows)]
+    return ForwardBatch(torch.randint(100, 40000, (rows,), generator=torch.Generator().manual_seed(rows)),
+                        torch.full((rows,), context - 1), torch.tensor([(m + 1) * context - 1 for m in range(rows)]),
+                        seqs, torch.arange(rows))
+
+
+def _on_torch(model: Any, on: bool) -> None:
+    """Route the float32 model through torch's operators alone (on) or back through the kernels."""
+    for p in [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]:
+        p.dense_rows = not on
+    model._attention_kernel = not on
+
+
+def measure_steps(rows_tried: Sequence[int], threads_tried: Sequence[int], context: int, rounds: int,
+                  repeats: int) -> list[dict[str, Any]]:
+    from akv_core.model.loader import load_model
+
+    model = load_model("smollm2")
+    kv = model.new_kv_buffers(max(rows_tried) * context)
+    times: dict[tuple[int, int, str], list[float]] = {}
+    previous = torch.get_num_threads()
+    try:
+        for _ in range(rounds):
+            for threads in threads_tried:
+                torch.set_num_threads(threads)
+                for rows in rows_tried:
+                    batch = _decode_batch(model, rows, context, kv)
+                    for path in ("kernels", "torch"):
+                        _on_torch(model, path == "torch")
+                        model.forward(batch, kv)
+                        for _ in range(repeats):
+                            started = time.perf_counter()
+                            model.forward(batch, kv)
+                            times.setdefault((threads, rows, path), []).append(time.perf_counter() - started)
+    finally:
+        _on_torch(model, False)
+        torch.set_num_threads(previous)
+    return [{"threads": threads, "rows": rows,
+             "kernels_ms": round(statistics.median(times[threads, rows, "kernels"]) * 1e3, 1),
+             "torch_ms": round(statistics.median(times[threads, rows, "torch"]) * 1e3, 1)}
+            for threads in threads_tried for rows in rows_tried]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,4,8")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--context", type=int, default=600, help="visible slots per sequence")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"{os.cpu_count()} cores, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at the start",
+          flush=True)
+    steps = measure_steps([int(r) for r in args.rows.split(",")], [int(t) for t in args.threads.split(",")],
+                          args.context, args.rounds, 5)
+    print(f"float32 decode step, {args.context} visible slots per sequence, median ms of {args.rounds} x 5 steps:")
+    print(format_table(["threads", "rows", "kernels ms", "torch's operators ms", "ratio"],
+                       [[s["threads"], s["rows"], s["kernels_ms"], s["torch_ms"], ratio(s["torch_ms"], s["kernels_ms"])]
+                        for s in steps]))
+    print("ratios, measured side by side in this run:")
+    for s in steps:
+        print(f"  float32 decode step of {s['rows']} rows on {s['threads']} thread(s), kernels vs torch's operators: "
+              f"{ratio(s['torch_ms'], s['kernels_ms'])}x")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
   ones a thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.
+
 The idle cores are the cores less what is busy with other work: over the last BUSY_WINDOW_S
 seconds, the machine's busy CPU time (/proc/stat, steal included) less what this process spent in
 its own forward passes. The engine runs one step at a time, so its last pass never competes with

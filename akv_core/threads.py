@@ -9,7 +9,7 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
 - Decode on the C kernels (`kernels=True`: the model's fused int8 / int4 decode step in one C
   call, or float32's dense products and attention kernel; each product's columns split across a
   pool of spinning threads): the idle cores, at most KERNEL_DECODE_MAX_THREADS. On idle cores 2
-  threads beat 1 (docs/benchmarks.md: the weights stream from memory about twice as fast); on busy
+  threads beat 1 (docs/benchmarks.md: a float32 step 27-32% faster); on busy
   ones a thread waiting for a core stalls every barrier of the step, and 1 thread is faster.
 - Prefill (64 new tokens or more): the idle cores; compute-bound matrix-matrix work gains from each
   idle core, but OpenMP threads spinning against other processes make a pass several times slower.

@@ -4,6 +4,7 @@ SmolLM2's float32 decode step at 1, 4 and 8 rows (one per sequence, each attendi
 `context` slots) on 1 and 2 threads: on the C kernels (`cpu_gemv.dense_gemv` for every projection,
 `cpu_gemv.decode_attention` once per layer) against torch's operators alone (F.linear, one SDPA call
 per sequence and layer), in alternating rounds. Median wall ms per step.
+
 The ratios come from rounds measured one after another in this one run, on the same machine.
 """
 from __future__ import annotations
@@ -26,15 +27,6 @@ import torch
 from benchmarks.common import format_table, ratio
 
 
-def _decode_batch(model: Any, rows: int, context: int, kv: Any) -> Any:
-    from akv_core.model.batch import ForwardBatch, SeqAttention
-
-    seqs = [SeqAttention(m, 1, torch.arange(m * context, (m + 1) * context), None) for m in range(rows)]
-    return ForwardBatch(torch.randint(100, 40000, (rows,), generator=torch.Generator().manual_seed(rows)),
-                        torch.full((rows,), context - 1), torch.tensor([(m + 1) * context - 1 for m in range(rows)]),
-                        seqs, torch.arange(rows))
-
-
 def _on_torch(model: Any, on: bool) -> None:
     """Route the float32 model through torch's operators alone (on) or back through the kernels."""
     for p in [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]:
@@ -45,27 +37,26 @@ def _on_torch(model: Any, on: bool) -> None:
 def measure_steps(rows_tried: Sequence[int], threads_tried: Sequence[int], context: int, rounds: int,
                   repeats: int) -> list[dict[str, Any]]:
     from akv_core.model.loader import load_model
+    from benchmarks.engine import _decode_batch, torch_threads
 
     model = load_model("smollm2")
-    kv = model.new_kv_buffers(max(rows_tried) * context)
+    generator = torch.Generator().manual_seed(0)
+    steps = {rows: _decode_batch(model, rows, context, generator) for rows in rows_tried}
     times: dict[tuple[int, int, str], list[float]] = {}
-    previous = torch.get_num_threads()
     try:
         for _ in range(rounds):
             for threads in threads_tried:
-                torch.set_num_threads(threads)
-                for rows in rows_tried:
-                    batch = _decode_batch(model, rows, context, kv)
-                    for path in ("kernels", "torch"):
-                        _on_torch(model, path == "torch")
-                        model.forward(batch, kv)
-                        for _ in range(repeats):
-                            started = time.perf_counter()
+                with torch_threads(threads):
+                    for rows, (batch, kv) in steps.items():
+                        for path in ("kernels", "torch"):
+                            _on_torch(model, path == "torch")
                             model.forward(batch, kv)
-                            times.setdefault((threads, rows, path), []).append(time.perf_counter() - started)
+                            for _ in range(repeats):
+                                started = time.perf_counter()
+                                model.forward(batch, kv)
+                                times.setdefault((threads, rows, path), []).append(time.perf_counter() - started)
     finally:
         _on_torch(model, False)
-        torch.set_num_threads(previous)
     return [{"threads": threads, "rows": rows,
              "kernels_ms": round(statistics.median(times[threads, rows, "kernels"]) * 1e3, 1),
              "torch_ms": round(statistics.median(times[threads, rows, "torch"]) * 1e3, 1)}

@@ -781,7 +781,7 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
  * row-major; K a multiple of 8). A strip of 3 weight rows is read from memory once and stays in L1 while
  * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows; each output
  * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
- * the rows beside it). torch's sgemm repacks the whole weight for every call of a few rows. */
+ * the rows beside it). */
 #define F32_ROWS 4   /* input rows per pass over a strip */
 #define F32_COLS 3   /* weight rows (output columns) per strip: 12 accumulators, 3 weights and 1 input in registers */
 

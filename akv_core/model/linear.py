@@ -79,8 +79,8 @@ class Linear:
         self.bias = bias
         self.out_features = weight.shape[0]
         self.weight = weight if precision == "float32" else None
-        # A few rows (a decode step) go through cpu_gemv's dense kernel where it runs: torch's sgemm repacks
-        # the whole weight for every call of a few rows (docs/benchmarks.md, "Dense float32 decode").
+        # A few rows (a decode step) go through cpu_gemv's dense kernel where it runs: torch's sgemm is much
+        # slower on a few rows (docs/benchmarks.md, "Dense float32 decode").
         self.dense_rows = (precision == "float32" and weight.device.type == "cpu" and weight.dtype == torch.float32
                            and weight.is_contiguous() and weight.shape[1] % 8 == 0 and cpu_gemv.available())
         self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None

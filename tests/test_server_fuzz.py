@@ -98,7 +98,8 @@ def mutated_bodies(draw: st.DrawFn) -> dict[str, Any]:
         # Mostly well-typed values, so that a good share of bodies reaches the engine.
         action = draw(st.sampled_from(["delete", "random", "typed", "typed", "typed", "text", "text"]))
         if action == "text":   # one message's text, the rest of the body left valid
-            message = draw(st.sampled_from(body["messages"])) if body.get("messages") else {}
+            messages = body.get("messages")   # an earlier mutation may have made it any JSON value
+            message = draw(st.sampled_from(messages)) if isinstance(messages, list) and messages else {}
             if isinstance(message, dict):
                 message[draw(st.sampled_from(["content", "content", "name", "reasoning_content"]))] = draw(texts)
             continue

@@ -136,15 +136,16 @@ def test_int8_and_int4_next_tokens_stay_close_to_float32():
     tokens: 330 prefill and 56 decode positions). Measured on an AVX2 EPYC, prefill on fp16 copies:
     int4 prefill 99.4% / KL 0.00097, decode 96.4% / 0.0013; int8 prefill 96.4% / 0.0078, decode
     94.6% / 0.0044. With bf16 prefill copies (as on CPUs with native bf16): int4 prefill 99.7% /
-    0.0023, int8 96.7% / 0.0082, decode unchanged. The bounds leave 2x or more on KL and a few
-    tokens on agreement."""
+    0.0023, int8 96.7% / 0.0082, decode unchanged. On an AVX-512-BF16 EPYC (bf16 prefill copies): int4
+    prefill 97.0% / 0.0019, decode 98.2% / 0.0021. The bounds leave 2x or more on KL and a few tokens on
+    agreement."""
     from akv_core.model.accuracy import accuracy, float32_probes, logits_along, prompt_ids
 
     exact = smollm2()
     probes = float32_probes(exact, prompt_ids(), decode_tokens=8)
     reference = [logits_along(exact, probe) for probe in probes]
     # precision: (prefill agreement, decode agreement, prefill KL, decode KL)
-    bounds = {"int4": (0.97, 0.89, 0.005, 0.004), "int8": (0.92, 0.875, 0.02, 0.02)}
+    bounds = {"int4": (0.95, 0.89, 0.005, 0.004), "int8": (0.92, 0.875, 0.02, 0.02)}
     for precision, (prefill_top1, decode_top1, prefill_kl, decode_kl) in bounds.items():
         result = accuracy(smollm2(precision), probes, reference)
         assert result.prefill.top1 >= prefill_top1 and result.decode.top1 >= decode_top1, (precision, result)

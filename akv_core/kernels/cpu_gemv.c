@@ -779,19 +779,23 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
 
 /* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,
  * row-major; K a multiple of 8). A strip of 3 weight rows is read from memory once and stays in L1 while
- * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows; each output
+ * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows (a strip's first
+ * pass prefetches the strip F32_AHEAD later, so the reads go on while passes compute); each output
  * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
  * the rows beside it). */
 #define F32_ROWS 4   /* input rows per pass over a strip */
 #define F32_COLS 3   /* weight rows (output columns) per strip: 12 accumulators, 3 weights and 1 input in registers */
+#define F32_AHEAD 2  /* strips ahead of the one being computed that its first pass prefetches */
 
 static inline __attribute__((always_inline)) void f32_strip(const float *x, int rows, int64_t k, const float *w,
-                                                              int cols, float *y, int64_t n) {
+                                                              int cols, float *y, int64_t n, const float *ahead) {
     __m256 acc[F32_ROWS][F32_COLS];
     for (int r = 0; r < F32_ROWS; r++)
         for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k; i += 8) {
         __m256 wv[F32_COLS];
+        if (ahead && (i & 15) == 0)
+            for (int j = 0; j < F32_COLS; j++) _mm_prefetch((const char *)(ahead + j * k + i), _MM_HINT_T0);
         for (int j = 0; j < F32_COLS; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
         for (int r = 0; r < rows; r++) {
             const __m256 xv = _mm256_loadu_ps(x + r * k + i);
@@ -803,12 +807,13 @@ static inline __attribute__((always_inline)) void f32_strip(const float *x, int 
 }
 
 /* The strip for constant row and column counts, so that the accumulators stay in registers. */
-static void f32_strip_full(const float *x, int rows, int64_t k, const float *w, float *y, int64_t n) {
+static void f32_strip_full(const float *x, int rows, int64_t k, const float *w, float *y, int64_t n,
+                           const float *ahead) {
     switch (rows) {
-    case 4: f32_strip(x, 4, k, w, F32_COLS, y, n); break;
-    case 3: f32_strip(x, 3, k, w, F32_COLS, y, n); break;
-    case 2: f32_strip(x, 2, k, w, F32_COLS, y, n); break;
-    default: f32_strip(x, 1, k, w, F32_COLS, y, n); break;
+    case 4: f32_strip(x, 4, k, w, F32_COLS, y, n, ahead); break;
+    case 3: f32_strip(x, 3, k, w, F32_COLS, y, n, ahead); break;
+    case 2: f32_strip(x, 2, k, w, F32_COLS, y, n, ahead); break;
+    default: f32_strip(x, 1, k, w, F32_COLS, y, n, ahead); break;
     }
 }
 
@@ -818,8 +823,13 @@ static void f32_columns(const float *x, int64_t m_rows, int64_t k, const float *
         const int cols = n1 - c < F32_COLS ? (int)(n1 - c) : F32_COLS;
         for (int64_t m = 0; m < m_rows; m += F32_ROWS) {
             const int rows = m_rows - m < F32_ROWS ? (int)(m_rows - m) : F32_ROWS;
-            if (cols == F32_COLS) f32_strip_full(x + m * k, rows, k, w + c * k, y + m * n + c, n);
-            else f32_strip(x + m * k, rows, k, w + c * k, cols, y + m * n + c, n);
+            /* With several input rows, the first pass over a strip prefetches a later one, so that memory
+             * keeps streaming while the passes compute from L1 (one row: a single pass, bound by memory, which
+             * the hardware prefetcher already streams). */
+            const float *ahead = m == 0 && m_rows > 1 && c + (F32_AHEAD + 1) * F32_COLS <= n1
+                                 ? w + (c + F32_AHEAD * F32_COLS) * k : NULL;
+            if (cols == F32_COLS) f32_strip_full(x + m * k, rows, k, w + c * k, y + m * n + c, n, ahead);
+            else f32_strip(x + m * k, rows, k, w + c * k, cols, y + m * n + c, n, ahead);
         }
     }
 }

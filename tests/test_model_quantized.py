@@ -77,6 +77,43 @@ def test_mixed_keeps_a_bf16_copy_only_where_the_cpu_multiplies_bf16_natively(mon
     assert Linear(weight, None, "mixed").prefill.weight.dtype == torch.bfloat16
 
 
+needs_onednn = pytest.mark.skipif(not linear._onednn_linear_ops(), reason="this torch has no oneDNN linear ops")
+
+
+@needs_onednn
+def test_float32_prefill_products_run_on_onednn_and_match_torch():
+    """Prefill-sized inputs (more than GEMV_ROWS rows) go through the packed oneDNN copy, with the bias, from
+    contiguous or strided inputs; the result is F.linear's up to the order of the sums."""
+    weight, bias = random_weight(96, 128), torch.randn(96, generator=torch.Generator().manual_seed(4))
+    layer = Linear(weight, bias)
+    assert layer.onednn is not None
+    wide = torch.randn(128, 40, generator=torch.Generator().manual_seed(5))
+    for x in (wide.t().contiguous(), wide.t(), wide.t()[::2]):
+        expected = F.linear(x, weight, bias)
+        got = layer(x)
+        assert torch.equal(got, layer.onednn(x.contiguous()))   # this path, not F.linear's
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    few = wide.t()[:linear.GEMV_ROWS].contiguous()   # a decode step's rows stay on the decode path
+    torch.testing.assert_close(layer(few), F.linear(few, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_the_onednn_switch_and_the_output_projection_keep_no_packed_copy(monkeypatch):
+    weight, x = random_weight(96, 128), torch.randn(40, 128, generator=torch.Generator().manual_seed(6))
+    assert Linear(weight, None, prefill_rows=False).onednn is None
+    assert Linear(weight, None, "fp16").onednn is None
+    monkeypatch.setenv(linear.ONEDNN_SWITCH, "off")
+    layer = Linear(weight)
+    assert layer.onednn is None and torch.equal(layer(x), F.linear(x, weight))
+
+
+@pytest.mark.model
+@needs_onednn
+def test_the_float32_model_packs_its_projections_but_not_its_output_projection():
+    model = smollm2()
+    assert all(p.onednn is not None for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down))
+    assert model.lm_head.onednn is None
+
+
 def test_quantized_precisions_refuse_a_gpu_before_loading_anything():
     from akv_core.model.loader import load_model
 

@@ -13,7 +13,10 @@ from akv_core.model.batch import ForwardBatch, SeqAttention
 from test_model_support import random_ids, smollm2, transformers_smollm2
 
 pytestmark = pytest.mark.model
-TOLERANCE = 1e-4
+# fp32 on both sides; only the order of the sums differs where our prefill products run on oneDNN
+# (akv_core.model.linear.OneDnnWeights; transformers' run on torch's MKL GEMM): measured up to 2.6e-4 on
+# logits up to 36 (with AKV_ONEDNN=off: identical). Decode steps run on our own kernels.
+TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")

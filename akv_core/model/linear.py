@@ -7,6 +7,7 @@ live in `akv_core.model.quantized` and share the `Projection` call contract defi
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Protocol
 
@@ -20,6 +21,10 @@ from akv_core.model.precisions import DENSE_PRECISIONS, PRECISIONS  # noqa: F401
 # Matmuls with at most this many rows are decode steps (one row per running sequence); larger
 # ones are prefill. Reduced precisions pick their kernel by this.
 GEMV_ROWS = 16
+# "off": float32 prefill products stay on torch's F.linear instead of oneDNN's (`OneDnnWeights`).
+ONEDNN_SWITCH = "AKV_ONEDNN"
+# The row count oneDNN lays a packed weight out for (a prefill chunk's; any count runs on it).
+ONEDNN_ROWS_HINT = 512
 
 
 class Projection(Protocol):
@@ -65,6 +70,51 @@ class PrefillWeights:
         return y if out_dtype == torch.bfloat16 else y.float()
 
 
+class OneDnnWeights:
+    """A float32 weight packed once into oneDNN's blocked layout, for prefill-sized products.
+
+    Still float32 throughout (only the order of the sums differs from torch's F.linear, whose fp32
+    GEMM on x86 is MKL's). Measured on a 2-core AVX-512 EPYC: a 512-token prefill 1.24x faster,
+    docs/benchmarks.md "oneDNN prefill"; the cost is a second copy of the weight (the decode kernels
+    read the weight as loaded)."""
+
+    def __init__(self, packed: Tensor, bias: Tensor | None) -> None:
+        self.packed = packed
+        self.bias = bias
+
+    @classmethod
+    def pack(cls, weight: Tensor, bias: Tensor | None) -> OneDnnWeights | None:
+        """The packed weight, or None where oneDNN's fp32 product is not to be had (not a contiguous fp32
+        CPU weight, a torch without oneDNN or its linear ops, or `AKV_ONEDNN=off`)."""
+        if (os.environ.get(ONEDNN_SWITCH, "on") == "off" or weight.device.type != "cpu"
+                or weight.dtype != torch.float32 or not weight.is_contiguous() or not _onednn_linear_ops()):
+            return None
+        try:
+            return cls(torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT), bias)
+        except RuntimeError:   # a oneDNN build that cannot lay out this shape: torch's kernel stays
+            return None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+
+@functools.lru_cache(maxsize=1)
+def _onednn_linear_ops() -> bool:
+    """Whether this torch carries oneDNN with its packed-linear ops (x86 builds do) and they agree with F.linear
+    on a small product (checked once: a build whose ops misbehave is not used)."""
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x, w = torch.randn(32, 64, generator=generator), torch.randn(24, 64, generator=generator)
+        y = ops._linear_pointwise(x, ops._reorder_linear_weight(w, 32), None, "none", [], "")
+        return bool(torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4))
+    except RuntimeError:
+        return False
+
+
 class Linear:
     """Dense weights. "float32" multiplies the fp32 weight as loaded (exact). "fp16" stores it in fp16 and
     uses fbgemm's fp16-weight / fp32-activation kernel: half the bytes of a memory-bound decode step, a
@@ -73,7 +123,10 @@ class Linear:
     within ~0.5); on other CPUs it is the same as "fp16", whose kernel prefills as fast as fp32's.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, precision: str = "float32") -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, precision: str = "float32",
+                 prefill_rows: bool = True) -> None:
+        """`prefill_rows=False`: a projection that never sees prefill-sized inputs (the output projection,
+        which only the sampled rows reach): no copy for them."""
         if precision not in DENSE_PRECISIONS:
             raise ValueError(f"precision must be one of {DENSE_PRECISIONS}, got {precision!r}")
         self.bias = bias
@@ -86,6 +139,8 @@ class Linear:
         self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None
         bf16 = precision == "mixed" and (weight.device.type != "cpu" or native_bf16())
         self.prefill = PrefillWeights(weight) if bf16 else None
+        # Prefill-sized float32 products on oneDNN where it runs (faster than torch's GEMM: OneDnnWeights).
+        self.onednn = OneDnnWeights.pack(weight, bias) if precision == "float32" and prefill_rows else None
 
     def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
@@ -93,6 +148,8 @@ class Linear:
             if self.dense_rows and x.dim() == 2 and 1 <= x.shape[0] <= GEMV_ROWS and x.dtype == torch.float32:
                 y = cpu_gemv.dense_gemv(x, self.weight)
                 return y if self.bias is None else y.add_(self.bias)
+            if self.onednn is not None and x.dim() == 2 and x.shape[0] > GEMV_ROWS and x.dtype == torch.float32:
+                return self.onednn(x)
             return F.linear(x, self.weight, self.bias)
         if self.prefill is not None and x.shape[0] > GEMV_ROWS:
             y = self.prefill(x, out_dtype if self.bias is None else None)

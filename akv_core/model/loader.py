@@ -103,7 +103,8 @@ def _assemble(config: ModelConfig, fetch: Fetch, fetch_int4: FetchInt4 | None, d
     embed = need("embed")
     head = embed if config.tie_embeddings else need("lm_head")
     # The output projection stays 8-bit in int4, as llama.cpp's files keep it (Q8_0 or better).
-    lm_head = Int8Linear(head) if precision in ("int8", "int4") else Linear(head, None, precision)
+    # Only the sampled rows reach it (a few per step): it needs no prefill-sized kernel.
+    lm_head = Int8Linear(head) if precision in ("int8", "int4") else Linear(head, None, precision, prefill_rows=False)
     return CausalLM(config, embed, layers, need("final_norm"), lm_head, dtype=dtype, device=device)
 
 

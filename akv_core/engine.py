@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class EngineStats:
     repos_tokens: int
     drop_skipped_tokens: int
     completion_tokens: int
+    # Forward passes and their wall seconds: with prompt rows ("prefill", decode rows riding along
+    # included) and decode-only.
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    prefill_pass_seconds: float = 0.0
+    decode_pass_seconds: float = 0.0
 
 
 class Engine:
@@ -91,6 +98,7 @@ class Engine:
         self.constrainer = Constrainer(tokenizer.to_json, model.config.vocab_size, tokenizer.eos_token_ids)
         self._totals = dict.fromkeys(("requests_finished", "prompt_tokens", "prefilled_tokens", "cached_tokens",
                                       "repos_tokens", "drop_skipped_tokens", "completion_tokens"), 0)
+        self._passes = {"prefill": [0, 0.0], "decode": [0, 0.0]}   # phase -> [passes, wall seconds]
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2", device: str = "auto", kv_tokens: int | None = None,
@@ -309,11 +317,14 @@ class Engine:
 
     def _run(self, parts: list[_Part]) -> list[torch.Tensor | None]:
         batch = self._batch(parts)
-        prefill_tokens = sum(len(part.ids) for part in parts if part.request.prefilling)
-        with self._phase_threads("prefill" if prefill_tokens else "decode", batch.input_ids.numel(),
-                                 self.model.decodes_on_kernels(batch, self.kv)):
+        phase = "prefill" if any(part.request.prefilling for part in parts) else "decode"
+        started = time.perf_counter()
+        with self._phase_threads(phase, batch.input_ids.numel(), self.model.decodes_on_kernels(batch, self.kv)):
             logits = self.model.forward(batch, self.kv)
-        return self._logits_of(parts, logits)
+        rows = self._logits_of(parts, logits)
+        self._passes[phase][0] += 1
+        self._passes[phase][1] += time.perf_counter() - started
+        return rows
 
     @staticmethod
     def _logits_of(parts: list[_Part], logits: torch.Tensor) -> list[torch.Tensor | None]:
@@ -407,7 +418,9 @@ class Engine:
         pool = self.cache.stats()
         return EngineStats(pool.slots_total, pool.slots_used, pool.slots_free, pool.slots_cached,
                            len(self.scheduler.running), len(self.scheduler.waiting) + self._inbox.qsize(),
-                           **self._totals)
+                           **self._totals, prefill_passes=self._passes["prefill"][0],
+                           decode_passes=self._passes["decode"][0], prefill_pass_seconds=self._passes["prefill"][1],
+                           decode_pass_seconds=self._passes["decode"][1])
 
     def check_integrity(self) -> None:
         """AssertionError unless every KV slot has one owner and lock refs match the running requests."""

@@ -382,6 +382,10 @@ def test_seeded_sampling_is_reproducible(shared):
             for seed in (7, 7, 8)]
     assert outs[0] == outs[1]
     engine.check_integrity()
+    # Each request: one pass over its prompt (which samples the first token), one decode-only pass per later token.
+    stats = engine.stats()
+    assert stats.prefill_passes == 3 and stats.decode_passes == sum(len(out) - 1 for out in outs)
+    assert stats.prefill_pass_seconds > 0 and stats.decode_pass_seconds > 0
 
 
 def test_cancel_stop_strings_and_the_loop_thread(shared):

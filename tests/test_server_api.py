@@ -66,6 +66,9 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     assert values["akv_request_latency_seconds_count"] >= 1
     assert values["akv_kv_slots_cached"] > 0
     assert "akv_queue_length" in values and "akv_time_to_first_token_seconds_count" in values
+    assert values['akv_forward_passes_total{kind="prefill"}'] >= 1
+    assert values['akv_forward_seconds_total{kind="prefill"}'] > 0
+    assert 'akv_forward_passes_total{kind="decode"}' in values and 'akv_forward_seconds_total{kind="decode"}' in values
 
 
 BAD_REQUESTS = [

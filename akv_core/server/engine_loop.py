@@ -143,6 +143,8 @@ class EngineLoop:
             kv_slots_cached=stats.kv_slots_cached,
             requests_running=stats.running,
             requests_waiting=stats.waiting,
+            passes={"prefill": stats.prefill_passes, "decode": stats.decode_passes},
+            pass_seconds={"prefill": stats.prefill_pass_seconds, "decode": stats.decode_pass_seconds},
         )
 
 

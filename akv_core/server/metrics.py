@@ -52,6 +52,9 @@ class PoolGauges:
     kv_slots_cached: int
     requests_running: int
     requests_waiting: int
+    # Forward passes and their wall seconds, by kind: "prefill" (with prompt rows) and "decode" (decode only).
+    passes: Mapping[str, int] = field(default_factory=dict)
+    pass_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 class ServerMetrics:
@@ -103,6 +106,12 @@ def _gauges(pool: PoolGauges) -> list[str]:
     for name, help_text, value in rows:
         lines += _header(name, "gauge", help_text)
         lines.append(f"{name} {value}")
+    lines += _header("akv_forward_passes_total", "counter",
+                     "Forward passes, by kind: prefill (with prompt rows) or decode (decode rows only).")
+    lines += [f'akv_forward_passes_total{{kind="{kind}"}} {count}' for kind, count in sorted(pool.passes.items())]
+    lines += _header("akv_forward_seconds_total", "counter", "Wall seconds spent in forward passes, by kind.")
+    lines += [f'akv_forward_seconds_total{{kind="{kind}"}} {_number(seconds)}'
+              for kind, seconds in sorted(pool.pass_seconds.items())]
     return lines
 
 

@@ -268,7 +268,7 @@ def _concurrency_level(settings: Settings, agent: str, n_tasks: int, limits: Any
     with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
         with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
             _warm_server(url)
-            served_before = _served_tokens(url)
+            served_before = _served(url)
             servers = _children(os.getpid())
             cpu_before = sum(_cpu_of(pid) for pid in servers)
             started = time.perf_counter()
@@ -276,7 +276,7 @@ def _concurrency_level(settings: Settings, agent: str, n_tasks: int, limits: Any
                                concurrency=level, model="smollm2", limits=limits)
             wall = time.perf_counter() - started
             cpu = sum(_cpu_of(pid) for pid in servers) - cpu_before
-            served = {kind: count - served_before.get(kind, 0) for kind, count in _served_tokens(url).items()}
+            served = {kind: count - served_before.get(kind, 0) for kind, count in _served(url).items()}
     cell = _llm_cell(level, report.results, wall, cpu, served)
     say(f"{agent} agent, concurrency {level}: {len(report.results)} tasks, {cell['requests']} requests "
         f"in {wall:.1f} s, server CPU {cpu:.1f} s; load {cell['load_1min']}")
@@ -290,41 +290,42 @@ WARM_UP = ("Before the tasks: count the planets of the solar system from the Sun
 def _warm_server(url: str) -> None:
     """One request that shares nothing with the tasks but the chat template's first tokens, so that the
     timed level does not pay a fresh server's first prefill and decode (allocations, thread pools): the
-    server an evaluation runs against has served before."""
-    import urllib.request
+    server an evaluation runs against has served before. It goes through the tasks' own backend, so that
+    this process has loaded the HTTP client (about a second of imports) before the clock starts too."""
+    from sandbox.backends import BackendRequest, open_backend
 
-    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": WARM_UP}],
-                       "max_tokens": 8}).encode()
-    base = url.split("/v1")[0].rstrip("/")
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        response.read()
+    open_backend(url, "smollm2").complete(BackendRequest([{"role": "user", "content": WARM_UP}], max_tokens=8))
 
 
 def _children(pid: int) -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == pid]
 
 
-def _served_tokens(url: str) -> dict[str, int]:
-    """The server's own token counters (`/metrics`): what it prefilled and decoded."""
+def _served(url: str) -> dict[str, float]:
+    """The server's own counters (`/metrics`): tokens by kind (what it prefilled and decoded), and the wall
+    seconds of its forward passes by kind (`prefill_s`: passes with prompt rows; `decode_s`: decode only)."""
     import re
     import urllib.request
 
     base = url.split("/v1")[0].rstrip("/")
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
         text = response.read().decode()
-    return {kind: int(float(value)) for kind, value in re.findall(r'akv_tokens_total\{kind="(\w+)"\} (\S+)', text)}
+    counters = {kind: float(value) for kind, value in re.findall(r'akv_tokens_total\{kind="(\w+)"\} (\S+)', text)}
+    for kind, value in re.findall(r'akv_forward_seconds_total\{kind="(\w+)"\} (\S+)', text):
+        counters[f"{kind}_s"] = float(value)
+    return counters
 
 
 def _llm_cell(level: int, results: Sequence[Any], wall: float, server_cpu: float = 0.0,
-              served: Mapping[str, int] | None = None) -> dict[str, Any]:
+              served: Mapping[str, float] | None = None) -> dict[str, Any]:
     requests = sum(r.n_requests for r in results)
     served = served or {}
     tokens = {k: sum(getattr(r.tokens, k) for r in results) for k in ("input", "cached", "output")}
     return {"concurrency": level, "tasks": len(results), "wall_s": round(wall, 2),
             "tasks_per_s": round(len(results) / wall, 4), "requests": requests,
             "server_cpu_s_per_task": round(server_cpu / max(len(results), 1), 2),
+            "server_pass_s": {"prefill": round(served.get("prefill_s", 0.0), 2),
+                              "decode": round(served.get("decode_s", 0.0), 2)},
             "errors": sum(r.status == "error" for r in results),
             "per_request": {"computed_prompt_tokens": round(tokens["input"] / max(requests, 1), 1),
                             "cached_prompt_tokens": round(tokens["cached"] / max(requests, 1), 1),
@@ -368,6 +369,12 @@ def ratios(figures: Mapping[str, Any]) -> dict[str, float | None]:
         for level, rate in rates.items():
             if level != 1 and 1 in rates:
                 out[f"{name} concurrency {level} vs 1 (tasks/s)"] = ratio(rate, rates[1])
+        walls = {c["concurrency"]: c["wall_s"] for c in cells}
+        for c in cells:   # the most batching could give if the passes with prompt rows were all a level cost
+            prefill_s = c.get("server_pass_s", {}).get("prefill")
+            if c["concurrency"] != 1 and 1 in walls and prefill_s:
+                out[f"{name} concurrency {c['concurrency']} vs 1, ceiling (the level's prefill passes alone)"] = \
+                    ratio(walls[1], prefill_s)
         per_cpu = {c["concurrency"]: c.get("server_cpu_s_per_task") for c in cells}
         for level, seconds in per_cpu.items():  # what batching saves in work, whatever else the machine runs
             if level != 1 and per_cpu.get(1) and seconds:
@@ -397,9 +404,11 @@ def render(figures: Mapping[str, Any]) -> str:
             parts.append(title)
             parts.append(format_table(
                 ["concurrency", "tasks", "requests", "errors", "wall s", "tasks/s", "computed/req", "cached/req",
-                 "completion/req", "decoded/req", "s/request", "server CPU s/task", "load", "rounds' wall s"],
+                 "completion/req", "decoded/req", "s/request", "server CPU s/task", "prefill passes s",
+                 "decode passes s", "load", "rounds' wall s"],
                 [[c["concurrency"], c["tasks"], c["requests"], c["errors"], c["wall_s"], c["tasks_per_s"],
-                  *c["per_request"].values(), c["server_cpu_s_per_task"], c["load_1min"],
+                  *c["per_request"].values(), c["server_cpu_s_per_task"], c.get("server_pass_s", {}).get("prefill"),
+                  c.get("server_pass_s", {}).get("decode"), c["load_1min"],
                   "/".join(map(str, c.get("walls_s", [c["wall_s"]])))] for c in figures[part]]))
     parts.append("ratios, measured side by side in this run:")
     parts += [f"  {name}: {value}x" for name, value in figures["ratios"].items()]

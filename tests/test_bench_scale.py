@@ -34,3 +34,23 @@ def test_bad_arguments_are_one_line(argv, expected, capsys) -> None:
     with pytest.raises(SystemExit):
         scale.parse_args(argv)
     assert expected in capsys.readouterr().err
+
+
+def test_concurrency_ratios_and_the_prefill_ceiling() -> None:
+    """tasks/s of each level against concurrency 1, and the ceiling: concurrency 1's wall over the seconds a
+    level's server spent in passes with prompt rows (what batching could reach if nothing else cost)."""
+    def cell(level: int, wall: float, prefill_s: float, decode_s: float) -> dict:
+        return {"concurrency": level, "tasks": 8, "requests": 8, "errors": 0, "wall_s": wall,
+                "tasks_per_s": round(8 / wall, 4), "server_cpu_s_per_task": wall / 4, "load_1min": 1.0,
+                "server_pass_s": {"prefill": prefill_s, "decode": decode_s},
+                "per_request": {"computed_prompt_tokens": 200.0, "cached_prompt_tokens": 330.0,
+                                "completion_tokens": 23.5, "decoded_by_server": 23.5, "seconds": 1.0}}
+
+    figures = {"llm": [cell(1, 10.0, 3.0, 6.5), cell(8, 5.0, 2.5, 1.5)]}
+    figures["ratios"] = scale.ratios(figures)
+    assert figures["ratios"]["llm concurrency 8 vs 1 (tasks/s)"] == 2.0
+    assert figures["ratios"]["llm concurrency 8 vs 1, ceiling (the level's prefill passes alone)"] == 4.0
+    assert not any("concurrency 1 vs 1" in name for name in figures["ratios"])
+    table = scale.render(figures)
+    assert "prefill passes s" in table and "decode passes s" in table
+    assert "llm concurrency 8 vs 1, ceiling (the level's prefill passes alone): 4.0x" in table

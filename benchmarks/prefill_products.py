@@ -11,7 +11,11 @@ every round. Three shapes:
 - `8 sharing`: 8 such requests at once (one computes the shared prompt, the others reuse it), each
   sampling one token: the prefill of `benchmarks/scale.py`'s llm part at concurrency 8.
 
-Median wall seconds of the rounds; the ratio is torch's over oneDNN's.
+Median wall seconds of the rounds; the ratio is torch's over oneDNN's. The products alone, too: each of
+the model's projection shapes at 200 and 512 rows, in GFLOPS (one product repeated, its weight hot in
+the caches), on the same thread count as a prefill. Beside them, what the packed
+copies cost in memory: the resident memory of a fresh process after loading the model, with and
+without them (`AKV_ONEDNN=off`).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import argparse
 import os
 import random
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -100,6 +105,54 @@ def measure(rounds: int) -> list[dict[str, Any]]:
              "torch_s": round(statistics.median(times[name, False]), 3)} for name in shapes]
 
 
+RSS_AFTER_LOAD = ("import re; from akv_core.model.loader import load_model; model = load_model('smollm2'); "
+                  "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
+
+
+def resident_mb(onednn: bool) -> float | None:
+    """A fresh process's resident memory after loading the model (MB), with or without the packed copies;
+    None without /proc."""
+    if not Path("/proc/self/status").exists():
+        return None
+    env = {**os.environ, "AKV_ONEDNN": "on" if onednn else "off"}
+    out = subprocess.run([sys.executable, "-c", RSS_AFTER_LOAD], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return round(int(out.stdout.split()[-1]) / 1024, 1)
+
+
+def measure_products(rounds: int, repeats: int = 10) -> list[dict[str, Any]]:
+    """GFLOPS of the model's projection shapes (qkv, gate_up, down: out x in) at 200 and 512 rows."""
+    from akv_core.model.linear import OneDnnWeights
+    from akv_core.threads import threads_for
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+    cells = []
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads_for("prefill", 512))
+    try:
+        for rows in (200, 512):
+            for name, (n, k) in shapes.items():
+                x, w = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
+                packed = OneDnnWeights.pack(w, None)
+                paths = {"onednn": lambda: packed(x), "torch": lambda: torch.nn.functional.linear(x, w)}
+                times: dict[str, list[float]] = {path: [] for path in paths}
+                for index in range(rounds + 1):   # the first round untimed
+                    for path, run in paths.items():
+                        started = time.perf_counter()
+                        for _ in range(repeats):
+                            run()
+                        if index:
+                            times[path].append((time.perf_counter() - started) / repeats)
+                flops = 2 * rows * n * k
+                cells.append({"rows": rows, "product": f"{name} {n}x{k}",
+                              **{f"{path}_gflops": round(flops / statistics.median(t) / 1e9, 1)
+                                 for path, t in times.items()}})
+    finally:
+        torch.set_num_threads(previous)
+    return cells
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -115,6 +168,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("ratios, measured side by side in this run:")
     for c in cells:
         print(f"  float32 prefill, {c['shape']}, oneDNN vs torch's F.linear: {ratio(c['torch_s'], c['onednn_s'])}x")
+    products = measure_products(args.rounds)
+    print(f"the products alone, GFLOPS (median of {args.rounds} rounds of 10):")
+    print(format_table(["rows", "product (out x in)", "oneDNN GFLOPS", "torch's F.linear GFLOPS", "ratio"],
+                       [[c["rows"], c["product"], c["onednn_gflops"], c["torch_gflops"],
+                         ratio(c["onednn_gflops"], c["torch_gflops"])] for c in products]))
+    with_copies, without = resident_mb(True), resident_mb(False)
+    if with_copies is not None and without is not None:
+        print(f"resident memory after loading the model: {with_copies} MB with the packed copies, {without} MB "
+              f"without (AKV_ONEDNN=off): +{round(with_copies - without, 1)} MB")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -74,9 +74,8 @@ class OneDnnWeights:
     """A float32 weight packed once into oneDNN's blocked layout, for prefill-sized products.
 
     Still float32 throughout (only the order of the sums differs from torch's F.linear, whose fp32
-    GEMM on x86 is MKL's). Measured on a 2-core AVX-512 EPYC: a 512-token prefill 1.24x faster,
-    docs/benchmarks.md "oneDNN prefill"; the cost is a second copy of the weight (the decode kernels
-    read the weight as loaded)."""
+    GEMM on x86 is MKL's). Measured on a 2-core AVX-512 EPYC: prefill 1.09-1.18x faster, docs/benchmarks.md
+    "oneDNN prefill"; the cost is a second copy of the weight (the decode kernels read the weight as loaded)."""
 
     def __init__(self, packed: Tensor, bias: Tensor | None) -> None:
         self.packed = packed

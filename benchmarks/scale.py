@@ -10,7 +10,7 @@
    SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
    level (so that no level finds the prefixes of another cached; each is warmed by one request that
    shares nothing with the tasks, and this process by the same tasks on replay, before the clock
-   starts). The small model answers at its
+   starts; the clock starts once the server's start-up has faded from its idle-core reading). The small model answers at its
    first step, so these tasks are one prefill-bound request each.
 3. **Multi-step tasks** (`multistep`): the same levels with the scripted agent's trajectories (its
    requests, several per task, growing histories under the policy), while the server decodes
@@ -268,6 +268,7 @@ def _concurrency_level(settings: Settings, agent: str, n_tasks: int, limits: Any
     with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
         with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:
             _warm_server(url)
+            _settle()
             served_before = _served(url)
             servers = _children(os.getpid())
             cpu_before = sum(_cpu_of(pid) for pid in servers)
@@ -295,6 +296,15 @@ def _warm_server(url: str) -> None:
     from sandbox.backends import BackendRequest, open_backend
 
     open_backend(url, "smollm2").complete(BackendRequest([{"role": "user", "content": WARM_UP}], max_tokens=8))
+
+
+def _settle() -> None:
+    """Wait, untimed, until the CPU a fresh server spent starting up and warming (its own work outside forward
+    passes, which akv_core.threads counts as busy elsewhere) has faded from its idle-core reading: a server an
+    evaluation runs against has been up a while, and its first timed prefill should get the idle cores."""
+    from akv_core.threads import BUSY_WINDOW_S
+
+    time.sleep(2 * BUSY_WINDOW_S)
 
 
 def _children(pid: int) -> list[int]:

@@ -6,8 +6,8 @@ torch's thread count): the engine wraps each forward pass in `phase_threads(...)
 - Decode through torch's operators: 1 thread. Measured on a 2-core machine with SmolLM2-135M
   (docs/engine-model.md): a chain of small products bound by memory bandwidth and per-op overhead,
   where a second thread only adds synchronisation.
-- Decode on the C kernels (`kernels=True`: the model's fused int8 / int4 decode step in one C
-  call, or float32's dense products and attention kernel; each product's columns split across a
+- Decode on the C kernels (`kernels=True`: the model's fused decode step in one C call, on int8,
+  int4 or float32 weights, or the same kernels layer by layer; each product's columns split across a
   pool of spinning threads): the idle cores, at most KERNEL_DECODE_MAX_THREADS. On idle cores 2
   threads beat 1 (docs/benchmarks.md: a float32 step 27-32% faster); on busy
   ones a thread waiting for a core stalls every barrier of the step, and 1 thread is faster.

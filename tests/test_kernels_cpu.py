@@ -45,17 +45,23 @@ def rounding_bound(h: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
     return step.expand(-1, -1, 32).reshape(h.shape) @ held.abs().T + 1e-5
 
 
+def prologue_case(rows: int, seed: int, n: int = 68, k: int = 128, eps: float = 1e-5) -> tuple:
+    """A weight [n, k], a norm weight and eps, inputs x [rows, k] and gate/up [rows, 2k], a residual [rows, n],
+    and what the prologues make of the inputs in torch: RMSNorm(x) * norm and SiLU(gate) * up."""
+    weight = torch.randn(n, k, generator=generator(seed)) * 0.05
+    norm = torch.rand(k, generator=generator(seed + 1)) + 0.5
+    x, gate_up = torch.randn(rows, k, generator=generator(seed + 2)), torch.randn(rows, 2 * k, generator=generator(seed + 3))
+    residual = torch.randn(rows, n, generator=generator(seed + 4))
+    normed = norm * (x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
+    swiglu = F.silu(gate_up[:, :k]) * gate_up[:, k:]
+    return weight, norm, eps, x, gate_up, residual, normed, swiglu
+
+
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])
 def test_prologues_and_accumulation_match_torch(rows: int):
     """RMSNorm and SwiGLU of the input, and the product added into `out`, within the int8 rounding of the input."""
-    n, k, eps = 68, 128, 1e-5
-    weight = torch.randn(n, k, generator=generator(3)) * 0.05
-    norm = torch.rand(k, generator=generator(4)) + 0.5
-    x, gate_up = torch.randn(rows, k, generator=generator(5)), torch.randn(rows, 2 * k, generator=generator(6))
-    residual = torch.randn(rows, n, generator=generator(7))
-    normed = norm * (x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
-    swiglu = F.silu(gate_up[:, :k]) * gate_up[:, k:]
+    weight, norm, eps, x, gate_up, residual, normed, swiglu = prologue_case(rows, seed=3)
     for layer in (Int4Linear(Int4Groups.quantize(weight)), Int8Linear(weight)):
         held = layer.groups.dequantize() if isinstance(layer, Int4Linear) else layer.dequantize()
         cases = [(x, cpu_gemv.Prologue(norm, eps), normed), (gate_up, cpu_gemv.Prologue(glu=True), swiglu)]
@@ -64,6 +70,35 @@ def test_prologues_and_accumulation_match_torch(rows: int):
             out = residual.clone()
             assert layer.product(inputs, prologue, out=out) is out
             assert ((out - expected).abs() <= rounding_bound(h, held)).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_dense_fp32_products_with_prologues_match_torch(rows: int):
+    """fp32 weights as loaded (`cpu_gemv.dense`, a float32 Linear's `product`): RMSNorm and SwiGLU of the input,
+    the product written or added into `out`, within fp32 rounding of torch's; bit for bit the same on any
+    thread count and beside any other rows (each output is its row's own sum)."""
+    from akv_core.model.linear import Linear
+
+    weight, norm, eps, x, gate_up, residual, normed, swiglu = prologue_case(rows, seed=30)
+    layer = Linear(weight)
+    assert layer.fused and layer.kernel_weights().bits == 32
+    cases = [(x, cpu_gemv.PLAIN, x), (x, cpu_gemv.Prologue(norm, eps), normed),
+             (gate_up, cpu_gemv.Prologue(glu=True), swiglu)]
+    for inputs, prologue, h in cases:
+        written = layer.product(inputs, prologue)
+        torch.testing.assert_close(written, h @ weight.T, atol=2e-5, rtol=1e-5)
+        out = residual.clone()
+        assert layer.product(inputs, prologue, out=out) is out
+        torch.testing.assert_close(out, residual + h @ weight.T, atol=2e-5, rtol=1e-5)
+        for threads in (2, 3):
+            assert torch.equal(cpu_gemv.gemv(inputs, layer.kernel_weights(), prologue, threads=threads), written)
+        alone = torch.cat([layer.product(inputs[m:m + 1], prologue) for m in range(rows)])
+        assert torch.equal(alone, written)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_gemv.dense(torch.randn(8, 40))
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        cpu_gemv.dense(weight.t())
 
 
 @needs_kernel
@@ -344,9 +379,10 @@ def test_dense_products_refuse_what_they_cannot_take():
 @needs_kernel
 @pytest.mark.model
 def test_the_float32_models_decode_kernels_agree_with_torchs_operators():
-    """float32 SmolLM2: a decode step of three sequences through the dense product and attention kernels and
-    through torch's operators alone (F.linear, one SDPA call per sequence): the same K/V written (up to
-    rounding), logits within float32 rounding; a prompt pass never takes the kernels' attention."""
+    """float32 SmolLM2: a decode step of three sequences in one fused call (fp32 products, bit for bit the same
+    on 1, 2 and 3 threads), through the dense product and attention kernels layer by layer, and through torch's
+    operators alone (F.linear, one SDPA call per sequence): the same K/V written (up to rounding), logits
+    within float32 rounding; a prompt pass never takes the kernels' attention."""
     from akv_core.model.batch import ForwardBatch, SeqAttention
     from akv_core.model.linear import Linear
     from test_model_support import smollm2
@@ -361,20 +397,31 @@ def test_the_float32_models_decode_kernels_agree_with_torchs_operators():
                         [SeqAttention(0, 1, slots[:25]), SeqAttention(1, 1, torch.cat([slots[:10], slots[25:26]])),
                          SeqAttention(2, 1, torch.cat([slots[20:23], slots[26:27]]))], torch.tensor([0, 1, 2]))
     assert model._kernel_attention(step, kv, *model.rope.cos_sin(step.positions)) is not None
-    kernels = model.forward(step, kv)
+    assert model.decodes_fused(step, kv)   # fp32 weights as loaded join the one-call decode step
+    fused = model.forward(step, kv)
     written = [kv.k[layer][24:27].clone() for layer in (0, 29)]
-    projections = [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
-    assert all(isinstance(p, Linear) and p.dense_rows for p in projections)
+    previous = torch.get_num_threads()
     try:
+        for threads in (2, 3):   # the one-call step split across threads: bit for bit the same
+            torch.set_num_threads(threads)
+            assert torch.equal(model.forward(step, kv), fused) and cpu_gemv.last_threads() == threads
+    finally:
+        torch.set_num_threads(previous)
+    projections = [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
+    assert all(isinstance(p, Linear) and p.dense_rows and p.fused for p in projections)
+    try:
+        model.fused_decode = False   # the dense products and the attention kernel, layer by layer
+        kernels = model.forward(step, kv)
         model._attention_kernel = False
         for p in projections:
             p.dense_rows = False
         torch_path = model.forward(step, kv)
     finally:
-        model._attention_kernel = True
+        model.fused_decode = model._attention_kernel = True
         for p in projections:
             p.dense_rows = True
-    torch.testing.assert_close(kernels, torch_path, atol=2e-3, rtol=0)
-    assert (kernels.argmax(-1) == torch_path.argmax(-1)).all()
+    for path in (kernels, torch_path):
+        torch.testing.assert_close(fused, path, atol=2e-3, rtol=0)
+        assert (fused.argmax(-1) == path.argmax(-1)).all()
     for layer, keys in zip((0, 29), written):
         torch.testing.assert_close(keys, kv.k[layer][24:27], atol=1e-3, rtol=0)

@@ -24,6 +24,10 @@
  * with `norm`, RMSNorm(h) * norm (fp32, as the model's own rms_norm): the small operations around a
  * product happen while its input is quantized instead of as separate tensor operations.
  *
+ *   akv_f32_product: fp32 weights [N, K] as loaded (the dense kernel of akv_f32_gemv, below) after the same
+ *                prologues, computed in fp32 instead of quantized; a decode step's layers may mix it with the
+ *                quantized ones (`bits` 32 in AkvProjection).
+ *
  *   akv_decode_attention: one new token per sequence: RoPE on its q and k heads, its K/V written to
  *                its pool slot, then attention over the sequence's listed slots read in place.
  *
@@ -415,8 +419,67 @@ static int attention_valid(const Attention *at) {
     return !(at->d % 8 || at->rotary > 512 || at->rotary > at->d || at->heads % at->kv_heads);
 }
 
-/* One projection of a layer in the layouts above: `bits` 4 (w, scale and offset) or 8 (w and scale; offset
- * unused). */
+/* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,
+ * row-major; K a multiple of 8). A strip of 3 weight rows is read from memory once and stays in L1 while
+ * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows (a strip's first
+ * pass prefetches the strip F32_AHEAD later, so the reads go on while passes compute); each output
+ * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
+ * the rows beside it). */
+#define F32_ROWS 4   /* input rows per pass over a strip */
+#define F32_COLS 3   /* weight rows (output columns) per strip: 12 accumulators, 3 weights and 1 input in registers */
+#define F32_AHEAD 2  /* strips ahead of the one being computed that its first pass prefetches */
+
+static inline __attribute__((always_inline)) void f32_strip(const float *x, int rows, int64_t k, const float *w,
+                                                              int cols, float *y, int64_t n, const float *ahead,
+                                                              int accumulate) {
+    __m256 acc[F32_ROWS][F32_COLS];
+    for (int r = 0; r < F32_ROWS; r++)
+        for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 8) {
+        __m256 wv[F32_COLS];
+        if (ahead && (i & 15) == 0)
+            for (int j = 0; j < F32_COLS; j++) _mm_prefetch((const char *)(ahead + j * k + i), _MM_HINT_T0);
+        for (int j = 0; j < F32_COLS; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const __m256 xv = _mm256_loadu_ps(x + r * k + i);
+            for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) y[r * n + j] = accumulate ? y[r * n + j] + hsum(acc[r][j]) : hsum(acc[r][j]);
+}
+
+/* The strip for constant row and column counts, so that the accumulators stay in registers. */
+static void f32_strip_full(const float *x, int rows, int64_t k, const float *w, float *y, int64_t n,
+                           const float *ahead, int accumulate) {
+    switch (rows) {
+    case 4: f32_strip(x, 4, k, w, F32_COLS, y, n, ahead, accumulate); break;
+    case 3: f32_strip(x, 3, k, w, F32_COLS, y, n, ahead, accumulate); break;
+    case 2: f32_strip(x, 2, k, w, F32_COLS, y, n, ahead, accumulate); break;
+    default: f32_strip(x, 1, k, w, F32_COLS, y, n, ahead, accumulate); break;
+    }
+}
+
+/* Columns [n0, n1) of y [M, N] = x [M, K] times w transposed (added into y with `accumulate`). */
+static void f32_columns(const float *x, int64_t m_rows, int64_t k, const float *w, int64_t n, int64_t n0, int64_t n1,
+                        float *y, int accumulate) {
+    for (int64_t c = n0; c < n1; c += F32_COLS) {
+        const int cols = n1 - c < F32_COLS ? (int)(n1 - c) : F32_COLS;
+        for (int64_t m = 0; m < m_rows; m += F32_ROWS) {
+            const int rows = m_rows - m < F32_ROWS ? (int)(m_rows - m) : F32_ROWS;
+            /* With several input rows, the first pass over a strip prefetches a later one, so that memory
+             * keeps streaming while the passes compute from L1 (one row: a single pass, bound by memory, which
+             * the hardware prefetcher already streams). */
+            const float *ahead = m == 0 && m_rows > 1 && c + (F32_AHEAD + 1) * F32_COLS <= n1
+                                 ? w + (c + F32_AHEAD * F32_COLS) * k : NULL;
+            if (cols == F32_COLS) f32_strip_full(x + m * k, rows, k, w + c * k, y + m * n + c, n, ahead, accumulate);
+            else f32_strip(x + m * k, rows, k, w + c * k, cols, y + m * n + c, n, ahead, accumulate);
+        }
+    }
+}
+
+/* One projection of a layer in the layouts above: `bits` 4 (w, scale and offset), 8 (w and scale; offset
+ * unused) or 32 (w: the fp32 weight [N, K] as loaded, row-major; scale and offset unused). */
 typedef struct {
     int64_t bits, n, k;
     const void *w;
@@ -429,7 +492,8 @@ typedef struct {
 } AkvLayer;
 
 static int projection_valid(const AkvProjection *p, int64_t m_rows) {
-    return (p->bits == 4 || p->bits == 8) && m_rows >= 1 && m_rows <= AKV_MAX_ROWS && p->k % AKV_BLOCK == 0;
+    return (p->bits == 4 || p->bits == 8 || p->bits == 32) && m_rows >= 1 && m_rows <= AKV_MAX_ROWS
+           && p->k % AKV_BLOCK == 0;
 }
 
 /* Columns [n0, n1) of the projection of the quantized rows `a` into y [M, N] (added with `accumulate`). */
@@ -639,8 +703,32 @@ typedef struct {
     float *y;
 } Product;
 
+/* A product of fp32 weights: h(x) into the scratch rows (each row by one thread) where there is a prologue,
+ * then its columns, read from h or from x itself. */
+static void f32_product(Member *me, const Product *c) {
+    const AkvProjection *p = c->p;
+    const float *rows = c->x;
+    int64_t m0, m1, n0, n1;
+    if (c->norm || c->glu) {
+        share_rows(me, c->m_rows, &m0, &m1);
+        if (m0 < m1) prologue(c->x + m0 * (c->glu ? 2 * p->k : p->k), m1 - m0, p->k, c->norm, c->eps, c->glu,
+                              c->r->h + m0 * p->k);
+        barrier(me);
+        rows = c->r->h;
+    }
+    while (claim_columns(me, p->n, &n0, &n1)) {
+        f32_columns(rows, c->m_rows, p->k, p->w, p->n, n0, n1, c->y, c->accumulate);
+        if (c->bias) add_bias(c->y, c->bias, c->m_rows, p->n, n0, n1);
+    }
+    barrier(me);
+}
+
 static void product(Member *me, const Product *c) {
     int64_t m0, m1, n0, n1;
+    if (c->p->bits == 32) {
+        f32_product(me, c);
+        return;
+    }
     if (c->norm) {   /* a norm needs its whole row: rows */
         share_rows(me, c->m_rows, &m0, &m1);
         if (m0 < m1) quantize(c->x, m0, m1, c->p->k, c->norm, c->eps, c->glu, c->r);
@@ -673,6 +761,12 @@ static int run_product(const AkvProjection *p, const float *x, int64_t m_rows, c
 int akv_q4_gemv(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
                 const uint8_t *w, const float *w_scale, const float *w_offset, int64_t n, float *y, int64_t threads) {
     const AkvProjection p = {4, n, k, w, w_scale, w_offset};
+    return run_product(&p, x, m_rows, norm, eps, glu, accumulate, y, threads);
+}
+
+int akv_f32_product(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, int accumulate,
+                    const float *w, int64_t n, float *y, int64_t threads) {
+    const AkvProjection p = {32, n, k, w, NULL, NULL};
     return run_product(&p, x, m_rows, norm, eps, glu, accumulate, y, threads);
 }
 
@@ -777,69 +871,12 @@ int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *
     return status;
 }
 
-/* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,
- * row-major; K a multiple of 8). A strip of 3 weight rows is read from memory once and stays in L1 while
- * every 4 input rows meet it (12 accumulators), so the weights stream once for all rows (a strip's first
- * pass prefetches the strip F32_AHEAD later, so the reads go on while passes compute); each output
- * is one row's own chain of FMAs over k, whatever M and the column range (a row's result does not depend on
- * the rows beside it). */
-#define F32_ROWS 4   /* input rows per pass over a strip */
-#define F32_COLS 3   /* weight rows (output columns) per strip: 12 accumulators, 3 weights and 1 input in registers */
-#define F32_AHEAD 2  /* strips ahead of the one being computed that its first pass prefetches */
-
-static inline __attribute__((always_inline)) void f32_strip(const float *x, int rows, int64_t k, const float *w,
-                                                              int cols, float *y, int64_t n, const float *ahead) {
-    __m256 acc[F32_ROWS][F32_COLS];
-    for (int r = 0; r < F32_ROWS; r++)
-        for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k; i += 8) {
-        __m256 wv[F32_COLS];
-        if (ahead && (i & 15) == 0)
-            for (int j = 0; j < F32_COLS; j++) _mm_prefetch((const char *)(ahead + j * k + i), _MM_HINT_T0);
-        for (int j = 0; j < F32_COLS; j++) wv[j] = j < cols ? _mm256_loadu_ps(w + j * k + i) : _mm256_setzero_ps();
-        for (int r = 0; r < rows; r++) {
-            const __m256 xv = _mm256_loadu_ps(x + r * k + i);
-            for (int j = 0; j < F32_COLS; j++) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < cols; j++) y[r * n + j] = hsum(acc[r][j]);
-}
-
-/* The strip for constant row and column counts, so that the accumulators stay in registers. */
-static void f32_strip_full(const float *x, int rows, int64_t k, const float *w, float *y, int64_t n,
-                           const float *ahead) {
-    switch (rows) {
-    case 4: f32_strip(x, 4, k, w, F32_COLS, y, n, ahead); break;
-    case 3: f32_strip(x, 3, k, w, F32_COLS, y, n, ahead); break;
-    case 2: f32_strip(x, 2, k, w, F32_COLS, y, n, ahead); break;
-    default: f32_strip(x, 1, k, w, F32_COLS, y, n, ahead); break;
-    }
-}
-
-static void f32_columns(const float *x, int64_t m_rows, int64_t k, const float *w, int64_t n, int64_t n0, int64_t n1,
-                        float *y) {
-    for (int64_t c = n0; c < n1; c += F32_COLS) {
-        const int cols = n1 - c < F32_COLS ? (int)(n1 - c) : F32_COLS;
-        for (int64_t m = 0; m < m_rows; m += F32_ROWS) {
-            const int rows = m_rows - m < F32_ROWS ? (int)(m_rows - m) : F32_ROWS;
-            /* With several input rows, the first pass over a strip prefetches a later one, so that memory
-             * keeps streaming while the passes compute from L1 (one row: a single pass, bound by memory, which
-             * the hardware prefetcher already streams). */
-            const float *ahead = m == 0 && m_rows > 1 && c + (F32_AHEAD + 1) * F32_COLS <= n1
-                                 ? w + (c + F32_AHEAD * F32_COLS) * k : NULL;
-            if (cols == F32_COLS) f32_strip_full(x + m * k, rows, k, w + c * k, y + m * n + c, n, ahead);
-            else f32_strip(x + m * k, rows, k, w + c * k, cols, y + m * n + c, n, ahead);
-        }
-    }
-}
-
 typedef struct { const float *x, *w; int64_t m_rows, k, n; float *y; } DenseProduct;
 
 static void dense_job(Member *me) {
     const DenseProduct *c = me->team->context;
     int64_t n0, n1;
-    while (claim_columns(me, c->n, &n0, &n1)) f32_columns(c->x, c->m_rows, c->k, c->w, c->n, n0, n1, c->y);
+    while (claim_columns(me, c->n, &n0, &n1)) f32_columns(c->x, c->m_rows, c->k, c->w, c->n, n0, n1, c->y, 0);
     barrier(me);
 }
 

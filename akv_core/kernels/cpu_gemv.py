@@ -1,10 +1,11 @@
-"""Fused int4 / int8 weight-only products for decode steps on x86 CPUs, built at run time.
+"""Fused int4 / int8 weight-only products (and fp32 ones) for decode steps on x86 CPUs, built at run time.
 
 `cpu_gemv.c` multiplies a few fp32 rows (decode: one row per running sequence) by 4-bit group
 weights (Q4_1) or int8 row weights, quantizing the rows per block of 32 to int8 as llama.cpp
 does, so the weights meet them in integer SIMD and are read once for all rows. The weights are
 held in the kernel's own layout (`pack_q4`, `pack_q8`: interleaved by groups of 8 output columns,
-so that each unpacked register serves 8 columns and up to 4 rows). torch's own
+so that each unpacked register serves 8 columns and up to 4 rows). fp32 weights (`dense`) are read
+as loaded, after the same prologues, so that a float32 model's decode step also runs as one call. torch's own
 weight-only kernels dequantize every weight to bf16 on CPUs without AVX-512 and run several
 times slower (`python benchmarks/engine.py --kernels`).
 
@@ -110,8 +111,9 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr,
                                              i64]
     library.akv_f32_gemv.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
+    library.akv_f32_product.argtypes = [*prologue, ptr, i64, ptr, i64]
     for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows,
-                     library.akv_last_threads, library.akv_f32_gemv):
+                     library.akv_last_threads, library.akv_f32_gemv, library.akv_f32_product):
         function.restype = ctypes.c_int
     return library, None
 
@@ -137,13 +139,13 @@ def max_rows() -> int:
 
 @dataclass(frozen=True)
 class Weights:
-    """One projection in the kernel's layout (`pack_q4`, `pack_q8`; cpu_gemv.c's header): `bits` 4 (the
-    interleaved nibbles, scale and offset [groups, K / 32, 8]) or 8 (interleaved int8, scale [groups * 8],
-    no offset), for N output columns of K inputs."""
+    """One projection in the kernel's layout (`pack_q4`, `pack_q8`, `dense`; cpu_gemv.c's header): `bits` 4
+    (the interleaved nibbles, scale and offset [groups, K / 32, 8]), 8 (interleaved int8, scale [groups * 8],
+    no offset) or 32 (the fp32 weight [N, K] as loaded, no scale or offset), for N output columns of K inputs."""
 
     bits: int
     weight: Tensor
-    scale: Tensor
+    scale: Tensor | None
     offset: Tensor | None
     n: int
     k: int
@@ -186,6 +188,17 @@ def pack_q8(q: Tensor, scale: Tensor) -> Weights:
     v = _whole_groups(q.to(torch.int8)).reshape(-1, GROUP, k // BLOCK, 8, 4)              # [G, c, b, j, t]
     return Weights(8, v.permute(0, 2, 3, 1, 4).contiguous().reshape(-1, k), _whole_groups(scale.float()).contiguous(),
                    None, n, k)
+
+
+def dense(weight: Tensor) -> Weights:
+    """An fp32 weight [N, K] as loaded (contiguous, row-major, K a multiple of 32) for the fused products: the
+    same prologues as the packed ones, the product in fp32 (each output its row's own chain of FMAs, as
+    `dense_gemv`). The weight is referenced, not copied."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"cpu_gemv.dense: a contiguous fp32 weight [N, K], got {tuple(weight.shape)} {weight.dtype}")
+    n, k = weight.shape
+    _check_shapes(n, k)
+    return Weights(32, weight, None, None, n, k)
 
 
 def unpack_q8(weights: Weights) -> Tensor:
@@ -231,7 +244,7 @@ def _output(rows: int, n: int, out: Tensor | None) -> Tensor:
 
 def gemv(x: Tensor, weights: Weights, prologue: Prologue = PLAIN, out: Tensor | None = None,
          threads: int | None = None) -> Tensor:
-    """h(x) [M, K] times the packed weights (`pack_q4` / `pack_q8`) -> [M, N] fp32, written to a new tensor or
+    """h(x) [M, K] times the weights (`pack_q4` / `pack_q8` / `dense`) -> [M, N] fp32, written to a new tensor or
     added into `out`, on `threads` threads (default `default_threads()`)."""
     x, k = _inputs(x, prologue)
     if k != weights.k:
@@ -240,8 +253,9 @@ def gemv(x: Tensor, weights: Weights, prologue: Prologue = PLAIN, out: Tensor | 
     if x.shape[0] == 0:  # a pass that asks for no logits
         return y
     library = _library()
-    function, tensors = ((library.akv_q4_gemv, (weights.weight, weights.scale, weights.offset)) if weights.bits == 4
-                         else (library.akv_q8_gemv, (weights.weight, weights.scale)))
+    function, tensors = {4: (library.akv_q4_gemv, (weights.weight, weights.scale, weights.offset)),
+                         8: (library.akv_q8_gemv, (weights.weight, weights.scale)),
+                         32: (library.akv_f32_product, (weights.weight,))}[weights.bits]
     norm = prologue.norm.data_ptr() if prologue.norm is not None else None
     status = function(x.data_ptr(), x.shape[0], k, norm, prologue.eps, int(prologue.glu), int(out is not None),
                       *(t.data_ptr() for t in tensors), weights.n, y.data_ptr(), threads or default_threads())
@@ -345,7 +359,7 @@ class DecodeStack:
 
         def projection(w: Weights) -> _Projection:
             self._held.extend(t for t in (w.weight, w.scale, w.offset) if t is not None)
-            return _Projection(w.bits, w.n, w.k, w.weight.data_ptr(), w.scale.data_ptr(), _pointer(w.offset))
+            return _Projection(w.bits, w.n, w.k, w.weight.data_ptr(), _pointer(w.scale), _pointer(w.offset))
 
         return _Layer(held(layer.attn_norm), held(layer.mlp_norm), held(layer.qkv_bias),
                       *(projection(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)))

@@ -135,6 +135,8 @@ class Linear:
         # slower on a few rows (docs/benchmarks.md, "Dense float32 decode").
         self.dense_rows = (precision == "float32" and weight.device.type == "cpu" and weight.dtype == torch.float32
                            and weight.is_contiguous() and weight.shape[1] % 8 == 0 and cpu_gemv.available())
+        # Joins a decode step fused into one C call (`CausalLM._decode_fused`; the weight as loaded, `cpu_gemv.dense`).
+        self.fused = self.dense_rows and weight.shape[1] % cpu_gemv.BLOCK == 0
         self.packed = _pack_fp16(weight) if precision in ("fp16", "mixed") else None
         bf16 = precision == "mixed" and (weight.device.type != "cpu" or native_bf16())
         self.prefill = PrefillWeights(weight) if bf16 else None
@@ -155,6 +157,15 @@ class Linear:
         else:
             y = _fp16_linear(x, self.packed)
         return y if self.bias is None else y + self.bias
+
+    def kernel_weights(self) -> cpu_gemv.Weights:
+        """The float32 weight for the fused decode kernels (only where `fused`)."""
+        return cpu_gemv.dense(self.weight)
+
+    def product(self, x: Tensor, prologue: cpu_gemv.Prologue = cpu_gemv.PLAIN, out: Tensor | None = None) -> Tensor:
+        """The fused kernel (only where `fused`): h(x) times the weight, without the bias, into a new tensor or
+        added into `out` (`cpu_gemv.Prologue`: RMSNorm / SwiGLU of the input on the way)."""
+        return cpu_gemv.gemv(x, self.kernel_weights(), prologue, out)
 
 
 # fbgemm's fp16 ops are marked deprecated but present; `_pack_fp16` falls back when they go away.

@@ -99,7 +99,8 @@ class CausalLM:
 
     def _can_fuse_decode(self) -> bool:
         """Whether decode steps can run as five fused CPU kernels per layer (`_decode_fused`): every
-        projection on `cpu_gemv` (int8 / int4 where this CPU runs it), fp32 activations, no q/k norms."""
+        projection on `cpu_gemv` (int8 / int4, or float32's weights as loaded, where this CPU runs it), fp32
+        activations, no q/k norms."""
         projections = [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
         return (self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim % 8 == 0
                 and all(getattr(p, "fused", False) for p in projections)
@@ -138,8 +139,9 @@ class CausalLM:
 
     @property
     def kernel_decode(self) -> bool:
-        """Whether decode-only passes run on the C kernels (the fused int8 / int4 step, or float32's dense
-        products and attention kernel), which split their work over torch's thread count."""
+        """Whether decode-only passes run on the C kernels (the fused step on int8, int4 or float32 weights, or
+        float32's dense products and attention kernel layer by layer), which split their work over torch's
+        thread count."""
         return self.fused_decode or (self._attention_kernel and self.dtype == torch.float32 and all(
             getattr(p, "dense_rows", False) for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)))
 

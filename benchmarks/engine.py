@@ -627,7 +627,7 @@ def main() -> None:
     if args.kernels:
         kernel_table()
         if cpu_gemv.available():
-            for precision in ("int4", "int8"):
+            for precision in ("int4", "int8", "float32"):
                 decode_step_table(precision)
         return
     if args.peer:

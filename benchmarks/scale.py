@@ -10,8 +10,8 @@
    SmolLM2 on the CPU) at concurrency 1, 4 and 8: the same tasks and limits, a fresh server for each
    level (so that no level finds the prefixes of another cached; each is warmed by one request that
    shares nothing with the tasks, and this process by the same tasks on replay, before the clock
-   starts; the clock starts once the server's start-up has faded from its idle-core reading). The small model answers at its
-   first step, so these tasks are one prefill-bound request each.
+   starts, which it does once the server's start-up has faded from its idle-core reading). The
+   small model answers at its first step, so these tasks are one prefill-bound request each.
 3. **Multi-step tasks** (`multistep`): the same levels with the scripted agent's trajectories (its
    requests, several per task, growing histories under the policy), while the server decodes
    `reply_tokens` tokens for every request. The requests are the same at every level whatever the
@@ -19,7 +19,9 @@
 4. **Per request.** From those runs: prompt tokens computed and cached per request, tokens the
    server decoded (its `/metrics`), seconds per request, and the server's CPU seconds per task (from
    /proc: batching's saving in work, whatever else the machine runs); docs/benchmarks.md projects
-   a GPU fleet from them (labelled as a projection).
+   a GPU fleet from them (labelled as a projection). Per level, the seconds the server spent in
+   forward passes with prompt rows and in decode-only passes (its `/metrics`), and from them a
+   ceiling on batching's ratio: concurrency 1's wall over a level's prefill-pass seconds.
 
 The ratios (2 workers vs 1, concurrency c vs 1) come from levels measured one after another in
 this one run, on the same machine. With `--rounds N` the concurrency levels are measured N times,

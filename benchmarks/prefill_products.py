@@ -11,11 +11,11 @@ every round. Three shapes:
 - `8 sharing`: 8 such requests at once (one computes the shared prompt, the others reuse it), each
   sampling one token: the prefill of `benchmarks/scale.py`'s llm part at concurrency 8.
 
-Median wall seconds of the rounds; the ratio is torch's over oneDNN's. The products alone, too: each of
-the model's projection shapes at 200 and 512 rows, in GFLOPS (one product repeated, its weight hot in
-the caches), on the same thread count as a prefill. Beside them, what the packed
-copies cost in memory: the resident memory of a fresh process after loading the model, with and
-without them (`AKV_ONEDNN=off`).
+Median wall seconds of the rounds; the ratio is torch's over oneDNN's. The products alone, too: each
+of the model's projection shapes at 200 and 512 rows, in GFLOPS (one product repeated, its weight hot
+in the caches), on the same thread count as a prefill. Beside them, what the packed copies cost in
+memory: the resident memory of a fresh process after loading the model, with and without them
+(`AKV_ONEDNN=off`).
 """
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def prologue_case(rows: int, seed: int, n: int = 68, k: int = 128, eps: float = 
     and what the prologues make of the inputs in torch: RMSNorm(x) * norm and SiLU(gate) * up."""
     weight = torch.randn(n, k, generator=generator(seed)) * 0.05
     norm = torch.rand(k, generator=generator(seed + 1)) + 0.5
-    x, gate_up = torch.randn(rows, k, generator=generator(seed + 2)), torch.randn(rows, 2 * k, generator=generator(seed + 3))
+    x = torch.randn(rows, k, generator=generator(seed + 2))
+    gate_up = torch.randn(rows, 2 * k, generator=generator(seed + 3))
     residual = torch.randn(rows, n, generator=generator(seed + 4))
     normed = norm * (x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
     swiglu = F.silu(gate_up[:, :k]) * gate_up[:, k:]

@@ -118,9 +118,10 @@ class Linear:
     """Dense weights. "float32" multiplies the fp32 weight as loaded (exact: the weights are not rounded;
     prefill products on oneDNN's packed fp32 copy where it runs, decode steps on cpu_gemv's kernels).
     "fp16" stores it in fp16 and uses fbgemm's fp16-weight / fp32-activation kernel: half the bytes of a
-    memory-bound decode step, a tuned kernel, logits within a few hundredths of fp32. "mixed" adds a bf16 copy for prefill-sized
-    inputs where the CPU multiplies bf16 natively (faster than fp32 there, at a coarser rounding: logits
-    within ~0.5); on other CPUs it is the same as "fp16", whose kernel prefills as fast as fp32's.
+    memory-bound decode step, a tuned kernel, logits within a few hundredths of fp32. "mixed" adds a bf16
+    copy for prefill-sized inputs where the CPU multiplies bf16 natively (faster than fp32 there, at a
+    coarser rounding: logits within ~0.5); on other CPUs it is the same as "fp16", whose kernel prefills
+    as fast as fp32's.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, precision: str = "float32",

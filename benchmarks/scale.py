@@ -294,7 +294,7 @@ def _warm_server(url: str) -> None:
     """One request that shares nothing with the tasks but the chat template's first tokens, so that the
     timed level does not pay a fresh server's first prefill and decode (allocations, thread pools): the
     server an evaluation runs against has served before. It goes through the tasks' own backend, so that
-    this process has loaded the HTTP client (about a second of imports) before the clock starts too."""
+    this process has loaded the HTTP client (its imports) before the clock starts too."""
     from sandbox.backends import BackendRequest, open_backend
 
     open_backend(url, "smollm2").complete(BackendRequest([{"role": "user", "content": WARM_UP}], max_tokens=8))

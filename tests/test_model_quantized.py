@@ -97,8 +97,10 @@ def test_float32_prefill_products_run_on_onednn_and_match_torch():
     torch.testing.assert_close(layer(few), F.linear(few, weight, bias), atol=1e-5, rtol=1e-5)
 
 
+@needs_onednn
 def test_the_onednn_switch_and_the_output_projection_keep_no_packed_copy(monkeypatch):
     weight, x = random_weight(96, 128), torch.randn(40, 128, generator=torch.Generator().manual_seed(6))
+    assert Linear(weight).onednn is not None   # what the switch and prefill_rows=False turn off
     assert Linear(weight, None, prefill_rows=False).onednn is None
     assert Linear(weight, None, "fp16").onednn is None
     monkeypatch.setenv(linear.ONEDNN_SWITCH, "off")

@@ -51,6 +51,7 @@ MOVED = {("sel_atom", "requested")}
 NAME_WORDS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("trig_atom", "each"): tuple(UNIT_WORDS), ("trig_atom", "every"): tuple(UNIT_WORDS),
     ("trig_atom", "after"): tuple(UNIT_WORDS), ("sel_atom", "age"): tuple(UNIT_WORDS),
+    ("sel_atom", "idle"): tuple(UNIT_WORDS),
     ("sel_atom", "age_with"): ("turn", "turns"),  # a text counts the agent's turns only
     ("sel_atom", "role"): n.ROLES, ("reposition_stmt", "every_n"): tuple(REPOSITION_UNIT_WORDS),
     ("reposition_stmt", "after_n"): ("tool_call", "tool_calls"),
@@ -61,6 +62,7 @@ NUMBER_FIELDS: dict[tuple[str, str | None], tuple[type, str]] = {
     ("trig_atom", "visible_above"): (n.TokensAbove, "threshold"),
     ("trig_atom", "history_above"): (n.TokensAbove, "threshold"),
     ("sel_atom", "age"): (n.Age, "n"), ("sel_atom", "age_with"): (n.Age, "n"), ("sel_atom", "size"): (n.Size, "n"),
+    ("sel_atom", "idle"): (n.Idle, "n"),
     ("keep", None): (n.Messages, "keep_last"), ("until", None): (n.Messages, "until_visible"),
     ("action", "summarize"): (n.Summarize, "budget"),
     ("reposition_stmt", "every_n"): (n.RepositionEvery, "n"),

@@ -73,6 +73,9 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
             return _COMPARE[selector.op](age, selector.n.value)
         age = view.count(selector.unit, b.i) - view.count(selector.unit, j)
         return _COMPARE[selector.op](age, selector.n.value)
+    if isinstance(selector, n.Idle):  # units since the last reuse at or before the boundary
+        last = max((k for k in view.reused_by[j] if k <= b.i), default=j)
+        return _COMPARE[selector.op](view.count(selector.unit, b.i) - view.count(selector.unit, last), selector.n.value)
     if isinstance(selector, n.Size):
         return _COMPARE[selector.op](view.tokens[j], selector.n.value)
     if isinstance(selector, n.Contains):
@@ -121,7 +124,7 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
 
 
 def _is_static(selector: n.Selector) -> bool:
-    if isinstance(selector, (n.Age, n.Requested, n.Superseded, n.NextTurnContains, n.CallersOutside)):
+    if isinstance(selector, (n.Age, n.Idle, n.Requested, n.Superseded, n.NextTurnContains, n.CallersOutside)):
         return False
     if isinstance(selector, n.Not):
         return _is_static(selector.part)

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from policy_dsl.counter import TokenCounter, message_text
+from policy_dsl.reuse import ReuseFinder
 
 DROP_CONTEXT_TOOL = "drop_context"
 MAX_ARGUMENT_CHARS = 65_536  # larger drop_context arguments are ignored, not parsed
 SYSTEM_ROLES = ("system", "developer")
+REUSE_FINDER = ReuseFinder()  # one for the process: its per-message memo makes each decision cheap
 
 
 class HistoryError(ValueError):
@@ -43,6 +45,9 @@ class HistoryView:
     # a user message right after the end of a call: that call's controller prompt (a harness's
     # prompt sent with the call's results, in the same request; see `prompt_ends`)
     controller_prompt: tuple[bool, ...] = ()
+    # per message, the assistant messages after it that reuse its content (`policy_dsl/reuse.py`);
+    # computed only for policies that ask (`idle`), empty tuples otherwise
+    reused_by: tuple[tuple[int, ...], ...] = ()
 
     def __len__(self) -> int:
         return len(self.roles)
@@ -69,11 +74,12 @@ class HistoryView:
 
 
 def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
-                 user_observations: bool = False) -> HistoryView:
+                 user_observations: bool = False, reuse: bool = False) -> HistoryView:
     """Check the history's shape and precompute the per-message facts.
 
     With `user_observations`, a user message right after an assistant message that called no tool
-    (not the first user message) also ends a call: the observation came back as user text.
+    (not the first user message) also ends a call: the observation came back as user text. With
+    `reuse`, which later assistant messages reused each message's content (`reused_by`).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise HistoryError("history must be a list of messages")
@@ -102,7 +108,22 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
         next_turn=_next_turns(roles),
         results_end=_results_end(roles),
         controller_prompt=tuple(role == "user" and i > 0 and batch_end[i - 1] for i, role in enumerate(roles)),
+        reused_by=_reused_by(messages, roles) if reuse else ((),) * len(roles),
     )
+
+
+def _reused_by(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> tuple[tuple[int, ...], ...]:
+    """Per message, the assistant messages that reuse a distinctive string only tool results hold
+    (an at-risk reuse: content the agent's own words or the user's also hold is not lost when a
+    result goes), counting every holder, not only the latest: a result the agent quoted is not
+    idle, whichever copy it quoted from."""
+    out: list[list[int]] = [[] for _ in roles]
+    for k, role in enumerate(roles):
+        if role != "assistant":
+            continue
+        for j in sorted({found.holders[-1] for found in REUSE_FINDER.reuses(messages, k) if found.at_risk}):
+            out[j].append(k)
+    return tuple(tuple(ks) for ks in out)
 
 
 def _user_observation(messages: Sequence[Mapping[str, Any]], roles: list[str], i: int) -> bool:

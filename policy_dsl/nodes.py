@@ -28,6 +28,7 @@ Actions (what a rule does) and their targets:
 Selectors (which messages; protected messages are never selected):
     AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
     Superseded()                           a tool response whose call was made again since
+    Idle(op, n, unit)                      units since the agent last reused the message's content
     NextTurnContains(text)                 the first assistant message after it (up to the boundary) contains text
     CallersOutside(n)                      assistant messages whose tool results left the last n
     Not(part) And(parts) Or(parts)
@@ -155,6 +156,20 @@ class Age:
 
 
 @dataclass(frozen=True)
+class Idle:
+    """Messages with `op n` units completed since the agent last reused their content (or since
+    they arrived, when no assistant message has reused it): a reuse is an assistant message that
+    copies a distinctive string the message holds and only tool results hold (`policy_dsl/reuse.py`),
+    so a tool result the agent quoted three turns ago is 3 turns idle, and one it never quoted is
+    as idle as it is old."""
+
+    op: str
+    n: Num
+    unit: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class Size:
     op: str
     n: Num
@@ -211,7 +226,7 @@ class Or:
     loc: Loc | None = _loc()
 
 
-Selector = Union[AllMessages, Role, ToolName, Age, Size, Contains, NextTurnContains, Requested, Superseded,
+Selector = Union[AllMessages, Role, ToolName, Age, Idle, Size, Contains, NextTurnContains, Requested, Superseded,
                  CallersOutside, Not, And, Or]
 
 

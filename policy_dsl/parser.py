@@ -280,6 +280,8 @@ class _Builder:
         if kind in ("age", "age_with"):  # age_with: only the turns that contain the text count
             said = self.string(kids[3]) if kind == "age_with" else None
             return n.Age(str(kids[0].children[0]), self.number(kids[1]), self.unit(kids[2], UNIT_WORDS), said, loc=loc)
+        if kind == "idle":
+            return n.Idle(str(kids[0].children[0]), self.number(kids[1]), self.unit(kids[2], UNIT_WORDS), loc=loc)
         if kind == "size":
             return n.Size(str(kids[0].children[0]), self.number(kids[1]), loc=loc)
         if kind == "contains":

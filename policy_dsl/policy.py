@@ -12,6 +12,7 @@ next call sees the edited history.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +22,7 @@ from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEd
 from policy_dsl.evaluate import Boundary, fires, matches, on_schedule, prefilter, select_messages
 from policy_dsl.history import HistoryView, view_history
 from policy_dsl.printer import format_policy
-from policy_dsl.validator import validate
+from policy_dsl.validator import validate, walk
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,18 @@ class CachePolicy:
     def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
         """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
         counter = counter or ApproxTokenCounter()
-        view = view_history(history, counter, self.ast.user_observations)
+        view = view_history(history, counter, self.ast.user_observations, reuse=_reads_reuse(self.ast))
         if self.ast.mode == "kv" and any(isinstance(rule.action, n.Cut) for rule in self.ast.rules):
             return _decide_cuts(self.ast, view, history, counter)
         if self.ast.mode == "kv":
             return _decide_kv(self.ast, view)
         return _decide_text(self.ast, view, history, counter)
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_reuse(ast: n.Policy) -> bool:
+    """Whether a selector of the policy asks how long messages have been idle (reuse facts cost time)."""
+    return any(isinstance(node, n.Idle) for node in walk(ast))
 
 
 def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:

@@ -95,6 +95,8 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
     if isinstance(selector, n.Age):
         said = "" if selector.text is None else f" with {json.dumps(selector.text)}"
         return f"age {selector.op} {format_num(selector.n)} {selector.unit}{said}"
+    if isinstance(selector, n.Idle):
+        return f"idle {selector.op} {format_num(selector.n)} {selector.unit}"
     if isinstance(selector, n.Size):
         return f"tokens {selector.op} {format_num(selector.n)}"
     if isinstance(selector, n.Contains):

@@ -24,6 +24,7 @@ BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
     (n.CallersOutside, "n"): (1, COUNT_MAX),
     (n.TokensAbove, "threshold"): (1, TOKENS_MAX),
     (n.Age, "n"): (0, COUNT_MAX),
+    (n.Idle, "n"): (0, COUNT_MAX),
     (n.Size, "n"): (0, TOKENS_MAX),
     (n.Messages, "keep_last"): (0, COUNT_MAX),
     (n.Messages, "until_visible"): (0, TOKENS_MAX),
@@ -99,7 +100,7 @@ class _Checker:
         expect(self, policy.reposition, (n.RepositionNever, n.RepositionEachDrop, n.RepositionEvery,
                                          n.RepositionAfter, n.RepositionGap, n.RepositionPositions),
                "a reposition rule")
-        for node in _walk(policy):
+        for node in walk(policy):
             for (kind, name) in BOUNDS:
                 value = getattr(node, name, None) if type(node) is kind else None
                 if value is not None:
@@ -112,7 +113,7 @@ class _Checker:
             self.trigger_structure(part)
 
     def selector_structure(self, selector: object) -> None:
-        expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Size, n.Contains, n.NextTurnContains,
+        expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Idle, n.Size, n.Contains, n.NextTurnContains,
                                 n.Requested, n.Superseded, n.CallersOutside, n.Not, n.And, n.Or), "a selector")
         for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
             self.selector_structure(part)
@@ -138,14 +139,14 @@ class _Checker:
                                   f"{what} {num.value} is outside its range {num.lo}..{num.hi}", where, self.filename)
 
     def names(self, policy: n.Policy) -> None:
-        for node in _walk(policy):
-            if isinstance(node, (n.Every, n.After, n.Age)) and node.unit not in n.COUNT_UNITS:
+        for node in walk(policy):
+            if isinstance(node, (n.Every, n.After, n.Age, n.Idle)) and node.unit not in n.COUNT_UNITS:
                 raise self.fail(f"unknown unit {node.unit!r}; expected one of {', '.join(n.COUNT_UNITS)}", node)
             if isinstance(node, n.RepositionEvery) and node.unit not in n.REPOSITION_UNITS:
                 raise self.fail(f"unknown unit {node.unit!r}; expected drops or tool_calls", node)
             if isinstance(node, n.Age) and node.text is not None and node.unit != "turns":
                 raise self.fail(f"age ... with a text counts turns (the agent's messages), not {node.unit}", node)
-            if isinstance(node, (n.Age, n.Size)) and node.op not in n.COMPARISONS:
+            if isinstance(node, (n.Age, n.Idle, n.Size)) and node.op not in n.COMPARISONS:
                 raise self.fail(f"unknown comparison {node.op!r}; expected >, >=, < or <=", node)
             if isinstance(node, n.Role) and node.role not in n.ROLES:
                 raise self.fail(f"unknown role {node.role!r}; expected one of {', '.join(n.ROLES)}", node)
@@ -257,8 +258,8 @@ class _Checker:
                 raise self.fail(f"duplicate rule{where}", rule)
             seen[rule] = rule
             self.trigger_included(rule.action)
-            uses_requested = any(isinstance(x, n.Requested) for x in _walk(rule.action))
-            if uses_requested and not any(isinstance(x, n.DropContextCalled) for x in _walk(rule.trigger)):
+            uses_requested = any(isinstance(x, n.Requested) for x in walk(rule.action))
+            if uses_requested and not any(isinstance(x, n.DropContextCalled) for x in walk(rule.trigger)):
                 raise self.fail("'requested' selects the ids of a drop_context call; "
                                 "the rule's trigger must include drop_context", rule.action)
 
@@ -268,15 +269,15 @@ def expect(checker: _Checker, node: object, kinds: type | tuple[type, ...], what
         raise checker.fail(f"expected {what}, got {type(node).__name__}", node)
 
 
-def _walk(node: object) -> Iterator[object]:
+def walk(node: object) -> Iterator[object]:
     """Every AST node below and including `node` (depth is bounded by the parser's nesting limit)."""
     if isinstance(node, tuple):
         for item in node:
-            yield from _walk(item)
+            yield from walk(item)
         return
     if not is_dataclass(node):
         return
     yield node
     for f in fields(node):
         if f.name != "loc":
-            yield from _walk(getattr(node, f.name))
+            yield from walk(getattr(node, f.name))

@@ -42,7 +42,7 @@ SELECTOR_ATOMS = st.one_of(
     st.builds(n.Age, OPS, nums(0, 6), st.just("turns"), st.sampled_from(["a", "x"])),  # milestones
     st.sampled_from(["error", "ok"]).map(n.Contains), st.text(min_size=1, max_size=12).map(n.Contains),
     st.sampled_from(["a", "aa", "x"]).map(n.NextTurnContains), st.just(n.Requested()), st.just(n.Superseded()),
-    st.builds(n.CallersOutside, nums(1, 4)),
+    st.builds(n.CallersOutside, nums(1, 4)), st.builds(n.Idle, OPS, nums(0, 6), UNITS),
 )
 SIMPLE_SELECTORS = st.one_of(st.just(n.AllMessages()), st.sampled_from(["tool", "assistant"]).map(n.Role),
                              st.builds(n.Age, st.just(">="), nums(0, 4), UNITS))

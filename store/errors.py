@@ -12,3 +12,11 @@ class DuplicateRunName(StoreError):
 
 class RunNotFound(StoreError):
     pass
+
+
+class TraceSetNotFound(StoreError):
+    pass
+
+
+class TraceConflict(StoreError):
+    """A trace whose id the set already holds with other content."""

@@ -15,7 +15,8 @@ from alembic.operations import Operations
 from sqlalchemy import Column, Connection, Integer, String, inspect, select, text
 
 from store.errors import StoreError
-from store.schema import Base, Run, SchemaVersion, Timeline, Validation, ValidationRound, WorkItem, Worker
+from store.schema import (Base, Run, SchemaVersion, Timeline, TraceRow, TraceSet, Validation, ValidationRound,
+                          WorkItem, Worker)
 
 Step = Callable[[Connection], None]
 
@@ -65,12 +66,19 @@ def _work_leases_and_workers(conn: Connection) -> None:
     WorkItem.__table__.create(conn)
 
 
+def _traces(conn: Connection) -> None:
+    # Recorded agent runs as evaluation data (`akv traces import`, `akv proxy --record`).
+    TraceSet.__table__.create(conn, checkfirst=True)
+    TraceRow.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "runs, policies, lineage, evaluations, validations, baselines", _create_tables),
     (2, "index evaluations by run and split", _index_evaluations_by_split),
     (3, "policy structure, behaviour and duplicate_of; validation rounds", _identities_and_validation_rounds),
     (4, "message timelines of train evaluations", _timelines),
     (5, "work leases, workers, and the worker of each evaluation", _work_leases_and_workers),
+    (6, "trace sets and traces: recorded agent runs", _traces),
 ]
 LATEST = MIGRATIONS[-1][0]
 

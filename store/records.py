@@ -130,3 +130,26 @@ class ValidationRound:
     settings: Mapping[str, Any]
     created_at: datetime
     n_policies: int
+
+
+@dataclass(frozen=True)
+class StoredTrace:
+    """One recorded agent run as the store keeps it (sandbox/traces/model.py's `Trace`, as JSON)."""
+
+    trace_id: str
+    digest: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
+    requests: tuple[Mapping[str, Any], ...] = ()
+    actions: str = "tools"
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TraceSetInfo:
+    name: str
+    n_traces: int
+    n_messages: int
+    n_requests: int
+    created_at: datetime
+    updated_at: datetime

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from store.database import default_url, open_engine
 from store.errors import DuplicateRunName, RunNotFound, StoreError
 from store.migrations import migrate
+from store.traces import TraceStore
 from store.work import WorkQueue, add_result_rows
 from store.records import (
     EvaluationRecord,
@@ -47,6 +48,11 @@ class Store:
         """Open (and migrate) the database at `url`, `AKV_DB`, or the data folder's SQLite file."""
         url = url or default_url()
         return cls(open_engine(url), url)
+
+    @property
+    def traces(self) -> TraceStore:
+        """Trace sets: recorded agent runs (`store/traces.py`)."""
+        return TraceStore(self)
 
     @property
     def work(self) -> WorkQueue:

@@ -211,3 +211,35 @@ class Baseline(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("akv_runs.id", ondelete="CASCADE"), primary_key=True)
     role: Mapped[str] = mapped_column(String(40), primary_key=True)
     policy_id: Mapped[int] = mapped_column(ForeignKey("akv_policies.id", ondelete="CASCADE"))
+
+
+class TraceSet(Base):
+    """A named set of recorded agent runs (`akv traces import`, `akv proxy --record`): a trace suite."""
+
+    __tablename__ = "akv_trace_sets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class TraceRow(Base):
+    """One recorded agent run: its messages, tool schemas, recorded requests and provenance.
+
+    `trace_id` is the id it came with (unique in its set); `digest` identifies its content, so a
+    second import of the same file changes nothing and a different run under a known id is refused.
+    """
+
+    __tablename__ = "akv_traces"
+    __table_args__ = (UniqueConstraint("set_id", "trace_id", name="uq_trace_set_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    set_id: Mapped[int] = mapped_column(ForeignKey("akv_trace_sets.id", ondelete="CASCADE"), index=True)
+    trace_id: Mapped[str] = mapped_column(String(200))
+    digest: Mapped[str] = mapped_column(String(64))
+    actions: Mapped[str] = mapped_column(String(20), default="tools")  # tools | text
+    messages: Mapped[list[Any]] = mapped_column(JSON)
+    tools: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    requests: Mapped[list[Any]] = mapped_column(JSON, default=list)  # per assistant message: usage, latency
+    provenance: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

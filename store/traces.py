@@ -1,0 +1,117 @@
+"""Trace sets in the store: recorded agent runs, imported or recorded by the proxy.
+
+Each write is one transaction: an import of many files lands whole or not at all, and a
+recorded request replaces its conversation's trace atomically.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from store.errors import TraceConflict, TraceSetNotFound
+from store.records import StoredTrace, TraceSetInfo
+from store.schema import TraceRow, TraceSet, utcnow
+
+if TYPE_CHECKING:
+    from store.repository import Store
+
+
+class TraceStore:
+    """The store's door to trace sets (`Store.traces`)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def add(self, name: str, traces: Sequence[StoredTrace]) -> tuple[int, int]:
+        """Add traces to the set `name` (created if new): (added, unchanged), all in one transaction.
+
+        A trace whose id the set holds with the same digest is unchanged; with another digest the
+        whole import is refused (TraceConflict), so nothing is half-imported.
+        """
+        added = unchanged = 0
+        with self._store._tx() as s:
+            trace_set = self._set(s, name, create=True)
+            known = dict(s.execute(select(TraceRow.trace_id, TraceRow.digest)
+                                   .where(TraceRow.set_id == trace_set.id)).all())
+            for trace in traces:
+                if trace.trace_id in known:
+                    if known[trace.trace_id] != trace.digest:
+                        raise TraceConflict(f"trace {trace.trace_id!r} is already in {name!r} with other content: "
+                                            f"give it another id, or `akv traces delete {name}` first")
+                    unchanged += 1
+                    continue
+                s.add(_row(trace_set.id, trace))
+                known[trace.trace_id] = trace.digest
+                added += 1
+            trace_set.updated_at = utcnow()
+        return added, unchanged
+
+    def put(self, name: str, trace: StoredTrace) -> None:
+        """Insert the trace, or replace the set's trace of the same id (a conversation that went on)."""
+        with self._store._tx() as s:
+            trace_set = self._set(s, name, create=True)
+            row = s.scalar(select(TraceRow).where(TraceRow.set_id == trace_set.id,
+                                                  TraceRow.trace_id == trace.trace_id))
+            if row is None:
+                s.add(_row(trace_set.id, trace))
+            else:
+                row.digest, row.actions, row.messages = trace.digest, trace.actions, list(trace.messages)
+                row.tools, row.requests = list(trace.tools), list(trace.requests)
+                row.provenance = dict(trace.provenance)
+            trace_set.updated_at = utcnow()
+
+    def get(self, name: str) -> list[StoredTrace]:
+        """The set's traces in the order they were added."""
+        with self._store._tx() as s:
+            trace_set = self._set(s, name)
+            rows = s.scalars(select(TraceRow).where(TraceRow.set_id == trace_set.id).order_by(TraceRow.id))
+            return [_stored(r) for r in rows]
+
+    def names(self) -> list[str]:
+        with self._store._tx() as s:
+            return list(s.scalars(select(TraceSet.name).order_by(TraceSet.name)))
+
+    def sets(self) -> list[TraceSetInfo]:
+        """Every set with its counts (messages and requests summed over its traces)."""
+        with self._store._tx() as s:
+            out = []
+            for trace_set in s.scalars(select(TraceSet).order_by(TraceSet.name)):
+                rows = s.execute(select(TraceRow.messages, TraceRow.requests)
+                                 .where(TraceRow.set_id == trace_set.id)).all()
+                out.append(TraceSetInfo(trace_set.name, len(rows), sum(len(m) for m, _ in rows),
+                                        sum(len(r) for _, r in rows), trace_set.created_at, trace_set.updated_at))
+            return out
+
+    def delete(self, name: str) -> int:
+        """Remove the set and its traces; returns how many traces went."""
+        with self._store._tx() as s:
+            trace_set = self._set(s, name)
+            n = s.scalar(select(func.count(TraceRow.id)).where(TraceRow.set_id == trace_set.id)) or 0
+            s.execute(delete(TraceRow).where(TraceRow.set_id == trace_set.id))
+            s.delete(trace_set)
+            return n
+
+    def _set(self, s: Session, name: str, create: bool = False) -> TraceSet:
+        trace_set = s.scalar(select(TraceSet).where(TraceSet.name == name))
+        if trace_set is None and create:
+            trace_set = TraceSet(name=name)
+            s.add(trace_set)
+            s.flush()
+        if trace_set is None:
+            known = ", ".join(s.scalars(select(TraceSet.name).order_by(TraceSet.name))) or "none yet"
+            raise TraceSetNotFound(f"NAME: no trace set named {name!r} in {self._store.display_url} "
+                                   f"(known: {known}; `akv traces import` adds one)")
+        return trace_set
+
+
+def _row(set_id: int, trace: StoredTrace) -> TraceRow:
+    return TraceRow(set_id=set_id, trace_id=trace.trace_id, digest=trace.digest, actions=trace.actions,
+                    messages=list(trace.messages), tools=list(trace.tools), requests=list(trace.requests),
+                    provenance=dict(trace.provenance))
+
+
+def _stored(row: TraceRow) -> StoredTrace:
+    return StoredTrace(row.trace_id, row.digest, tuple(row.messages), tuple(row.tools or ()),
+                       tuple(row.requests or ()), row.actions, dict(row.provenance or {}))

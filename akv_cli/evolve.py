@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     def evolve(
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md; "
                                                 "default: none, the defaults below)."),
-        proposer: Optional[str] = typer.Option(None, "--proposer", help="reflect, optuna, llm or mutate, or several "
+        proposer: Optional[str] = typer.Option(None, "--proposer", help="reflect, optuna, llm, mutate or random, or several "
                                                "asked in turn, comma-separated (default: mutate,optuna)."),
         suite: Optional[str] = typer.Option(None, "--suite", help="Task suite (default localcomp)."),
         agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm (default scripted)."),

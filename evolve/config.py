@@ -113,7 +113,7 @@ class EvolveConfig(Strict):
     precision: Optional[Literal[PRECISIONS]] = Field(
         None, description="The embedded backend's weight precision: float32 (the default, exact), fp16, mixed, "
         "int8 or int4 (docs/engine-model.md); only with backend: embedded.")
-    proposers: list[Literal["llm", "optuna", "mutate", "reflect"]] = Field(
+    proposers: list[Literal["llm", "optuna", "mutate", "reflect", "random"]] = Field(
         default_factory=lambda: ["mutate", "optuna"], min_length=1,
         description="Proposers asked in turn for new candidates.")
     seed_policies: list[str] = Field(

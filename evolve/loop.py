@@ -28,7 +28,7 @@ from sandbox.cost import cents
 from sandbox.progress import TaskDisplay
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
-PROPOSED_BY = ("llm", "optuna", "mutate", "reflect")
+PROPOSED_BY = ("llm", "optuna", "mutate", "reflect", "random")
 Progress = Callable[[str, Sequence[Point]], None]  # (what just happened, current train front)
 
 

@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|headroom|search|replay|scale|proposals`: benchmarks, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|replay|scale|proposals|traces`: benchmarks, a table and ratios or one JSON object.
 
 The benchmarks of `benchmarks/` ship with the source checkout (they are not part of the installed
 packages), so they are imported from the checkout this command was installed from. `proposals`
@@ -211,6 +211,23 @@ def proposals(
         typer.echo(json.dumps([{**vars(s), "valid_rate": s.valid_rate} for s in surveys]))
     else:
         typer.echo(render(surveys))
+
+
+@bench.command()
+def traces(
+    suite: Optional[str] = typer.Option(None, "--suite", help="A trace set (`akv traces list`; required "
+                                        "unless --synthetic)."),
+    split: str = typer.Option("all", help="all, train or heldout."),
+    policy: list[str] = typer.Option([], "--policy", help="Another policy to score (built-in name or .akvp "
+                                     "file); repeat for more."),
+    seed: int = typer.Option(0, help="The split's seed."),
+    synthetic: int = typer.Option(0, min=0, help="Instead of --suite: this many generated code-repair traces "
+                                  "of 67 requests up to ~160K prompt tokens (the scoring speed; default 0)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Every built-in policy, the oracle and yours on recorded traffic: score, lost reuses, cost, speed."""
+    module = _benchmark("traces")
+    _report(module, module.Settings(suite, split, tuple(policy), seed, synthetic), as_json)
 
 
 def _report(module: ModuleType, settings: Any, as_json: bool) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from akv_cli import bench, conformance, evolve, policy, proxy, runs, serve, tasks, worker
+from akv_cli import bench, conformance, evolve, policy, proxy, runs, serve, tasks, traces, worker
 from akv_cli.help import flags_show_no_type
 
 flags_show_no_type()
@@ -27,7 +27,7 @@ def main() -> None:
     """Cache engineering for LLM agents: serve, run tasks, evolve and compare cache policies."""
 
 
-for module in (policy, serve, proxy, conformance, tasks, evolve, worker, runs, bench):
+for module in (policy, serve, proxy, conformance, tasks, traces, evolve, worker, runs, bench):
     module.register(app)
 
 

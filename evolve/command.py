@@ -3,6 +3,8 @@ export and print the comparison. User errors become EvolveError (one line, exit 
 a proposer that stops working leaves the run resumable (exit code 3)."""
 from __future__ import annotations
 
+import os
+
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -114,6 +116,10 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo,
             from evolve.proposers.reflect import ReflectProposer
 
             proposers[name] = ReflectProposer()
+        elif name == "random":
+            from evolve.proposers.random_sampler import RandomProposer
+
+            proposers[name] = RandomProposer()
         else:
             from evolve.proposers.llm import LLMProposer
 
@@ -134,6 +140,8 @@ def run_command(config_path: Path | None, overrides: Mapping[str, Any], resume: 
         store = Store.open(config.db)
     except (ConfigError, StoreError) as err:
         raise EvolveError(str(err)) from None
+    if config.db:  # trace suites live in the run's database; task processes inherit this
+        os.environ["AKV_DB"] = config.db
     try:
         return _run(store, config, dict(overrides), resume or revalidate, revalidate, console)
     except (StoreError, UnknownPolicy) as err:
@@ -150,6 +158,24 @@ def check_proposers(config: EvolveConfig) -> None:
         if not endpoint_of(config.llm):
             raise EvolveError("llm.endpoint: the llm proposer needs an OpenAI-compatible endpoint: pass "
                               "--proposer-endpoint URL, set llm.endpoint, or set AKV_PROPOSER_ENDPOINT")
+
+
+def suite_scaled(config: EvolveConfig) -> EvolveConfig:
+    """The config with the suite's own baselines where the user named none: a suite may say which
+    built-ins fit its scale (a trace set of real traffic: the full-scale `expert`, `standard` and
+    `text-engineering`, not the 8K variants sized for the embedded model)."""
+    from sandbox.suites import get_suite
+
+    try:
+        scaled = getattr(get_suite(config.suite), "baselines", None)
+    except ValueError:
+        return config  # an unknown suite is reported where the suite is opened, with its name
+    if not scaled:
+        return config
+    given = config.baselines.model_fields_set
+    baselines = config.baselines.model_copy(update={k: v for k, v in scaled.items() if k not in given})
+    seeds = config.seed_policies if "seed_policies" in config.model_fields_set else [baselines.expert]
+    return config.model_copy(update={"baselines": baselines, "seed_policies": seeds})
 
 
 def finished_already(store: Store, run: RunInfo, console: Console) -> EvolutionResult:
@@ -173,7 +199,9 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         if run.status == "finished" and not revalidate:
             return finished_already(store, run, console)
         config = resumed_config(run, overrides, console)
-    elif config.run_name and config.run_name in store.run_names():
+    else:
+        config = suite_scaled(config)
+    if run is None and config.run_name and config.run_name in store.run_names():
         # Checked before the (slow) suite and backend start; create_run still guards races.
         raise DuplicateRunName(f"--run-name: a run named {config.run_name!r} already exists; pass --resume to "
                                "continue it or choose another name")

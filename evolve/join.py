@@ -8,6 +8,8 @@ finishes or stops. Refused with one line: a SQLite database (one process uses a 
 """
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 
 from evolve.command import EvolveError
@@ -26,6 +28,8 @@ def join_run(db: str | None, run_ref: str, concurrency: int | None = None, backe
         store = Store.open(db)
     except StoreError as err:
         raise EvolveError(str(err)) from None
+    if db:  # trace suites live in the run's database; task processes inherit this
+        os.environ["AKV_DB"] = db
     try:
         if not store.work.shared:
             raise EvolveError(f"--db: {store.display_url} is SQLite, which one process uses at a time: a SQLite "

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from akv_core.cache.text_drop import TextDrop, remaining_text
 from akv_core.chat import content_text
+from policy_dsl.reuse import ReuseFinder, used_indices
 
 from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
 from sandbox.backends import (Backend, BackendError, BackendReply, BackendRequest, Message, check_backend_spec,
@@ -117,10 +118,11 @@ class _TaskRun:
                                       "policy": policy.name, "agent": agent.name, "backend": backend.name,
                                       "prices": prices.name})
         self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary, facts)
+        self.reuse_finder = ReuseFinder(tools=self.tools)
 
     def run(self, env: Any) -> tuple[str, str | None]:
         """Steps until the agent answers or the step budget is spent: (status, answer)."""
-        for step in range(self.limits.max_steps):
+        for step in range(self.task.max_steps or self.limits.max_steps):
             fields, messages = self._decide(step)
             request = BackendRequest(
                 messages=tuple(messages), tools=self.tools,
@@ -131,17 +133,30 @@ class _TaskRun:
             )
             reply = self.backend.complete(request)
             self._note_server(step, reply)
-            action = self.agent.act(agent_view(self.task, request, reply.message, step))
+            view = agent_view(self.task, request, reply.message, step)
+            action = self.agent.act(view)
             message = _with_call_ids(action.message, step)
             usage = reply.usage
             if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
                 usage = usage.with_completion(self.counter.count(message))
-            self._record(step, "agent", request, reply.message, usage, _checked_uses(action.used, request))
+            used = action.used if action.used is not None else self._inferred_uses(env, view, message)
+            self._record(step, "agent", request, reply.message, usage, _checked_uses(used, request, view))
             self.history.append(message)
+            responds = callable(getattr(env, "respond", None))
+            if responds:  # a recorded run answers with what was recorded (it sees the final message too)
+                self.history.extend(env.respond(view, message))
             if action.final_answer is not None:
                 return ("gave_up" if action.gave_up else "ok"), action.final_answer
-            self._run_tools(env, message)
+            if not responds:
+                self._run_tools(env, message)
         return "max_steps", None
+
+    def _inferred_uses(self, env: Any, view: AgentView, message: Message) -> tuple[int, ...]:
+        """The use record of an agent that keeps none (the llm agent, a recorded run): for each
+        distinctive string its message reuses, the latest visible message holding it
+        (`policy_dsl/reuse.py`); the environment's finder where it has one (a trace set's)."""
+        finder = getattr(env, "reuse_finder", None) or self.reuse_finder
+        return used_indices(finder.reuses([*view.messages, message], len(view.messages)), view.visible)
 
     def _note_server(self, step: int, reply: BackendReply) -> None:
         """Which server of a pool serves the task, and every move off one that stopped answering."""
@@ -272,14 +287,23 @@ def _without_reasoning(message: Message) -> Message:
     return {k: v for k, v in message.items() if k != "reasoning_content"}
 
 
-def _checked_uses(used: Sequence[int] | None, request: BackendRequest) -> tuple[int, ...] | None:
-    """The agent's use record as stored: sorted unique indices of the request's messages."""
+def _checked_uses(used: Sequence[int] | None, request: BackendRequest, view: AgentView) -> tuple[int, ...] | None:
+    """The agent's use record as stored: sorted unique indices of the request's visible messages.
+
+    A record naming a message the policy hid claims the agent read what the model could not
+    attend to: the hindsight oracle and every measure built on the records would be wrong, so
+    the task fails instead.
+    """
     if used is None:
         return None
     indices = tuple(sorted({int(i) for i in used}))
     if indices and not 0 <= indices[0] <= indices[-1] < len(request.messages):
         raise ValueError(f"AgentAction.used: indices must name messages 0..{len(request.messages) - 1} "
                          f"of the step's history, got {list(indices)}")
+    hidden = [i for i in indices if not view.visible[i]]
+    if hidden:
+        raise ValueError(f"AgentAction.used at step {view.step}: message {hidden[0]} was hidden under the policy; "
+                         f"an agent may use only the messages it can see")
     return indices
 
 

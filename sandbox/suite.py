@@ -22,7 +22,12 @@ class ToolError(Exception):
 
 @dataclass(frozen=True)
 class Task:
-    """One task of a suite. `meta` holds grading data and is never shown to an agent."""
+    """One task of a suite. `meta` holds grading data and is never shown to an agent.
+
+    A task starts from its system prompt and one user message, or, for a recorded run (a trace),
+    from `history`: every message before the first assistant message, whatever their roles.
+    `max_steps` is a recorded run's own number of requests, which replaces the run's step budget.
+    """
 
     id: str
     suite: str
@@ -31,8 +36,12 @@ class Task:
     prompt: str
     tools: tuple[Mapping[str, Any], ...]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    history: tuple[Message, ...] = ()
+    max_steps: int | None = None
 
     def initial_messages(self) -> list[Message]:
+        if self.history:
+            return [dict(m) for m in self.history]
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.prompt}]
 
 
@@ -53,6 +62,15 @@ class TaskEnv(Protocol):
 
     def close(self) -> None:
         """Release the environment's resources (temporary folders, processes)."""
+
+
+class RespondingEnv(TaskEnv, Protocol):
+    """An environment that answers the agent's whole message itself (a recorded run's environment
+    returns the recorded tool results and user turns), instead of the harness running each tool call.
+    It sees the view the agent acted on, so it can judge what was visible then."""
+
+    def respond(self, view: "AgentView", message: Message) -> list[Message]:
+        """The messages that follow the agent's `message` in the history."""
 
 
 @dataclass(frozen=True)

@@ -280,10 +280,12 @@ def test_use_records_reach_the_trajectory_file_and_come_back(localcomp, tmp_path
     _, recorded = read_trajectory(tmp_path / "t.jsonl")
     assert [r.used for r in recorded] == [(), (3,), (5,), (7,)]
     assert [r.step for r in recorded] == [0, 1, 2, 3]
+    # An agent that keeps no record gets one inferred from what its messages reuse (policy_dsl/reuse.py).
     _, plain = run_task(task, localcomp, resolve_policy("full"), Reader(2), ReplayBackend())
     plain.write(tmp_path / "plain.jsonl")
-    assert all("used" not in json.loads(line) for line in (tmp_path / "plain.jsonl").read_text().splitlines())
-    assert all(r.used is None for r in read_trajectory(tmp_path / "plain.jsonl")[1])
+    inferred = [e.used for e in plain.exchanges if e.purpose == "agent"]
+    assert all(used is not None for used in inferred)
+    assert [r.used for r in read_trajectory(tmp_path / "plain.jsonl")[1]] == inferred
 
 
 class _Overreaching(Reader):
@@ -295,3 +297,21 @@ def test_a_use_record_naming_no_message_fails_the_task_with_the_field_named(loca
     task = localcomp.tasks("train")[0]
     result, _ = run_task(task, localcomp, resolve_policy("full"), _Overreaching(3), ReplayBackend())
     assert result.status == "error" and "AgentAction.used" in result.reason and "0..1" in result.reason
+
+
+class _Peeking(Reader):
+    """Records reading message 3 at every step, whether or not the policy left it visible."""
+
+    def act(self, view: AgentView) -> AgentAction:
+        action = super().act(view)
+        return AgentAction(action.message, action.final_answer, used=(3,) if len(view.messages) > 3 else ())
+
+
+def test_a_use_record_naming_a_hidden_message_fails_the_task_with_the_step_named(localcomp) -> None:
+    task = localcomp.tasks("train")[0]
+    result, _ = run_task(task, localcomp, resolve_policy("full"), _Peeking(5), ReplayBackend())
+    assert result.status == "ok"  # message 3 stays visible under full
+    dropping = _Fields("fixed", {"drop_message": {"5": [3]}}, 3)  # message 3 hidden from step 3 on
+    result, _ = run_task(task, localcomp, dropping, _Peeking(5), ReplayBackend())
+    assert result.status == "error" and "AgentAction.used" in result.reason
+    assert "step 3" in result.reason and "message 3" in result.reason and "hidden under the policy" in result.reason

@@ -1,12 +1,14 @@
 """The reflect proposer: cache rules distilled from the train trajectories' use records.
 
 GEPA's reflective mutation reads the parent's traces before rewriting it; here the traces are the
-message timelines of `evolve/reflection.py`, with the scripted agents' use records (which step read
-which message). Reflect asks of them, for each kind of tool result (its tool, and optionally only
+message timelines of `evolve/reflection.py`, with the use records (which step read which message:
+recorded by the scripted agents, inferred from what each message reuses for the others, traces
+included). Reflect asks of them, for each kind of tool result (its tool, and optionally only
 results over a size): after which event that a deployed policy can see does the agent never read
-such a result again? The events are the three selectors that speak of what happened after a
+such a result again? The events are the selectors that speak of what happened after a
 message: the agent's next turn saying a phrase (`next_turn contains P`), a count of the agent's
-turns that say a phrase (`age >= N turns with P`, its milestones), or a plain count of turns. The
+turns that say a phrase (`age >= N turns with P`, its milestones), a plain count of turns, or a
+count of turns since the agent last reused the result (`idle >= N turns`). The
 phrases are mined from the agent's own messages in the timelines (word n-grams of next turns,
 first words of lines), never taken from a list or from another policy.
 
@@ -55,6 +57,7 @@ class Result:
     last_read: int        # the last request that read it (arrived - 1: never read)
     turns: tuple[tuple[int, str], ...]  # (the request that first shows it, text) of each later agent turn
     steps: int            # requests of the task
+    uses: tuple[int, ...] = ()  # every request that read it
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Rule:
 
     tool: str
     min_tokens: int       # 0: any size
-    event: str            # "verdict", "milestone" or "turns"
+    event: str            # "verdict", "milestone", "turns" or "idle"
     phrase: str | None
     n: int
 
@@ -73,6 +76,8 @@ class Rule:
             parts.append(f"tokens > {self.min_tokens} in {max(1, self.min_tokens // 4)}..{self.min_tokens * 3}")
         if self.event == "verdict":
             parts.append(f"next_turn contains {json.dumps(self.phrase)}")
+        elif self.event == "idle":
+            parts.append(f"idle >= {self.n} in 1..{max(16, 2 * self.n)} turns")
         elif self.event == "milestone":
             parts.append(f"age >= {self.n} in 1..{max(8, 2 * self.n)} turns with {json.dumps(self.phrase)}")
         else:
@@ -85,6 +90,8 @@ class Rule:
             return None
         if self.event == "verdict":
             return r.turns[0][0] if r.turns and self.phrase in r.turns[0][1] else None
+        if self.event == "idle":
+            return _idle_drop(r, self.n)
         seen = 0
         for shown, said in r.turns:
             if self.event == "turns" or self.phrase in said:
@@ -115,11 +122,26 @@ def results_of(timeline: Mapping[str, Any], task: int = 0) -> list[Result]:
             continue
         after = tuple((shown, said) for i, shown, said in turns if i > m["i"])
         out.append(Result(task, str(m["tool"]).split()[0], int(m["tokens"]), int(m["arrived"]),
-                          max(m.get("uses") or [int(m["arrived"]) - 1]), after, steps))
+                          max(m.get("uses") or [int(m["arrived"]) - 1]), after, steps,
+                          tuple(int(u) for u in m.get("uses") or ())))
     return out
 
 
 NEVER = 1 << 30  # a drop step: never
+
+
+def _idle_drop(r: Result, n: int) -> int | None:
+    """Where `idle >= n turns` drops `r`, deciding as a deployed policy would, without the future:
+    each turn that reuses it (written at a request that read it) starts the count again."""
+    uses, seen = set(r.uses), 0
+    for shown, _said in r.turns:
+        if shown - 1 in uses:   # this turn was written by a request that read r: a reuse
+            seen = 0
+            continue
+        seen += 1
+        if seen >= n:
+            return shown
+    return None
 
 
 def drop_steps(rule: Rule, results: Sequence[Result]) -> list[int]:
@@ -158,6 +180,7 @@ def candidate_rules(results: Sequence[Result], said: Sequence[Sequence[str]]) ->
             rules += [Rule(tool, size, "verdict", p, 1) for p in verdicts]
             rules += [Rule(tool, size, "milestone", p, k) for p in milestones for k in range(1, MAX_AGE + 1)]
             rules += [Rule(tool, size, "turns", None, k) for k in range(1, 4 * MAX_AGE + 1, 2)]
+            rules += [Rule(tool, size, "idle", None, k) for k in range(1, 4 * MAX_AGE + 1, 2)]
     return rules
 
 
@@ -249,8 +272,7 @@ class ReflectProposer(Proposer):
         parent = context.pick_parent()
         needs = _needs(context.population)
         if needs is None or not parent.timelines:
-            return self._reject(parent, "no train timeline with use records to reflect on (the llm agent "
-                                "records none)")
+            return self._reject(parent, "no train timeline with use records to reflect on")
         key = (needs.policy_id, parent.policy_id)
         if key not in self._distilled:
             timelines = [needs.timelines[t] for t in sorted(needs.timelines)]

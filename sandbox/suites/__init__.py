@@ -8,11 +8,12 @@ Every suite, ours included, is registered the same way: a package declares
 and `get_suite("mysuite")` imports `my_package.suite` and calls `MySuite()` on first use. A suite
 that fails to import is reported with its name and the error; the others stay usable. Suites
 imported from a user's documents (`akv tasks import retrieval`) live in the data folder and are
-listed beside them.
+listed beside them, and so are the trace sets of the store (`akv traces import`, docs/traces.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
 from typing import Callable
 
@@ -51,9 +52,11 @@ def suite_entries() -> list[SuiteEntry]:
 
 
 def _imported_entries() -> list[SuiteEntry]:
-    """The retrieval suites imported into the data folder."""
-    from functools import partial
+    """The retrieval suites imported into the data folder, and the trace sets of the store."""
+    return _retrieval_entries() + _trace_entries()
 
+
+def _retrieval_entries() -> list[SuiteEntry]:
     from akv_core.home import akv_home
 
     home = akv_home()
@@ -63,6 +66,33 @@ def _imported_entries() -> list[SuiteEntry]:
 
     return [SuiteEntry(name, "sandbox.suites.retrieval:RetrievalSuite", f"imported at {imported_root(home, name)}",
                        partial(RetrievalSuite, name, home)) for name in imported_names(home)]
+
+
+def _trace_entries() -> list[SuiteEntry]:
+    """Trace sets of the store named by AKV_DB, or of the data folder's database when it exists
+    (listing suites never creates a database)."""
+    import os
+
+    from akv_core.home import akv_home
+
+    from store.database import DEFAULT_DB_FILE
+    from store.errors import StoreError
+
+    if not os.environ.get("AKV_DB") and not (akv_home() / DEFAULT_DB_FILE).is_file():
+        return []
+    from sandbox.traces.suite import TraceSuite
+    from store.repository import Store
+
+    try:
+        store = Store.open()
+    except StoreError as err:
+        raise SuiteLoadError(f"the trace sets cannot be listed: {err}") from err
+    try:
+        where = f"trace set in {store.display_url}"
+        return [SuiteEntry(name, "sandbox.traces.suite:TraceSuite", where, partial(TraceSuite, name))
+                for name in store.traces.names()]
+    finally:
+        store.close()
 
 
 def suite_names() -> list[str]:

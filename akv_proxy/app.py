@@ -3,26 +3,31 @@
 POST /v1/chat/completions: the body is read, the policy decides (on a worker thread: counting
 tokens and writing summaries take time), the new body is forwarded and the upstream's reply,
 streamed or not, comes back with its status, headers and usage unchanged. Any other path is
-forwarded untouched; /health and /metrics are the proxy's own.
+forwarded untouched; /health and /metrics are the proxy's own. With a recorder (`--record`),
+each chat request answered with 200 is recorded after its reply has gone to the agent.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from akv_core.server.errors import APIError
 from policy_dsl import CachePolicy
 from sandbox.backends import Backend, BackendError
 
 from akv_proxy.metrics import ProxyMetrics
+from akv_proxy.recorder import StreamedReply, TraceRecorder
 from akv_proxy.step import Applied, PolicyStep, RequestError
 from akv_proxy.upstream import Upstream, UpstreamError, error_body, response_headers
 
@@ -50,13 +55,15 @@ class Summarizers:
             backend.close()
 
 
-def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeout_s: float = 600.0) -> FastAPI:
+def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeout_s: float = 600.0,
+                     recorder: TraceRecorder | None = None) -> FastAPI:
     """An app that applies `policy` to chat requests and forwards them to `upstream_url`.
 
     `counter` is the policy's token counter (the harness's chat tokenizer, so decisions match
-    the ones the policy was scored with); `timeout_s` bounds every upstream read.
+    the ones the policy was scored with); `timeout_s` bounds every upstream read. `recorder`
+    records the answered chat requests; the app closes it when it stops.
     """
-    proxy = Proxy(policy, Upstream(upstream_url, timeout_s), counter)
+    proxy = Proxy(policy, Upstream(upstream_url, timeout_s), counter, recorder)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -70,12 +77,14 @@ def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeo
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        recording = {"record": recorder.set_name} if recorder is not None else {}
         return JSONResponse({"status": "ok", "policy": policy.name, "mode": policy.mode,
-                             "upstream": proxy.upstream.root})
+                             "upstream": proxy.upstream.root, **recording})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
-        return PlainTextResponse(proxy.metrics.render(), media_type="text/plain; version=0.0.4")
+        text = proxy.metrics.render() + (recorder.render_metrics() if recorder is not None else "")
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post(CHAT_PATH)
     async def chat(request: Request) -> Response:
@@ -88,16 +97,28 @@ def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeo
     return app
 
 
-class Proxy:
-    """The policy step, the upstream and the metrics of one proxy app."""
+@dataclass(frozen=True)
+class Recording:
+    """A chat request on its way, for the recorder: its body as the agent sent it, and when it came."""
 
-    def __init__(self, policy: CachePolicy, upstream: Upstream, counter: Any) -> None:
-        self.policy, self.upstream = policy, upstream
+    raw: bytes
+    started: float  # time.monotonic()
+
+
+class Proxy:
+    """The policy step, the upstream, the metrics and the recorder (if any) of one proxy app."""
+
+    def __init__(self, policy: CachePolicy, upstream: Upstream, counter: Any,
+                 recorder: TraceRecorder | None = None) -> None:
+        self.policy, self.upstream, self.recorder = policy, upstream, recorder
         self.summarizers = Summarizers(upstream.root, upstream.timeout_s)
         self.step = PolicyStep(policy, counter, self.summarizers)
         self.metrics = ProxyMetrics(policy.name)
+        if recorder is not None:
+            recorder.serving(policy.name, upstream.root)
 
     async def chat(self, request: Request) -> Response:
+        started = time.monotonic()
         raw = await request.body()
         try:
             applied = await asyncio.to_thread(self.step.apply, _json_object(raw))
@@ -108,10 +129,15 @@ class Proxy:
             return self.failure(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}"))
         self.metrics.decided(applied)
         content = raw if applied.passthrough else json.dumps(applied.body).encode()
-        return await self.forward(request, CHAT_PATH, content, applied)
+        recording = Recording(raw, started) if self.recorder is not None else None
+        return await self.forward(request, CHAT_PATH, content, applied, recording)
 
-    async def forward(self, request: Request, path: str, content: bytes, applied: Applied | None) -> Response:
-        """The upstream's answer to `content` sent to `path`, status and headers kept."""
+    async def forward(self, request: Request, path: str, content: bytes, applied: Applied | None,
+                      recording: Recording | None = None) -> Response:
+        """The upstream's answer to `content` sent to `path`, status and headers kept.
+
+        With a `recording` and a 200, the reply is recorded once it has gone to the client.
+        """
         try:
             response = await self.upstream.send(request.method, path, request.headers, content, request.url.query)
         except UpstreamError as failure:
@@ -119,9 +145,9 @@ class Proxy:
         if response.status_code >= 400:
             self.metrics.upstream_errors[f"http_{response.status_code}"] += 1
         headers = {**response_headers(response), **_policy_headers(self.policy, applied)}
+        recording = recording if response.status_code == 200 else None
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            body = self.upstream.relay(response, self.counted, self.metrics.observe_sse_line)
-            return StreamingResponse(body, status_code=response.status_code, headers=headers)
+            return self.streamed(response, headers, recording)
         try:
             data = await response.aread()
         except httpx.HTTPError as err:  # the upstream went away or stalled while sending its body
@@ -130,7 +156,30 @@ class Proxy:
             await response.aclose()
         if path == CHAT_PATH and response.status_code == 200:
             self.metrics.observe_usage(_usage_of(data))
-        return Response(data, status_code=response.status_code, headers=headers)
+        background = None if recording is None else \
+            BackgroundTask(self.record, recording, data, time.monotonic() - recording.started)
+        return Response(data, status_code=response.status_code, headers=headers, background=background)
+
+    def streamed(self, response: httpx.Response, headers: dict[str, str],
+                 recording: Recording | None) -> StreamingResponse:
+        """The upstream's event stream relayed as it comes; with a `recording`, the reply is
+        assembled from the lines passing by and recorded after the last one."""
+        on_line, background = self.metrics.observe_sse_line, None
+        if recording is not None:
+            reply = StreamedReply()
+            on_line = _both(self.metrics.observe_sse_line, reply.feed)
+            background = BackgroundTask(self.record, recording, reply, None)
+        body = self.upstream.relay(response, self.counted, on_line)
+        return StreamingResponse(body, status_code=response.status_code, headers=headers, background=background)
+
+    async def record(self, recording: Recording, reply: Any, latency_s: float | None) -> None:
+        """Record an answered request (a background task: the client already has the whole reply).
+
+        A streamed reply's latency ends here, when its last chunk has gone out.
+        """
+        if latency_s is None:
+            latency_s = time.monotonic() - recording.started
+        await self.recorder.record_reply(recording.raw, reply, latency_s)
 
     def counted(self, failure: UpstreamError) -> UpstreamError:
         self.metrics.upstream_errors[failure.code.removeprefix("upstream_")] += 1
@@ -142,6 +191,8 @@ class Proxy:
     async def close(self) -> None:
         await self.upstream.close()
         self.summarizers.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -159,6 +210,13 @@ def _policy_headers(policy: CachePolicy, applied: Applied | None) -> dict[str, s
         return {}
     return {"x-akv-policy": policy.name, "x-akv-proxy": "passthrough" if applied.passthrough else
             ",".join(applied.effects) or "none"}
+
+
+def _both(first: Callable[[bytes], None], second: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def both(line: bytes) -> None:
+        first(line)
+        second(line)
+    return both
 
 
 def _usage_of(data: bytes) -> Any:

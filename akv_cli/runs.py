@@ -118,7 +118,11 @@ def register(app: typer.Typer) -> None:
                                                    "(default: reports/RUN/report.html in the data folder)."),
                 db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
                 as_json: bool = typer.Option(False, "--json", help="The table's rows (costs in USD), the verdict and "
-                                             "the report's path as one JSON object.")) -> None:
+                                             "the report's path as one JSON object."),
+                oracle: bool = typer.Option(False, "--oracle", help="Also run the hindsight oracle on the held-out "
+                                            "tasks (replay backend) and say what share of the expert-to-oracle "
+                                            "cost gap the champion (else the best validated candidate) closed.")
+                ) -> None:
         """Print the held-out table against the baselines and write a self-contained report.html."""
         from dataclasses import asdict
 
@@ -126,7 +130,7 @@ def register(app: typer.Typer) -> None:
 
         from akv_core.home import data_path
         from evolve.command import print_comparison
-        from evolve.report import comparison_rows, render_html, summary_line
+        from evolve.report import comparison_rows, oracle_gap, render_html, summary_line
         from store import StoreError
 
         def body(store) -> None:
@@ -134,14 +138,23 @@ def register(app: typer.Typer) -> None:
             validations = store.validations(info.id)
             if not validations:
                 raise StoreError(f"RUN: run {info.name!r} has no held-out validation yet (status {info.status})")
+            gap = None
+            if oracle:
+                try:
+                    gap = oracle_gap(store, info)
+                except ValueError as err:
+                    fail(f"--oracle: {err}")
             path = out if out is not None else data_path("reports", info.name, "report.html")
             path.write_text(render_html(store, info), encoding="utf-8")
             if as_json:
-                typer.echo(json.dumps({"run": info.name, "rows": [asdict(r) for r in comparison_rows(validations)],
-                                       "verdict": summary_line(validations), "report": str(path)}))
+                found = {"run": info.name, "rows": [asdict(r) for r in comparison_rows(validations)],
+                         "verdict": summary_line(validations), "report": str(path)}
+                typer.echo(json.dumps(found | ({"oracle_gap": gap.as_dict()} if gap is not None else {})))
                 return
             console = Console()
             print_comparison(console, validations)
             console.print(summary_line(validations))
+            if gap is not None:
+                typer.echo(gap.line())  # unwrapped: one line to read or grep
             console.print(f"report: {path}")
         _with_store(db, body)

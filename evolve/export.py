@@ -31,7 +31,8 @@ def chosen_validation(store: Store, run_id: int, policy_id: int | None, allow_be
     candidates = [v for v in records if v.role == "candidate"]
     if not candidates:
         return None
-    return min(candidates, key=lambda v: (not v.non_dominated, v.cost_mean, -v.score_mean))
+    # Exact ties go to the earlier policy (a parent over its identical child), as in the champion rule.
+    return min(candidates, key=lambda v: (not v.non_dominated, v.cost_mean, -v.score_mean, v.policy_id))
 
 
 def export_run(store: Store, run_ref: str | int, out: Path | None = None, policy_id: int | None = None,

@@ -11,9 +11,11 @@ from typing import Any, Sequence
 
 from evolve.cascade import train_points
 from evolve.context import TRAIN
+from evolve.export import chosen_validation
 from evolve.pareto import Point, pareto_front
-from evolve.validation import HELDOUT
+from evolve.validation import HELDOUT, REFERENCE
 from sandbox.cost import cents
+from sandbox.stats import gap_closed
 from store import PolicyInfo, RunInfo, Store, ValidationRecord
 
 
@@ -123,6 +125,108 @@ def summary_line(validations: Sequence[ValidationRecord]) -> str:
         return f"No champion under the rule of the version that validated this run (against Standard): {why}."
     return (f"No champion: no finalist beat the expert ({expert}) on the {n} held-out tasks under the champion "
             f"rule. {why}.")
+
+
+# ---- the expert-to-oracle gap ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OracleGap:
+    """How much of the expert-to-oracle cost gap a validated candidate closed on the run's held-out tasks."""
+
+    candidate: str
+    policy_id: int
+    champion: bool
+    n_tasks: int
+    expert_cost: float  # USD per task, means over the same tasks
+    candidate_cost: float
+    oracle_cost: float
+    closed: tuple[float, tuple[float, float]] | None  # the share and its 95% interval; None: no gap to close
+    same_actions: int  # tasks whose oracle run took the recorded actions (elsewhere it is no ceiling)
+    run_backend: str  # the oracle always runs on the replay backend
+
+    def line(self) -> str:
+        """One line, plus a note line for each reason to read it with care."""
+        who = f"{'champion' if self.champion else 'best validated candidate'} ({self.candidate})"
+        if self.closed is None:
+            text = (f"{who}: no expert-to-oracle gap to close on {self.n_tasks} held-out tasks "
+                    f"(the oracle is not cheaper than the expert)")
+        else:
+            share, (low, high) = self.closed
+            text = (f"{who} closes {100 * share:.1f}% of the expert-to-oracle gap (95% interval "
+                    f"{100 * low:.1f}%..{100 * high:.1f}%) on {self.n_tasks} held-out tasks")
+        notes = []
+        if self.same_actions < self.n_tasks:
+            notes.append(f"the oracle left the recorded actions on {self.n_tasks - self.same_actions} of the tasks: "
+                         "it is no ceiling there")
+        if self.run_backend != "replay":
+            notes.append(f"the oracle ran on the replay backend, the run on {self.run_backend}")
+        return text + "".join(f"\n  note: {note}" for note in notes)
+
+    def as_dict(self) -> dict[str, Any]:
+        share, interval = self.closed if self.closed is not None else (None, None)
+        return {"candidate": self.candidate, "policy_id": self.policy_id, "champion": self.champion,
+                "n_tasks": self.n_tasks, "expert_cost_usd": self.expert_cost,
+                "candidate_cost_usd": self.candidate_cost, "oracle_cost_usd": self.oracle_cost,
+                "closed_percent": None if share is None else 100 * share,
+                "interval_percent": None if interval is None else [100 * interval[0], 100 * interval[1]],
+                "oracle_same_actions": self.same_actions, "oracle_backend": "replay", "run_backend": self.run_backend}
+
+
+def oracle_gap(store: Store, run: RunInfo) -> OracleGap:
+    """The champion's (else the best validated candidate's) share of the expert-to-oracle cost gap.
+
+    (expert - candidate) / (expert - oracle), mean costs on the held-out tasks both ran, with a
+    percentile bootstrap interval over the tasks (`sandbox.stats.gap_closed`). The expert's and the
+    candidate's costs are the run's own; the oracle's come from the hindsight oracle
+    (`sandbox/oracle.py`) run on each of those tasks with the run's suite build and seed on the
+    replay backend. It replays the scripted agent's use records, so a run of another agent, or a
+    suite whose agent records no uses, raises ValueError (one line) instead of a meaningless share.
+    """
+    agent = run.config.get("agent", "scripted")
+    if agent != "scripted":
+        raise ValueError(f"run {run.name!r} used the {agent} agent; the oracle replays the scripted agent's use "
+                         "records, so its costs would not be comparable with the run's")
+    chosen = chosen_validation(store, run.id, None, allow_best=True)
+    expert_id = store.baselines(run.id).get(REFERENCE)
+    if chosen is None or expert_id is None:
+        raise ValueError(f"run {run.name!r} has no validated candidate and expert to compare")
+    expert, candidate = (_held_out_costs(store, run.id, pid) for pid in (expert_id, chosen.policy_id))
+    oracle = _oracle_costs(run, [t for t in expert if t in candidate])
+    if not oracle:
+        raise ValueError(f"run {run.name!r}: the expert and {chosen.label} ran no held-out task in common")
+    ids = list(oracle)
+    columns = [[expert[t] for t in ids], [candidate[t] for t in ids], [oracle[t][0] for t in ids]]
+    closed = gap_closed(*columns, resamples=int(run.config.get("validation", {}).get("resamples", 2000)),
+                        seed=run.seed)
+    means = [sum(column) / len(ids) for column in columns]
+    return OracleGap(chosen.label, chosen.policy_id, chosen.champion, len(ids), *means, closed,
+                     sum(oracle[t][1] for t in ids), str(run.config.get("backend", "replay")))
+
+
+def _held_out_costs(store: Store, run_id: int, policy_id: int) -> dict[str, float]:
+    return {e.result.task_id: e.result.cost_usd for e in store.evaluations(run_id, HELDOUT, [policy_id])}
+
+
+def _oracle_costs(run: RunInfo, task_ids: Sequence[str]) -> dict[str, tuple[float, bool]]:
+    """Per task, in split order: the oracle's cost and whether it took the recorded actions."""
+    from evolve.scoring import HarnessEvaluator
+    from sandbox.backends.replay import ReplayBackend
+    from sandbox.harness import select_tasks
+    from sandbox.oracle import run_oracle
+
+    suite = run.config.get("suite")
+    if not suite:
+        raise ValueError(f"run {run.name!r} records no suite")
+    # The evaluator checks that the data folder holds the build the run was scored on.
+    evaluator = HarnessEvaluator(suite, "scripted", "replay", run.seed, recorded_version=run.suite_version)
+    try:
+        out = {}
+        for task in select_tasks(evaluator.suite, HELDOUT, list(task_ids)):
+            done = run_oracle(task, evaluator.suite, ReplayBackend, seed=run.seed)
+            out[task.id] = (done.oracle.cost_usd, done.same_actions)
+        return out
+    finally:
+        evaluator.close()
 
 
 # ---- HTML ------------------------------------------------------------------------------------------

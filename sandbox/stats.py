@@ -3,8 +3,9 @@
 Every policy runs the same tasks with the same agent, backend and seed, so per-task differences
 are paired: a task's own difficulty, which dwarfs policy effects, cancels out of each delta.
 Here: percentile bootstrap intervals (of a mean, of a mean delta, of a relative change of
-means), the paired sign-flip permutation test (two-sided or one-sided), Holm-Bonferroni
-adjustment, and `champion_rule`, the decision evolution and the benchmarks share.
+means, of the share of a cost gap closed), the paired sign-flip permutation test (two-sided
+or one-sided), Holm-Bonferroni adjustment, and `champion_rule`, the decision evolution and
+the benchmarks share.
 """
 from __future__ import annotations
 
@@ -73,6 +74,27 @@ def relative_change_ci(candidate: Sequence[float], baseline: Sequence[float], re
     base = b[draws].mean(axis=1)
     change = np.divide(c[draws].mean(axis=1), base, out=np.ones_like(base), where=base != 0) - 1.0
     return percentile_interval(change, confidence)
+
+
+def gap_closed(reference: Sequence[float], candidate: Sequence[float], bound: Sequence[float],
+               resamples: int = 2000, confidence: float = 0.95,
+               seed: int = 0) -> tuple[float, tuple[float, float]] | None:
+    """The share of the reference-to-bound cost gap a candidate closes, and its bootstrap interval.
+
+    mean(reference - candidate) / mean(reference - bound), all three paired on the same tasks:
+    0 is the reference's cost, 1 the bound's (the hindsight oracle's, the cheapest schedule of
+    the recorded actions). A ratio of two paired means, so its interval is `relative_change_ci`'s
+    of the per-task savings, plus one (a draw with no gap at all counts as closed, its convention
+    for a zero baseline). None when the bound is not cheaper than the reference on average:
+    there is no gap to close.
+    """
+    r, c = _paired(reference, candidate)
+    _, b = _paired(reference, bound)
+    saved, gap = r - c, r - b
+    if gap.size == 0 or gap.mean() <= 0:
+        return None
+    low, high = relative_change_ci(saved, gap, resamples, confidence, seed)
+    return float(saved.mean() / gap.mean()), (low + 1.0, high + 1.0)
 
 
 def sign_flip_p_value(deltas: Sequence[float], permutations: int = 10000, seed: int = 0,
@@ -194,7 +216,8 @@ def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequenc
     adjusted over all candidates judged together. Score: non-inferiority, the one-sided
     (1 - alpha) bootstrap lower bound of the mean score difference must lie above -margin.
     A candidate passing both is eligible; the eligible one with the lowest mean cost (then the
-    highest mean score, then the name) is the champion. At most one verdict has champion=True.
+    highest mean score, then the earlier name by `name_order`) is the champion. At most one
+    verdict has champion=True.
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
@@ -220,12 +243,21 @@ def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequenc
         f["cheaper"] = f["cost_delta"] < 0 and holm[name] < alpha
         f["non_inferior"] = f["score_low"] > -margin
         if f["cheaper"] and f["non_inferior"]:
-            eligible.append((f["mean_cost"], -f["mean_score"], name))
-    champion = min(eligible)[2] if eligible else None
+            eligible.append((f["mean_cost"], -f["mean_score"], name_order(name), name))
+    champion = min(eligible)[-1] if eligible else None
     return {name: Verdict(name, f["n"], f["cost_delta"], f["cost_percent"], f["cost_p"], holm[name],
                           f["score_delta"], f["score_low"], f["cheaper"], f["non_inferior"], name == champion,
                           len(found), margin, alpha)
             for name, f in found.items()}
+
+
+def name_order(name: str) -> tuple[int, int, str]:
+    """Sort key of a candidate name: policy ids by number, before any other name, which sort as text.
+
+    Evolution names candidates by policy id; compared as text "17" would precede "5", and a
+    later identical child would win a tie against its parent. By number the earlier policy wins.
+    """
+    return (0, int(name), "") if name.isdecimal() else (1, 0, name)
 
 
 def _paired(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,8 @@
 """The benchmarks' arithmetic on made-up figures: tables, ratios, pool sizing, intervals, the paired test."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -184,6 +186,25 @@ def test_headroom_gap_targets_and_verdicts_on_paired_columns() -> None:
     assert headroom.targets(group, ["research"]) == {
         "oracle_25_percent_cheaper_at_same_score": True, "handwritten_non_window_beats_expert": True,
         "expert_cheaper_than_standard": True, "full_scores_highest": True}
+
+
+def test_headroom_says_when_an_evaluated_policy_beats_the_oracle() -> None:
+    n = 12
+    columns = _columns(full=[2.0] * n, standard_8k=[3.0] * n, text_engineering_8k=[2.5] * n,
+                       expert_8k=[1.0] * n, research=[0.4] * n, oracle=[0.5] * n)
+    columns["full"] = headroom.Column(columns["full"].task_ids, (0.5,) * n, (0.3,) * n, 0)  # cheaper, worse score
+    check = {"same_actions": n, "tasks": n, "diverged": []}
+    group = headroom.describe(columns, check, headroom.Settings(resamples=200))
+    assert group["oracle_beaten_by"] == ["research"] and not group["oracle_valid"]
+    assert not headroom.targets(group, ["research"])["oracle_25_percent_cheaper_at_same_score"]
+    group["targets"] = None
+    figures = {"settings": {"suites": ["s"], "splits": ["heldout"], "alpha": 0.05, "notes": []},
+               "groups": {"s/heldout": group}, "wall_s": 1.0}
+    assert "NOT a ceiling: research is cheaper than the oracle at the same or a better score" in headroom.render(figures)
+    assert json.loads(json.dumps(figures))["groups"]["s/heldout"]["oracle_beaten_by"] == ["research"]
+    # At an equal cost, or with a lower score, nothing beats it.
+    columns["research"] = columns["oracle"]
+    assert headroom.describe(columns, check, headroom.Settings(resamples=200))["oracle_beaten_by"] == []
 
 
 def test_headroom_without_use_records_reports_no_oracle_and_why() -> None:

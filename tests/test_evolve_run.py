@@ -317,3 +317,37 @@ def test_export_best_writes_the_best_validated_candidate_when_there_is_no_champi
     header = out.read_text().splitlines()[0]
     assert header.startswith(f"# exported from run {name}, policy #{record['policy']['id']}")
     assert ("(champion)" in header) == record["champion"] and ("not a champion" in header) != record["champion"]
+
+
+def test_compare_oracle_says_how_much_of_the_expert_to_oracle_gap_the_candidate_closed(killed_and_resumed):
+    # The hindsight oracle runs on each of the run's 5 held-out tasks (replay backend, seconds).
+    from store import Store
+
+    url, name, db = killed_and_resumed["url"], killed_and_resumed["name"], killed_and_resumed["db"]
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", name, "--db", url, "--oracle", "--json"])
+    assert result.exit_code == 0, result.output
+    gap = json.loads(result.stdout)["oracle_gap"]
+    assert gap["n_tasks"] == 5 and gap["oracle_same_actions"] == 5
+    means = dict(rows(db, "SELECT policy_id, avg(cost_usd) FROM akv_evaluations WHERE split = 'heldout' "
+                          "GROUP BY policy_id"))
+    expert = rows(db, "SELECT policy_id FROM akv_baselines WHERE role = 'expert'")[0][0]
+    assert gap["expert_cost_usd"] == pytest.approx(means[expert]) and gap["oracle_cost_usd"] < means[expert]
+    assert gap["candidate_cost_usd"] == pytest.approx(means[gap["policy_id"]])
+    share = 100 * (means[expert] - means[gap["policy_id"]]) / (means[expert] - gap["oracle_cost_usd"])
+    low, high = gap["interval_percent"]
+    assert gap["closed_percent"] == pytest.approx(share) and low <= share <= high
+    shown = runner.invoke(app, ["compare", name, "--db", url, "--oracle"], env={"COLUMNS": "200"})
+    who = "champion" if gap["champion"] else "best validated candidate"
+    line = (rf"^{who} \({re.escape(gap['candidate'])}\) closes -?[\d.]+% of the expert-to-oracle gap "
+            r"\(95% interval -?[\d.]+%\.\.-?[\d.]+%\) on 5 held-out tasks$")
+    assert re.search(line, shown.output, re.M), shown.output
+    store = Store.open(url)  # the same validations, but the run's agent was the llm agent: no use records
+    try:
+        llm = store.create_run("llm-agent", {"suite": "localcomp", "agent": "llm", "backend": "replay"}, 3, "v", "s")
+        store.save_validations(llm.id, store.validations(store.run(name).id), "v", "s", {})
+    finally:
+        store.close()
+    refused = runner.invoke(app, ["compare", "llm-agent", "--db", url, "--oracle"])
+    assert refused.exit_code == 2 and refused.output.startswith("error: --oracle: ")
+    assert len(refused.output.strip().splitlines()) == 1 and "llm agent" in refused.output

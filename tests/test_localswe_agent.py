@@ -154,3 +154,37 @@ def test_when_its_step_budget_is_spent_it_gives_up(suite: LocalSWE, task) -> Non
     finally:
         env.close()
     assert action.gave_up and action.final_answer == "Giving up: my step budget is spent; submitted."
+
+
+def test_a_hidden_newest_result_is_never_read_and_the_call_is_made_again(suite: LocalSWE, task) -> None:
+    # The first reproduction's output, hidden at the very step it arrives: the agent may not read
+    # it (nor record it), so it behaves as if it had never come and runs the tests again.
+    reproduction, arrives = (5, 2) if task.meta["edition"] == 2 else (3, 1)
+    grade, last, steps = run(suite, task, hide=lambda messages, step: {reproduction} if step == arrives else set())
+    view, action = steps[arrives]
+    assert reproduction not in action.used and parse_note(action.message["content"]).kind == "reproduce"
+    assert [c["function"]["name"] for c in action.message["tool_calls"]] == ["run_tests"]
+    assert all(view.visible[i] for view, action in steps for i in action.used)
+    assert grade.score == 1.0 and last.final_answer.startswith("Fixed")
+
+
+def test_hidden_test_output_after_an_attempt_is_checked_again_not_guessed(suite: LocalSWE, task) -> None:
+    # Every attempt's test output is hidden at the step it arrives. The edit went in (its result is
+    # visible), so the agent reruns the failing tests instead of assuming they failed.
+    def after_attempts(messages, step):
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant") if step else 0
+        note = parse_note(messages[last].get("content") or "") if step else None
+        return {len(messages) - 1} if note is not None and note.kind == "attempt" else set()
+
+    grade, last, steps = run(suite, task, hide=after_attempts)
+    assert all(view.visible[i] for view, action in steps for i in action.used)
+    assert "check" in kinds(steps) and kinds(steps)[-3:] == ["check", "verify", "submit"]
+    assert grade.score == 1.0 and last.final_answer.startswith("Fixed")
+
+
+def test_when_its_own_last_message_is_hidden_too_it_has_lost_track(suite: LocalSWE, task) -> None:
+    # At step 1 its first message and that call's result are hidden: no older call stands in for it.
+    grade, last, steps = run(suite, task, hide=lambda messages, step: {2, 3} if step == 1 else set())
+    assert all(view.visible[i] for view, action in steps for i in action.used)
+    assert last.gave_up and len(steps) == 3 and grade.score == 0.0
+    assert steps[1][1].message["content"].startswith("Giving up: I have lost track of my work")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from evolve.pareto import Point, dominates, pareto_front, rank_by_fronts
-from sandbox.stats import (bootstrap_ci, champion_rule, compare_paired, holm_bonferroni, non_inferiority_bound,
-                           relative_change_ci, sign_flip_p_value)
+from sandbox.stats import (bootstrap_ci, champion_rule, compare_paired, gap_closed, holm_bonferroni,
+                           non_inferiority_bound, relative_change_ci, sign_flip_p_value)
 
 
 def test_exact_sign_flip_p_value_for_all_positive_deltas():
@@ -147,3 +147,28 @@ def test_champion_rule_refuses_unpaired_results_and_bad_settings():
         champion_rule({"x": expert}, expert, margin=-0.01)
     with pytest.raises(ValueError, match="alpha"):
         champion_rule({"x": expert}, expert, alpha=1.0)
+
+
+def test_identical_eligible_twins_crown_the_earlier_policy_by_numeric_id():
+    # Policy 17 is a later identical copy of policy 5: same scores, same costs. As strings "17" < "5",
+    # but the parent (the lower id) must win, whatever order the candidates come in.
+    expert = _results([1.0, 0.0, 1.0] * 4, EXPERT_COSTS)
+    twin = _results([1.0, 0.0, 1.0] * 4, EXPERT_COSTS * 0.9)
+    for order in (("17", "5"), ("5", "17")):
+        verdicts = champion_rule({name: twin for name in order}, expert)
+        assert verdicts["5"].champion and not verdicts["17"].champion
+    verdicts = champion_rule({"9": twin, "10": twin, "expert-copy": twin}, expert)
+    assert [name for name, v in verdicts.items() if v.champion] == ["9"]
+
+
+def test_gap_closed_is_the_share_of_the_reference_to_bound_saving_with_a_paired_interval():
+    expert = np.array([4.0, 2.0, 8.0, 6.0] * 5)
+    oracle = expert * 0.5
+    share, (low, high) = gap_closed(expert, expert * 0.8, oracle, resamples=500)
+    assert share == pytest.approx(0.4) and low == pytest.approx(0.4) and high == pytest.approx(0.4)
+    noisy = expert * np.array([0.7, 0.9] * 10)
+    share, (low, high) = gap_closed(expert, noisy, oracle, resamples=500)
+    assert share == pytest.approx((expert - noisy).mean() / (expert - oracle).mean()) and low < share < high
+    assert gap_closed(expert, noisy, expert * 1.1) is None  # the bound is no cheaper: no gap to close
+    with pytest.raises(ValueError):
+        gap_closed(expert, noisy[:3], oracle)

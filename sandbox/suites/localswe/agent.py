@@ -7,18 +7,19 @@ It works like a methodical developer without insight:
 2. localize (`search.py`): the library frames of the tracebacks (deepest first), then the
    rest of those functions, then the functions the failing test calls and theirs;
 3. at each suspect line, try every single-line repair (`mutate.repairs_of_line`): edit and
-   rerun the failing tests in one turn, then run their modules when they pass, and undo the
-   edit otherwise;
+   rerun the failing tests in one turn (once more on their own when that output is hidden),
+   then run their modules when they pass, and undo the edit otherwise;
 4. submit when a repair holds, or give up when the search is done or its step budget spent.
 
 It keeps nothing between steps: each action is decided from the messages visible under the
 policy at that step (AgentView.visible) and the step number. Facts (test output, traceback
 frames, file lines, grep hits) come from visible tool results; what it has already done comes
 from the notes in its own visible messages (`notes.py`). When a fact it needs was dropped it
-makes the call again and pays for it; an attempt needs the failing output and the code in
-view together. It records the messages each step read in AgentAction.used (`recall.py`).
-It cannot repair a deleted statement (nothing on screen says what was there), so its score
-is a floor, not a measure of models.
+makes the call again and pays for it, the result of its last call included (a hidden newest
+message is never read); an attempt needs the failing output and the code in view together.
+It records the messages each step read in AgentAction.used (`recall.py`). It cannot repair
+a deleted statement (nothing on screen says what was there), so its score is a floor, not a
+measure of models.
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ DEFAULT_MAX_CALLS = 90  # steps it may start work in; the harness's default budg
 WIDTHS = ((0, 0), (1, 0), (1, 1), (2, 2))  # lines of context above and below an edited line
 LOOP_CALLS = 2  # the same call for the same place made this often already: it gives up
 _PROSE = {"orient": "Listing the repository's files.", "reproduce": "Running the failing tests.",
-          "read": "Reading the code.", "grep": "Searching for a definition."}
+          "read": "Reading the code.", "grep": "Searching for a definition.",
+          "check": "I cannot see the failing tests' output; running them again.",
+          "verify": "Running the failing tests' modules again."}
 
 
 class ScriptedRepairAgent:
@@ -69,6 +72,8 @@ class _Step:
 
     def decide(self) -> AgentAction:
         index, latest = self.recall.latest()
+        if latest is None:
+            return self.unseen()
         if latest.get("role") != "tool":
             if self.recall.step == 0:
                 return self.explore(START)
@@ -78,14 +83,30 @@ class _Step:
             return self.final(call)
         if call is None or call.note is None:
             return self.give_up("I have lost track of my work")
+        return self.after(call)
+
+    def unseen(self) -> AgentAction:
+        """The newest message (what its last call answered) is hidden: it goes on from that call,
+        which its own visible message names, as if no answer had come, so it asks again."""
+        call = self.recall.last_call()
+        if call is None or call.note is None:
+            return self.give_up("I have lost track of my work")
+        if call.note.kind == "submit":
+            return self.final(call)
+        return self.after(call)
+
+    def after(self, call: Call) -> AgentAction:
+        """The next action after `call`, the agent's last one (its result None when not visible)."""
         kind = call.note.kind
         if kind == "attempt":
             return self.after_attempt(call)
+        if kind == "check":
+            return self.after_check(call)
         if kind == "verify":
             return self.after_verify(call)
         if kind == "undo":
             return self.after_undo(call)
-        return self.explore(self._cursor())
+        return self.explore(self._cursor())  # a read: the search fetches again what it cannot see
 
     # -- searching -----------------------------------------------------------------------------
 
@@ -135,10 +156,11 @@ class _Step:
             return self.give_up("I cannot see whether my edit went in")
         if not (edit.result or "").startswith("Edited "):
             return self.widen(edit)
+        if call.result is None:  # the edit went in, the tests' output is hidden: run them again
+            return self.fetch(Need("run_tests", self.check_args,
+                                   Note("check", call.note.cursor, width=edit.note.width)))
         if tests_passed(call.result or ""):
-            return self.call(Note("verify", call.note.cursor), "run_tests",
-                             {"selector": shlex.join(self.verify_modules)},
-                             "The failing tests pass; running their modules.")
+            return self.verify(call.note.cursor)
         return self.undo(edit)
 
     def widen(self, edit: Call) -> AgentAction:
@@ -157,13 +179,30 @@ class _Step:
         return self.call(Note("undo", edit.note.cursor, width=edit.note.width), "edit", args,
                          "The repair does not hold; undoing it.")
 
+    def verify(self, cursor: Cursor) -> AgentAction:
+        return self.call(Note("verify", cursor), "run_tests", {"selector": shlex.join(self.verify_modules)},
+                         "The failing tests pass; running their modules.")
+
+    def after_check(self, call: Call) -> AgentAction:
+        """The failing tests rerun with the attempt's edit in place: verify it or undo it."""
+        if call.result is None:
+            return self.fetch(Need(call.name, call.args, call.note))
+        if tests_passed(call.result):
+            return self.verify(call.note.cursor)
+        edit = self._attempt_edit()
+        return self.undo(edit) if edit is not None else self.give_up("I can no longer see the edit to undo")
+
     def after_verify(self, call: Call) -> AgentAction:
+        if call.result is None:
+            return self.fetch(Need(call.name, call.args, call.note))
         if tests_passed(call.result or ""):
             return self.submit_fixed(call.note.cursor)
         edit = self._attempt_edit()
         return self.undo(edit) if edit is not None else self.give_up("I can no longer see the edit to undo")
 
     def after_undo(self, call: Call) -> AgentAction:
+        if call.result is None:
+            return self.give_up("I cannot see whether my undo went in")
         if (call.result or "").startswith("Edited "):
             return self.explore(call.note.cursor)
         edit = self._attempt_edit()

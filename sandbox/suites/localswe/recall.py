@@ -2,10 +2,11 @@
 
 `Recall` wraps an AgentView. Every question the agent asks (the issue, the latest message,
 the result of a call, its latest note, a file view) is answered from the messages visible
-under the policy at this step only, and the indices of the messages that answered it are
-recorded in `used`. Questions are of the kinds "the latest visible X", "some visible X" and
-"is there a visible X": their answers cannot change when messages outside `used` are hidden,
-which is what makes the record exact (AgentAction.used).
+under the policy at this step only (a hidden newest message is not read either), and the
+indices of the messages that answered it are recorded in `used`. Questions are of the kinds
+"the latest visible X", "some visible X" and "is there a visible X": their answers cannot
+change when messages outside `used` are hidden, which is what makes the record exact
+(AgentAction.used).
 """
 from __future__ import annotations
 
@@ -74,10 +75,33 @@ class Recall:
                 return message["content"]
         return ""
 
-    def latest(self) -> tuple[int, Message]:
+    def latest(self) -> tuple[int, Message | None]:
+        """The newest message's index, and the message when the policy leaves it visible.
+
+        None when it is hidden: the agent must act as if it had not come (nothing is recorded as
+        used), so reading it through the back door cannot make a policy look free.
+        """
         i = len(self.view.messages) - 1
+        if not self.view.visible[i]:
+            return i, None
         self.use(i)
         return i, self._message(i)
+
+    def last_call(self) -> Call | None:
+        """The agent's call of the previous step, when the message that made it is visible.
+
+        That is the newest visible call whose message's tool results end the history (one result
+        per call, right after it); its results themselves may be hidden. None when the message is
+        hidden: an older visible call is not the last one. Its message is recorded as used.
+        """
+        call = next(iter(self.calls()), None)
+        if call is None:
+            return None
+        made = len(self._message(call.index).get("tool_calls") or ())
+        if call.index + made != len(self.view.messages) - 1:
+            return None
+        self.use(call.index)
+        return call
 
     # -- the agent's own calls and notes -------------------------------------------------------
 

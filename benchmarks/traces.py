@@ -78,7 +78,7 @@ def _measure(settings: Settings, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
         runs = run_task_policies(settings.suite, split, task_id, settings.policies(), settings.seed)
         per_trace.append({"trace": task_id, "split": split, "at_risk": suite.at_risk_reuses(task_id),
-                          "results": {name: r.to_dict() for name, r in runs.results.items()},
+                          "results": {name: {**r.to_dict(), "reason": r.reason} for name, r in runs.results.items()},
                           "oracle_same_actions": runs.same_actions, "oracle_unavailable": runs.unavailable})
         progress(f"{settings.suite} trace {number}/{len(tasks)}: {task_id} in {time.perf_counter() - started:.1f} s")
     names = [*settings.policies(), ORACLE]
@@ -159,10 +159,13 @@ def render(figures: dict[str, Any]) -> str:
              _pct(p["vs_full_pct"]), _pct(p["vs_expert_pct"]), p["errors"], p["seconds"], p["requests_per_s"]]
             for p in figures["policies"]]
     diverged = [t["trace"] for t in figures["per_trace"] if not t["oracle_same_actions"]]
+    failed = [(t["trace"], name, r["reason"]) for t in figures["per_trace"] for name, r in t["results"].items()
+              if r["status"] == "error"]
     lines = [f"{figures['suite']} ({figures['split']}): {figures['traces']} traces, {figures['requests']} recorded "
              "requests, replay backend", format_table(header, rows)]
     if diverged:
         lines.append(f"oracle: the replay left the recording on {', '.join(diverged)}")
+    lines += [f"error: trace {trace} under {name}: {reason}" for trace, name, reason in failed]
     return "\n".join(lines)
 
 

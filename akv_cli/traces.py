@@ -11,9 +11,10 @@ from akv_cli.errors import fail
 from akv_cli.runs import DB_HELP, _with_store
 
 traces_app = typer.Typer(help="Recorded agent runs (traces): import, list, show, export.", no_args_is_help=True)
-FORMAT_HELP = ("openai (chat JSON Lines), swe-agent (.traj), mini-swe-agent (.traj.json) or akv (this "
-               "project's own JSON Lines: `akv traces export`, `akv proxy --record`) (default: detected from "
-               "each file's name and content).")
+FORMAT_HELP = ("openai (chat JSON Lines), swe-agent (.traj), mini-swe-agent (.traj.json), akv (this "
+               "project's own JSON Lines: `akv traces export`, `akv proxy --record`) or akv-run (a trajectory "
+               "of `akv run`: trajectories/<task>.jsonl; kv policies only) (default: detected from each "
+               "file's name and content).")
 
 
 def register(app: typer.Typer) -> None:

@@ -119,6 +119,7 @@ class _TaskRun:
                                       "prices": prices.name})
         self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary, facts)
         self.reuse_finder = ReuseFinder(tools=self.tools)
+        self.final_message: Message | None = None  # the agent's answer as it wrote it (never sent)
 
     def run(self, env: Any) -> tuple[str, str | None]:
         """Steps until the agent answers or the step budget is spent: (status, answer)."""
@@ -146,6 +147,7 @@ class _TaskRun:
             if responds:  # a recorded run answers with what was recorded (it sees the final message too)
                 self.history.extend(env.respond(view, message))
             if action.final_answer is not None:
+                self.final_message = message
                 return ("gave_up" if action.gave_up else "ok"), action.final_answer
             if not responds:
                 self._run_tools(env, message)
@@ -335,7 +337,7 @@ def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backe
     result = TaskResult(task.id, task.split, policy.name, status, float(score), answer, run.bill.n_requests,
                         run.bill.tokens, round(run.bill.cost_usd, 9), round(time.perf_counter() - started, 3),
                         reason, tuple(run.moves))
-    run.trajectory.note("result", **result.to_dict(), reason=reason)
+    run.trajectory.note("result", **result.to_dict(), reason=reason, final_message=run.final_message)
     return result, run.trajectory
 
 

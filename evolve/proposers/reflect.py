@@ -16,7 +16,11 @@ Each candidate rule is scored on the timelines in the cost model's units (cached
 the visible tokens it stops paying for after their last read, against what its early drops cost
 (a result dropped before a read is fetched again: one more request with its context, the result
 prefilled again, the agent's message). Rules are chosen greedily, each one for what it adds to
-those already chosen. The child is the distilled policy; later asks vary it (a rule replaced by
+those already chosen. Where the parent ran the very same histories (recorded traces), a second
+distillation comes first: the rules that save the most visible tokens while losing no more reads
+than the parent itself lost (`distil_within`), since a trace's agent never fetches a lost result
+again and the champion rule asks for a cheaper policy at a non-inferior score. The child is the
+distilled policy; later asks vary it (a rule replaced by
 its runner-up, a rule left out, the parent's own rules added). Numbers carry tunable ranges, so
 the optuna proposer tunes the structure reflect found. Deterministic: the same timelines give the
 same proposals.
@@ -207,6 +211,49 @@ def distil(results: Sequence[Result], said: Sequence[Sequence[str]], prices: Pri
     return chosen
 
 
+def lost_reads(drops: Sequence[int], results: Sequence[Result]) -> int:
+    """Reads that came after their result's drop: what a recorded agent would have lost."""
+    return sum(sum(1 for use in r.uses if use >= drop) for drop, r in zip(drops, results))
+
+
+def distil_within(results: Sequence[Result], said: Sequence[Sequence[str]], budget: int) -> list[tuple[Rule, None]]:
+    """Rules chosen greedily for the visible tokens they stop paying for, as long as all of them
+    together lose at most `budget` reads: as cheap as possible at the parent's own losses (a trace's
+    agent never re-fetches what it lost, so an early drop costs score, not a request)."""
+    rules = candidate_rules(results, said)
+    table = {rule: drop_steps(rule, results) for rule in rules}
+    current, base, chosen = [NEVER] * len(results), 0.0, []
+    for _ in range(MAX_RULES):
+        best: tuple[float, str, Rule] | None = None
+        for rule in rules:
+            drops = [min(a, b) for a, b in zip(current, table[rule])]
+            if lost_reads(drops, results) > budget:
+                continue
+            gain = sum(r.tokens * (r.steps - d) for d, r in zip(drops, results) if d < r.steps)
+            if gain > base and (best is None or (-gain, rule.text()) < (-best[0], best[1])):
+                best = (gain, rule.text(), rule)
+        if best is None:
+            break
+        base, rule = best[0], best[2]
+        chosen.append((rule, None))
+        current = [min(a, b) for a, b in zip(current, table[rule])]
+    return chosen
+
+
+def parent_losses(needs: Mapping[str, Mapping[str, Any]], parent: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """Reads of tool results (in `needs`' timelines, where nothing was hidden) that came after the
+    parent dropped them; None unless the parent ran the very same histories (recorded traces do)."""
+    total = 0
+    for task_id, timeline in needs.items():
+        mine = parent.get(task_id)
+        if mine is None or [m["role"] for m in mine["messages"]] != [m["role"] for m in timeline["messages"]]:
+            return None
+        for m, p in zip(timeline["messages"], mine["messages"]):
+            if m["role"] == "tool" and p.get("dropped") is not None:
+                total += sum(1 for use in m.get("uses") or () if use >= p["dropped"])
+    return total
+
+
 def _round(tokens: int) -> int:
     return max(100, int(round(tokens / 100.0)) * 100)
 
@@ -267,6 +314,7 @@ class ReflectProposer(Proposer):
 
     def __init__(self) -> None:
         self._distilled: dict[tuple[int, int], list[tuple[Rule, Rule | None]]] = {}
+        self._within: dict[tuple[int, int], list[tuple[Rule, None]]] = {}  # at the parent's losses
 
     def ask(self, context: ProposerContext) -> Proposal:
         parent = context.pick_parent()
@@ -279,10 +327,12 @@ class ReflectProposer(Proposer):
             results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
             said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
             self._distilled[key] = distil(results, said, prices_for(parent.timelines.values()))
-        chosen = self._distilled[key]
-        if not chosen:
+            budget = parent_losses(needs.timelines, parent.timelines)
+            self._within[key] = distil_within(results, said, budget) if budget else []
+        chosen, within = self._distilled[key], self._within[key]
+        if not chosen and not within:
             return self._reject(parent, f"no rule saves anything on the timelines of #{needs.policy_id}")
-        for rules, note in _variants(chosen, parent):
+        for rules, note in _budgeted(within) + list(_variants(chosen, parent) if chosen else ()):
             checked = _checked(rules, parent)
             if checked is None or checked.hash in context.known_hashes or checked.structure in context.known_structures:
                 continue
@@ -307,6 +357,12 @@ def _needs(population: Sequence[Candidate]) -> Candidate | None:
         return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
 
     return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
+
+
+def _budgeted(within: Sequence[tuple[Rule, None]]) -> list[tuple[list[str], str]]:
+    """The rules distilled within the parent's losses, then each prefix of them (fewer rules lose less)."""
+    rules = [rule.text() for rule, _none in within]
+    return [(rules[:n], f"{n} rules as cheap as the parent's losses allow") for n in range(len(rules), 0, -1)]
 
 
 def _variants(chosen: Sequence[tuple[Rule, Rule | None]], parent: Candidate) -> Iterable[tuple[list[str], str]]:

@@ -7,6 +7,7 @@ recorded request (the history before each assistant message) the usage and laten
 - `model.py`: `Trace`, `TraceRequest` and their checks;
 - `formats.py`: reading OpenAI chat JSON Lines, SWE-agent `.traj`, mini-swe-agent trajectories
   and this project's own recordings; text actions offered as tool calls;
-- `reuse.py`: use records without a model (which earlier message an agent's step reused);
+- `runs.py`: `akv run` trajectories as traces (format akv-run);
+- `records.py`: traces to and from the store's records;
 - `suite.py`: a stored trace set as a suite, scored by fidelity (`docs/traces.md`).
 """

@@ -1,4 +1,4 @@
-"""Reading recorded agent runs as traces: four file formats, their detection, and text actions as tool calls.
+"""Reading recorded agent runs as traces: five file formats, their detection, and text actions as tool calls.
 
 - `openai`: JSON Lines, one chat history a line: `{"id", "messages", "tools", "provenance"}` (only
   `messages` required; no id: `<file stem>-<line>`) or a bare list of messages, kept as given (string,
@@ -23,10 +23,15 @@
   `instance_id` if present, else the file stem; provenance keeps exit status, model stats, model and
   version, not the submitted patch.
 - `akv`: this project's JSON Lines, `Trace.to_dict()` a line, read back exactly.
+- `akv-run`: a trajectory `akv run` wrote (`trajectories/<task>.jsonl`; `runs.py`): the agent's
+  requests as sent, the final assistant message (the model's last reply, or on replay the run's
+  answer) and each request's usage. Trajectories of text policies (rewritten histories) and of
+  `keep_text_drop` cut rules (kept text only) are refused. The id is the task id.
 
 Detection: a `.traj` or `.json` file is one JSON document, any other file JSON Lines whose first
 record decides. An object with `history` is swe-agent; with `messages` and `trajectory_format` or
-`info` mini-swe-agent; with `requests` and `actions` akv; another with `messages`, or a list, openai.
+`info` mini-swe-agent; with `requests` and `actions` akv; a `"type": "task"` record followed by
+`"type": "exchange"` records akv-run; another with `messages`, or a list, openai.
 
 `as_tool_calls`: an assistant message's action is the last fenced block of its content (from a line
 starting with ``` and an info string empty or one of bash, sh, shell, console, mswea_bash_command,
@@ -49,7 +54,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from sandbox.traces.model import Message, Trace, TraceError, TraceRequest, check_trace, with_requests
 
-FORMATS = ("openai", "swe-agent", "mini-swe-agent", "akv")
+FORMATS = ("openai", "swe-agent", "mini-swe-agent", "akv", "akv-run")
 OPENAI_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 BASH_TOOL: Mapping[str, Any] = {"type": "function", "function": {
     "name": "bash", "description": "Execute a bash command", "parameters": {
@@ -172,9 +177,12 @@ def _detect(path: Path, text: str) -> str:
     whole = path.name.endswith((".traj", ".json"))
     line, record = (1, _load(path, text)) if whole else next(_lines(path, text))
     kind = _classify(record)
+    if kind == "akv-run" and not any(_dig(r, "type") == "exchange" for _, r in _lines(path, text)):
+        kind = None  # a task header alone: no run to import
     if kind is None or (whole and kind not in ("swe-agent", "mini-swe-agent")):
         raise TraceError(f'{path}:{line}: cannot tell the trace format: expected a trajectory object ("history", or '
-                         '"messages" with "info") or JSON Lines of chat histories (objects with "messages", or lists)')
+                         '"messages" with "info"), JSON Lines of chat histories (objects with "messages", or lists) '
+                         'or an `akv run` trajectory (a "task" record, then "exchange" records)')
     return kind
 
 
@@ -183,6 +191,8 @@ def _classify(record: Any) -> str | None:
         return "openai"
     if not isinstance(record, Mapping):
         return None
+    if record.get("type") == "task":
+        return "akv-run"
     if "history" in record:
         return "swe-agent"
     if "messages" in record and ("trajectory_format" in record or "info" in record):
@@ -403,5 +413,11 @@ def _akv_trace(where: str, record: Any) -> Trace:
     return trace
 
 
+def _read_akv_run(path: Path, text: str) -> list[tuple[int, Trace]]:
+    from sandbox.traces.runs import read_run  # runs.py builds on this module's readers
+
+    return read_run(path, text)
+
+
 _READERS = {"openai": _read_openai, "swe-agent": _read_swe_agent, "mini-swe-agent": _read_mini_swe_agent,
-            "akv": _read_akv}
+            "akv": _read_akv, "akv-run": _read_akv_run}

@@ -139,8 +139,8 @@ def _checked_steps(header: Mapping[str, Any], steps: list[AgentStep], where: str
     missing = [number for number, step in enumerate(steps) if step.used is None]
     if missing:
         agent = header.get("agent", "the agent")
-        why = ("the llm agent records no uses; only scripted agents do" if agent == "llm" else
-               f"agent {agent!r} did not record which messages it read")
+        why = (f"agent {agent!r} did not record which messages it read (a trajectory written before "
+               "use records were inferred for agents that keep none)")
         raise OracleError(f"{where}: no use records (the exchange field \"used\") on agent steps "
                           f"{_ranges(missing)} of {len(steps)} ({why}); regenerate them with a scripted agent "
                           f"that records its uses: {regenerate}")

@@ -103,9 +103,10 @@ class AgentAction:
 
     `gave_up` marks a final answer given because the agent could not finish (its step budget
     spent, nothing found): the task's status is then `gave_up`, not `ok`. `used` lists the
-    indices (into `AgentView.messages`) of the messages this step read to decide its action;
-    None when the agent does not record it (the llm agent). A scripted agent that records it
-    takes the same action when every message outside `used` is hidden.
+    indices (into `AgentView.messages`) of the visible messages this step read to decide its
+    action; None when the agent keeps no record (the llm agent, a recorded trace): the harness
+    then infers one from what the message reuses (`policy_dsl/reuse.py`). A scripted agent that
+    records it takes the same action when every message outside `used` is hidden.
     """
 
     message: Message

@@ -269,3 +269,17 @@ def test_real_samples_read_as_openai() -> None:
     tau = traces[2]
     last_assistant = tau.assistant_indices()[-1]
     assert any(m["role"] == "user" for m in tau.messages[tau.assistant_indices()[0]:last_assistant])
+
+
+def test_older_function_calling_reads_as_tool_calls(tmp_path) -> None:
+    line = {"id": "legacy", "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}},
+        {"role": "function", "name": "weather", "content": "Oslo: 4C, wind 7 m/s"},
+        {"role": "assistant", "content": "It is 4C in Oslo."}]}
+    path = tmp_path / "legacy.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    (trace,) = read_traces(path)
+    call = trace.messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "weather" and "function_call" not in trace.messages[1]
+    assert trace.messages[2]["role"] == "tool" and trace.messages[2]["tool_call_id"] == call["id"]

@@ -1,6 +1,7 @@
 """Reading recorded agent runs as traces: five file formats, their detection, and text actions as tool calls.
 
-- `openai`: JSON Lines, one chat history a line: `{"id", "messages", "tools", "provenance"}` (only
+- `openai`: JSON Lines, one chat history a line (older function calling, an assistant `function_call`
+  answered by a `function` message, read as a tool call and its tool message): `{"id", "messages", "tools", "provenance"}` (only
   `messages` required; no id: `<file stem>-<line>`) or a bare list of messages, kept as given (string,
   null or content-part content). A gateway log line may add its request's reply (`"response"`: an
   assistant message or a chat completion; or `"choices": [{"message": ...}]`), `"usage"` and
@@ -264,7 +265,7 @@ def _openai_line(path: Path, number: int, record: Any) -> Trace:
         record = {"messages": record}
     if not isinstance(record, Mapping) or not isinstance(record.get("messages"), list):
         raise TraceError(f'{where}: expected a JSON object with a "messages" list, or a JSON list of messages')
-    messages, requests = list(record["messages"]), ()
+    messages, requests = _legacy_functions(list(record["messages"])), ()
     reply, usage = _reply(where, record)
     latency = _latency(where, record)
     if reply is not None:
@@ -285,6 +286,24 @@ def _openai_line(path: Path, number: int, record: Any) -> Trace:
     provenance.update({"format": "openai", "file": path.name, "line": number})
     trace_id = str(record.get("id") or f"{_stem(path)}-{number}")
     return Trace(trace_id, tuple(messages), tuple(tools), requests, "tools", provenance)
+
+
+def _legacy_functions(messages: list[Any]) -> list[Any]:
+    """OpenAI's older function calling in today's form: an assistant `function_call` becomes its one
+    tool call, and the `function` message after it the tool message answering it (logs of older
+    clients and gateways have both)."""
+    out, last_call = [], None
+    for n, message in enumerate(messages):
+        if isinstance(message, Mapping) and message.get("role") == "assistant" and \
+                isinstance(message.get("function_call"), Mapping) and not message.get("tool_calls"):
+            last_call = f"call_legacy_{n}"
+            call = {"id": last_call, "type": "function", "function": dict(message["function_call"])}
+            message = {**{k: v for k, v in message.items() if k != "function_call"}, "tool_calls": [call]}
+        elif isinstance(message, Mapping) and message.get("role") == "function":
+            message = {**{k: v for k, v in message.items() if k != "role"}, "role": "tool",
+                       "tool_call_id": last_call}
+        out.append(message)
+    return out
 
 
 def _reply(where: str, record: Mapping[str, Any]) -> tuple[Message | None, Any]:

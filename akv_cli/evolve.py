@@ -44,9 +44,17 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics (default 0)."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Tasks run at once "
                                                   "(evaluation.concurrency; default 1)."),
+        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
+                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
+                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap)."),
     ) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
         from evolve.command import EvolveError, run_command
+
+        if unsafe_no_sandbox:  # inherited by task worker processes
+            from sandbox.isolation import set_unsafe_no_sandbox
+
+            set_unsafe_no_sandbox()
 
         proposers = [name.strip() for name in proposer.split(",") if name.strip()] if proposer else None
         overrides = {"proposers": proposers or None, "suite": suite, "agent": agent,

@@ -38,8 +38,15 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
           seed: int = typer.Option(0, help="Seed of the generated tasks."),
           edition: Optional[int] = typer.Option(
               None, min=1, help="Generator edition (needs --suite); default: the edition already built, else the "
-                                "newest.")) -> None:
+                                "newest."),
+          unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
+                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
+                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap).")) -> None:
     """Create a suite's data under the data folder (idempotent)."""
+    if unsafe_no_sandbox:  # inherited by task worker processes
+        from sandbox.isolation import set_unsafe_no_sandbox
+
+        set_unsafe_no_sandbox()
     import inspect
 
     from akv_core.home import akv_home
@@ -194,13 +201,20 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         seed: int = typer.Option(0, help="Seed for task building and sampling."),
         concurrency: int = typer.Option(1, min=1, help="Tasks run at once (threads against a server URL, "
                                         "processes on replay; embedded: 1)."),
-        json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout.")) -> None:
+        json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout."),
+        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
+                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
+                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap).")) -> None:
     """Run an agent on a split's tasks under a cache policy and report score and cost."""
     from akv_core.home import data_path
     from sandbox.backends import check_backend_spec
     from sandbox.harness import RunLimits, run_tasks
     from sandbox.progress import TaskDisplay
 
+    if unsafe_no_sandbox:  # inherited by task worker processes
+        from sandbox.isolation import set_unsafe_no_sandbox
+
+        set_unsafe_no_sandbox()
     suite_obj = _suite(suite)
     try:
         check_backend_spec(backend, concurrency)  # a malformed URL stops us before anything runs

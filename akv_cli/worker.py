@@ -21,10 +21,18 @@ def register(app: typer.Typer) -> None:
                                                   "(default: the run's evaluation.concurrency)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="This worker's backend, e.g. the URL of a "
                                               "server on its machine (default: the run's)."),
+        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
+                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
+                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap)."),
     ) -> None:
         """Evaluate the queued tasks of a shared run until it finishes (docs/evolve.md, several machines)."""
         from evolve.command import EvolveError
         from evolve.join import join_run
+
+        if unsafe_no_sandbox:  # inherited by task worker processes
+            from sandbox.isolation import set_unsafe_no_sandbox
+
+            set_unsafe_no_sandbox()
 
         try:
             join_run(db, run, concurrency, backend)

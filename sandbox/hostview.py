@@ -65,11 +65,7 @@ def bwrap_argv(bwrap: str, view: HostView, root: Path, tmp_bytes: int, *, user_n
     Run as root, bwrap needs no user namespace (and the command then switches uid itself);
     otherwise it creates one, mapping our uid to itself.
     """
-    argv = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
-    if user_namespace:
-        argv.append("--unshare-user")
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv = [bwrap, *_namespaces(user_namespace), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     rules = [(p, "tmpfs") for p in view.hidden] + [(p, "null") for p in view.hidden_files]
     rules += [(p, "ro") for p in view.exposed] + [(root, "rw")]
     tmpfs = {p for p, kind in rules if kind == "tmpfs"}
@@ -83,6 +79,18 @@ def bwrap_argv(bwrap: str, view: HostView, root: Path, tmp_bytes: int, *, user_n
         else:
             argv += ["--ro-bind" if kind == "ro" else "--bind", str(path), str(path)]
     return argv + ["--chdir", str(root)]
+
+
+def trial_argv(bwrap: str, *, user_namespace: bool) -> list[str]:
+    """A trivial command (`true`) in the namespaces a task command gets: whether bubblewrap can start here."""
+    return [bwrap, *_namespaces(user_namespace), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]
+
+
+def _namespaces(user_namespace: bool) -> list[str]:
+    """bubblewrap's options for the namespaces of a command (a user namespace when not root)."""
+    options = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session"]
+    return options + (["--unshare-user"] if user_namespace else [])
 
 
 def _missing_folders(path: Path, tmpfs: set[Path], mounted: set[Path]) -> list[str]:

@@ -13,7 +13,10 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
   the data folder, the other task copies), a private `/tmp` discarded when it ends, no
   capabilities at all (as root, bubblewrap sets the mounts up and `setpriv` then drops to
   the command's uid with empty capability sets, including the bounding set);
-- without bubblewrap, the weaker mechanism we had before, and `containment()` says so:
+- without bubblewrap (not installed, or unable to start: user namespaces off), no command at
+  all: `SandboxUnavailable` says what is missing and how to fix it. Only the explicit opt-out
+  `AKV_UNSAFE_NO_SANDBOX=1` (for people who run us inside a container of their own) runs
+  commands without it, under the weaker mechanism we had before, with one warning per process:
   the uid keeps CAP_DAC_READ_SEARCH (read and search anywhere, write nothing) because the
   interpreter may live in a folder only root can enter, `/tmp` is shared, and the network is
   cut by a fresh network namespace when the kernel lets us create one, otherwise by a
@@ -31,7 +34,8 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
   a sandbox that already has no network and owns nothing.
 
 Paths given by an agent are confined with `Sandbox.resolve`: symlinks resolved, no `..`,
-no absolute path outside the folder. `containment()` says what this machine enforces.
+no absolute path outside the folder. `containment()` says what this machine enforces;
+bubblewrap is probed once per process (a trivial run, then our interpreter under the full view).
 """
 from __future__ import annotations
 
@@ -52,11 +56,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from sandbox.hostview import bwrap_argv, host_view
+from sandbox.hostview import bwrap_argv, host_view, trial_argv
 
 _CLONE_NEWNET = 0x40000000
 _ADDR_NO_RANDOMIZE = 0x0040000
 _LOG = logging.getLogger(__name__)
+UNSAFE_ENV = "AKV_UNSAFE_NO_SANDBOX"  # "1": run task commands on the host, unconfined (own container only)
+_WARNED = threading.Event()  # the opt-out's warning: once per process
+_PROBING = threading.Lock()
+_COMMAND_PATH = "/usr/local/bin:/usr/bin:/bin"
+_INSTALL = "Install it: `apt-get install bubblewrap` (Debian, Ubuntu; `make setup` does it when run as root)."
+_NAMESPACES = ("Let it create namespaces: enable unprivileged user namespaces (`sysctl -w "
+               "kernel.unprivileged_userns_clone=1` on Debian, `user.max_user_namespaces` above 0; on Ubuntu 23.10 "
+               "and later `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile that "
+               "allows bwrap), or start the container it runs in with the rights to create namespaces.")
+_VIEW = ("bubblewrap starts, but our interpreter does not run in the view of the host task commands get "
+         "(sandbox/hostview.py): install it and its packages where every user can read them, outside the home "
+         "folders, the data folder and the temporary folder.")
 _UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per command, one gid per sandbox
 _NO_NET_SITE = '''\
 """Installed by the sandbox when no network namespace is available: no outbound sockets."""
@@ -73,6 +89,13 @@ _socket.create_connection = _refuse
 
 class PathEscape(ValueError):
     """A path that would leave the sandbox folder."""
+
+
+class SandboxUnavailable(ValueError):
+    """Task commands cannot run here: bubblewrap is missing or cannot start, and the opt-out is not set.
+
+    A ValueError: a build stops with it as one line, and a task run ends as an error with it.
+    """
 
 
 class WallClockExpired(RuntimeError):
@@ -114,7 +137,8 @@ class Containment:
             return None
         reach = ("keep CAP_DAC_READ_SEARCH and can read every file of the host" if self.processes == "own-uid"
                  else "run with your own permissions and can read your files")
-        return f"task commands are not isolated from the host: {self.note}; they {reach}, and /tmp is shared"
+        network = "" if self.network == "netns" else ", only Python code is kept off the network"
+        return f"task commands are not isolated from the host: {self.note}; they {reach}{network}, and /tmp is shared"
 
 
 @dataclass(frozen=True)
@@ -148,40 +172,136 @@ class CommandResult:
 
 
 def containment() -> Containment:
-    """The strongest mechanism this machine allows (probed once; a warning when it is weak)."""
-    return containments()[0]
+    """The mechanism task commands run under: bubblewrap, or the host as it is with the opt-out.
+
+    SandboxUnavailable, naming what is missing and what to do, when bubblewrap cannot run here
+    and `AKV_UNSAFE_NO_SANDBOX=1` is not set. The opt-out is read at each call; probes run once.
+    """
+    if unsafe_no_sandbox():
+        return _unconfined(f"{UNSAFE_ENV}=1 turns the sandbox off")
+    problem = _bwrap_problem()
+    if problem is not None:
+        raise _refusal(*problem)
+    return _isolated()
+
+
+def containments() -> tuple[Containment, ...]:
+    """Every mechanism that works here, strongest first (tests and benchmarks compare them).
+
+    The host as it is (`host="shared"`) is always last; a sandbox runs commands under it only
+    with the opt-out set.
+    """
+    failure = bwrap_failure()
+    shared = _unconfined(failure or "bubblewrap works here but is not used")
+    return (shared,) if failure else (_isolated(), shared)
+
+
+def unsafe_no_sandbox() -> bool:
+    """Whether `AKV_UNSAFE_NO_SANDBOX=1` asks to run task commands on the host, unconfined (read now)."""
+    value = os.environ.get(UNSAFE_ENV, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"{UNSAFE_ENV}={value!r}: expected 1 (run task commands without the sandbox) or 0 (or unset)")
+
+
+def set_unsafe_no_sandbox() -> None:
+    """The opt-out for this process and every process it starts (what `--unsafe-no-sandbox` does)."""
+    os.environ[UNSAFE_ENV] = "1"
+
+
+def bwrap_failure() -> str | None:
+    """Why bubblewrap cannot confine task commands here, or None when it can (probed once per process)."""
+    problem = _bwrap_problem()
+    return problem[0] if problem else None
 
 
 @functools.lru_cache(maxsize=1)
-def containments() -> tuple[Containment, ...]:
-    """Every mechanism that works here, strongest first (tests and benchmarks try each)."""
+def _mechanisms() -> tuple[str, str]:
+    """(processes, network): what this machine lets a command's process limit and network cut use."""
     processes = "own-uid" if _works(lambda: _become(_free_uid(), _free_uid())) else "user-rlimit"
     network = "netns" if _works(_enter_netns) else "python-only"
-    isolated = Containment(processes=processes, network="netns", host="bwrap")
-    failure = _bwrap_failure(isolated)
-    shared = Containment(processes=processes, network=network, host="shared",
-                         note=failure or "bubblewrap works here but is not used")
+    return processes, network
+
+
+def _isolated() -> Containment:
+    return Containment(processes=_mechanisms()[0], network="netns", host="bwrap")
+
+
+def _unconfined(note: str) -> Containment:
+    processes, network = _mechanisms()
+    return Containment(processes=processes, network=network, host="shared", note=note)
+
+
+def _bwrap_problem() -> tuple[str, str] | None:
+    """(why bubblewrap cannot confine task commands here, what to do about it), or None when it can."""
+    with _PROBING:  # tasks opened at once by several threads wait for the one probe
+        return _probe_bwrap()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_bwrap() -> tuple[str, str] | None:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not installed (no `bwrap` on PATH)", _INSTALL
+    own_uid = _mechanisms()[0] == "own-uid"
+    if own_uid and shutil.which("setpriv") is None:
+        return "setpriv is not installed (no `setpriv` on PATH)", "Install util-linux: `apt-get install util-linux`."
+    failure = _trial_failure(bwrap, user_namespace=not own_uid)
     if failure:
-        _LOG.warning("sandbox: %s", shared.weakness)
-        return (shared,)
-    return isolated, shared
+        return failure, _NAMESPACES
+    failure = _interpreter_failure()
+    return (failure, _VIEW) if failure else None
 
 
-def _bwrap_failure(mode: Containment) -> str | None:
-    """Why bubblewrap cannot run our interpreter here, or None when it can (a real sandboxed run)."""
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (Debian package bubblewrap; `make setup` installs it as root)"
-    if mode.processes == "own-uid" and shutil.which("setpriv") is None:
-        return "setpriv (util-linux) is not installed"
+def _trial_failure(bwrap: str, *, user_namespace: bool) -> str | None:
+    """Why a trivial command under bubblewrap fails here (with bubblewrap's own words), or None."""
+    argv = trial_argv(bwrap, user_namespace=user_namespace)
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                              env={"PATH": _COMMAND_PATH})
+    except subprocess.TimeoutExpired:
+        return f"bubblewrap ({bwrap}) cannot start here: a trivial run did not end within 30 s"
+    except OSError as error:
+        return f"bubblewrap ({bwrap}) cannot start here: {error}"
+    if done.returncode == 0:
+        return None
+    said = " ".join(done.stderr.decode(errors="replace").split())[:300] or "nothing on stderr"
+    return f"bubblewrap ({bwrap}) cannot start here: a trivial run exited with status {done.returncode} ({said})"
+
+
+def _interpreter_failure() -> str | None:
+    """Why bubblewrap cannot run our interpreter in the full host view, or None (a real sandboxed run)."""
     expected = f"{sys.version} {sys.prefix}"
     folder = Path(tempfile.mkdtemp(prefix="akv-probe-"))
     folder.chmod(0o755)
-    with Sandbox(folder, Limits(cpu_s=10, wall_s=30.0), mode=mode) as probe:  # closing removes the folder
+    with Sandbox(folder, Limits(cpu_s=10, wall_s=30.0), mode=_isolated()) as probe:  # closing removes the folder
         result = probe.run([sys.executable, "-c", "import sys; print(sys.version, sys.prefix)"])
     if result.returncode == 0 and result.output.strip() == expected:
         return None
     first = (result.output.strip().splitlines() or [result.summary()])[0]
     return f"bubblewrap does not run our interpreter here: {first[:200]}"
+
+
+def _refusal(reason: str, remedy: str) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"task commands cannot run: {reason}. They run only under bubblewrap, which keeps the host's files "
+        f"away from them. {remedy} To run them unconfined instead, and only inside a container or virtual "
+        f"machine of your own that holds nothing they must not read, set {UNSAFE_ENV}=1 (or pass "
+        f"--unsafe-no-sandbox).")
+
+
+def _allow(mode: Containment) -> None:
+    """SandboxUnavailable unless `mode` confines commands or the opt-out is set (then one warning per process)."""
+    if mode.host == "bwrap":
+        return
+    if not unsafe_no_sandbox():
+        raise SandboxUnavailable(f"task commands cannot run on the host as it is ({mode.note}) unless "
+                                 f"{UNSAFE_ENV}=1 is set (or --unsafe-no-sandbox passed)")
+    if not _WARNED.is_set():
+        _WARNED.set()
+        _LOG.warning("sandbox: %s", mode.weakness)
 
 
 def _works(confine) -> bool:
@@ -254,6 +374,7 @@ class Sandbox:
         self.root = root.resolve()
         self.limits = limits
         self.mode = mode or containment()
+        _allow(self.mode)
         self.gid = _free_uid() if self.mode.processes == "own-uid" else None
         self._uids: list[int] = []
         self._site = self._install_site() if self.mode.network != "netns" else None
@@ -263,6 +384,8 @@ class Sandbox:
     def copy_of(cls, source: Path, limits: Limits = Limits(), prefix: str = "akv-task-",
                 mode: Containment | None = None) -> "Sandbox":
         """A sandbox whose folder is a fresh copy of `source` (symlinks copied as links)."""
+        mode = mode or containment()  # SandboxUnavailable before anything is copied
+        _allow(mode)
         parent = Path(tempfile.mkdtemp(prefix=prefix))
         parent.chmod(0o755)  # the command uids must reach the folder
         root = parent / "repo"
@@ -318,8 +441,12 @@ class Sandbox:
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
             wall_s: float | None = None) -> CommandResult:
-        """Run `argv` in the folder under the limits; never raises for what the command does."""
-        full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.root),
+        """Run `argv` in the folder under the limits; never raises for what the command does.
+
+        SandboxUnavailable when the sandbox's mode no longer confines commands without the opt-out.
+        """
+        _allow(self.mode)
+        full_env = {"PATH": _COMMAND_PATH, "HOME": str(self.root),
                     "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", **(env or {})}
         if self._site:
             paths = (full_env.get("PYTHONPATH"), str(self._site))

@@ -2,7 +2,8 @@
 
 Each hostile command runs under tight limits (a few seconds, a few processes), so a failure
 of containment stays small on a shared machine. Every test runs under each mechanism this
-machine offers (bubblewrap and the fallback without it), so the fallback stays tested too.
+machine offers (bubblewrap and the fallback without it, which runs only with the opt-out
+`AKV_UNSAFE_NO_SANDBOX=1`, set here for it), so the fallback stays tested too.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.isolation import Containment, Limits, Sandbox, _processes_of, containments
+from sandbox.isolation import UNSAFE_ENV, Containment, Limits, Sandbox, _processes_of, containments
 
 TIGHT = Limits(cpu_s=5, wall_s=5.0, memory_bytes=1 << 30, file_bytes=1 << 20, processes=16,
                output_bytes=4096)
@@ -19,7 +20,9 @@ PY = sys.executable
 
 
 @pytest.fixture(params=containments(), ids=lambda mode: mode.host)
-def mode(request) -> Containment:
+def mode(request, monkeypatch: pytest.MonkeyPatch) -> Containment:
+    if request.param.host == "shared":
+        monkeypatch.setenv(UNSAFE_ENV, "1")  # the host as it is: only with the opt-out
     return request.param
 
 

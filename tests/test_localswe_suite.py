@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from akv_core.home import akv_home
-from sandbox.isolation import Limits, WallClockExpired, containment, containments
+from sandbox.isolation import Limits, WallClockExpired, bwrap_failure, containment, containments
 from sandbox.suite import ToolError
 from sandbox.suites import get_suite
 from sandbox.suites.localswe import LocalSWE
@@ -253,7 +253,8 @@ def test_grading_follows_swe_bench(env, task) -> None:
     assert ("(sandbox: " in grade.detail) == (containment().weakness is not None)
 
 
-def test_a_grade_obtained_with_the_host_exposed_says_so(env) -> None:
+def test_a_grade_obtained_with_the_host_exposed_says_so(env, monkeypatch) -> None:
+    monkeypatch.setenv("AKV_UNSAFE_NO_SANDBOX", "1")  # the host exposed only where the user opted out
     env.sandbox.mode = containments()[-1]  # the mechanism without bubblewrap
     assert "(sandbox: task commands are not isolated from the host: " in env.grade(None).detail
 
@@ -347,7 +348,7 @@ def test_a_fork_bomb_in_the_library_fails_the_task_and_the_host_survives(hostile
     assert "setup.cfg" in hostile_env.call_tool("list_files", {})
 
 
-@pytest.mark.skipif(containment().host != "bwrap", reason=f"the host view needs bubblewrap: {containment().note}")
+@pytest.mark.skipif(bwrap_failure() is not None, reason=f"the host view needs bubblewrap: {bwrap_failure()}")
 def test_task_code_cannot_read_host_secrets_and_its_tmp_files_are_gone(env) -> None:
     left = f"/tmp/akv-task-left-{os.getpid()}"
     body = (f"def test_shadow():\n    open('/etc/shadow').read()\n\n"

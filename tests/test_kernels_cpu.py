@@ -337,7 +337,7 @@ def test_a_compiler_failure_is_reported_with_its_message(monkeypatch, tmp_path):
     fake.write_text("#!/bin/sh\necho 'broken-cc: error: unrecognized option -mavx2' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    monkeypatch.setenv("AKV_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AKV_KERNEL_CACHE", str(tmp_path / "kernels"))   # a fresh cache: the build is attempted
     if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
         pytest.skip("the CPU has no AVX2: the compiler is never asked")
     cpu_gemv._loaded.cache_clear()

@@ -415,8 +415,11 @@ static void attend(const float *qkv, const Attention *at, int64_t i0, int64_t i1
     }
 }
 
+/* What the loops below rely on (cpu_gemv.py checks these, and the slot indices against the pool, before the call;
+ * kv_heads is tested before it divides). */
 static int attention_valid(const Attention *at) {
-    return !(at->d % 8 || at->rotary > 512 || at->rotary > at->d || at->heads % at->kv_heads);
+    return at->m_rows >= 0 && at->heads >= 1 && at->kv_heads >= 1 && at->d >= 8 && at->rotary >= 0
+           && !(at->d % 8 || at->rotary > 512 || at->rotary > at->d || at->heads % at->kv_heads);
 }
 
 /* Dense fp32 products for a few rows: y [M, N] = x [M, K] times w [N, K] transposed (the weights as loaded,

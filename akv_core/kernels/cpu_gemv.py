@@ -10,11 +10,15 @@ weight-only kernels dequantize every weight to bf16 on CPUs without AVX-512 and 
 times slower (`python benchmarks/engine.py --kernels`).
 
 The kernel is compiled on first use with the C compiler found at run time (`$CC`, `cc`, `gcc` or
-`clang`, with `-mavx2 -mfma`, never `-march=native`) into the data folder, keyed by the source,
-the flags and the compiler, and loaded with ctypes. It is used only where torch reports AVX2 on
-the running CPU (the CPU changes between machines, so nothing is decided at install); without
-AVX2, without a compiler, or with `AKV_CPU_GEMV=off`, `available()` is False and the callers keep
-torch's kernels.
+`clang`, with `-mavx2 -mfma`, never `-march=native`) into the per-user kernel cache, keyed by the
+source, the flags and the compiler, and loaded with ctypes once its folder's ownership and the file's
+recorded SHA-256 are checked (`native_cache`). It is used only where torch reports AVX2 on the running
+CPU (the CPU changes between machines, so nothing is decided at install); without AVX2, without a
+compiler, with a library that fails those checks, or with `AKV_CPU_GEMV=off`, `available()` is False,
+`why_unavailable()` says why, and the callers keep torch's kernels.
+
+C reads whatever the pointers it is given point at, so every wrapper here checks the shapes, dtypes,
+contiguity, head counts and slot indices the C code relies on, and raises ValueError naming the argument.
 
 Each call runs on `default_threads()` threads, torch's thread count, which `akv_core.threads.phase_threads`
 sets for the forward pass: one rule for torch's operators and these kernels. The C library keeps a
@@ -30,14 +34,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from akv_core.home import data_path
+from akv_core.kernels import native_cache
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC", "-pthread")
@@ -73,36 +76,34 @@ def _first_lines(text: str, count: int = 3, width: int = 300) -> str:
     return " | ".join(lines[:count]) or "no message"
 
 
-def _build(cc: str) -> tuple[Path | None, str | None]:
-    """The compiled library (built now if missing), or None and why not (the compiler's first lines)."""
-    source = SOURCE.read_bytes()
+def library_name(cc: str) -> str:
+    """The cached library's name, keyed by the source, the flags and the compiler's version: a change in any of
+    them builds a new library instead of loading one built otherwise."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    target = data_path("kernels", f"cpu_gemv-{digest}.so")
-    if target.exists():
-        return target, None
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # rename: concurrent builds never clash
-        built = Path(tmp) / target.name
-        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
-        if result.returncode != 0:
-            return None, (f"akv_core/kernels/cpu_gemv.c could not be compiled by {cc} (exit {result.returncode}): "
-                          + _first_lines(result.stderr or result.stdout))
-        built.replace(target)
-    return target, None
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    return f"cpu_gemv-{digest}"
+
+
+def _compile(cc: str, output: Path) -> None:
+    """cpu_gemv.c compiled into `output`; Unavailable with the compiler's first lines when it fails."""
+    result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(output), "-lm"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise native_cache.Unavailable(
+            f"akv_core/kernels/cpu_gemv.c could not be compiled by {cc} (exit {result.returncode}): "
+            + _first_lines(result.stderr or result.stdout))
 
 
 @functools.lru_cache(maxsize=1)
 def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
-    """The kernel library, or None and why it is missing."""
+    """The kernel library (built where missing, its digest checked: `native_cache`), or None and why not."""
     cc = compiler()
     if cc is None:
         return None, "no C compiler (cc, gcc or clang) on PATH"
     try:
-        target, reason = _build(cc)
-        if target is None:
-            return None, reason
-        library = ctypes.CDLL(str(target))
-    except OSError as error:  # a data folder that cannot be written, or a library that cannot be loaded
+        library = native_cache.load(library_name(cc), functools.partial(_compile, cc))
+    except native_cache.Unavailable as error:
+        return None, str(error)
+    except OSError as error:  # a kernel folder that cannot be made or written, or a library that cannot be loaded
         return None, f"akv_core/kernels/cpu_gemv.c could not be built or loaded: {error}"
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     prologue = [ptr, i64, i64, ptr, f32, i32, i32]
@@ -149,6 +150,24 @@ class Weights:
     offset: Tensor | None
     n: int
     k: int
+
+    def __post_init__(self) -> None:
+        """Every product reads exactly these sizes from these pointers (cpu_gemv.c's header), so they are checked
+        here, once: the fields are frozen, and `gemv` / `DecodeStack` take only Weights."""
+        if self.bits not in (4, 8, 32) or self.n < 1 or self.k < BLOCK or self.k % BLOCK:
+            raise ValueError(f"cpu_gemv.Weights: bits 4, 8 or 32 and k a positive multiple of {BLOCK}, got bits "
+                             f"{self.bits}, n {self.n}, k {self.k}")
+        columns, blocks = -(-self.n // GROUP) * GROUP, self.k // BLOCK   # columns padded to whole groups
+        expected = {4: (("weight", torch.uint8, columns * self.k // 2), ("scale", torch.float32, columns * blocks),
+                        ("offset", torch.float32, columns * blocks)),
+                    8: (("weight", torch.int8, columns * self.k), ("scale", torch.float32, columns)),
+                    32: (("weight", torch.float32, self.n * self.k),)}[self.bits]
+        for name, dtype, numel in expected:
+            t = getattr(self, name)
+            if t is None or t.dtype != dtype or t.numel() != numel or not t.is_contiguous() or not t.is_cpu:
+                got = "None" if t is None else f"{t.dtype} {tuple(t.shape)}"
+                raise ValueError(f"cpu_gemv.Weights: {name} must be a contiguous CPU {dtype} tensor of {numel} "
+                                 f"entries for bits {self.bits}, n {self.n}, k {self.k}; got {got}")
 
 
 def _whole_groups(t: Tensor) -> Tensor:
@@ -222,22 +241,29 @@ class Prologue:
 PLAIN = Prologue()
 
 
+def _f32(t: Tensor) -> bool:
+    """Whether C can read t as packed fp32 from its data pointer."""
+    return t.dtype == torch.float32 and t.is_contiguous() and t.is_cpu
+
+
 def _inputs(x: Tensor, prologue: Prologue) -> tuple[Tensor, int]:
-    """x as contiguous fp32 and the product's K, checked."""
+    """x as contiguous fp32 and the product's K, checked (C reads M rows of K, or 2K with glu, and K norm weights)."""
+    if not x.is_cpu:
+        raise ValueError(f"cpu_gemv: x must be a CPU tensor, got one on {x.device}")
     x = x.float().contiguous()
     k = x.shape[-1] // 2 if prologue.glu else x.shape[-1]
     if x.dim() != 2 or k % BLOCK or not 0 <= x.shape[0] <= max_rows() or (prologue.glu and x.shape[1] != 2 * k):
         raise ValueError(f"cpu_gemv: x must be [0..{max_rows()}, K] with K a multiple of {BLOCK}"
                          f"{' (2K with glu)' if prologue.glu else ''}, got {tuple(x.shape)}")
-    if prologue.norm is not None and (prologue.norm.dtype != torch.float32 or prologue.norm.numel() != k):
-        raise ValueError(f"cpu_gemv: the norm weight must be fp32 [{k}]")
+    if prologue.norm is not None and (not _f32(prologue.norm) or prologue.norm.numel() != k):
+        raise ValueError(f"cpu_gemv: the norm weight must be contiguous fp32 [{k}]")
     return x, k
 
 
 def _output(rows: int, n: int, out: Tensor | None) -> Tensor:
     if out is None:
         return torch.empty(rows, n)
-    if out.shape != (rows, n) or out.dtype != torch.float32 or not out.is_contiguous():
+    if out.shape != (rows, n) or not _f32(out):
         raise ValueError(f"cpu_gemv: out must be contiguous fp32 [{rows}, {n}], got {tuple(out.shape)} {out.dtype}")
     return out
 
@@ -271,7 +297,7 @@ def dense_gemv(x: Tensor, weight: Tensor, threads: int | None = None) -> Tensor:
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2 or weight.dim() != 2:
         raise ValueError("cpu_gemv.dense_gemv: fp32 x [M, K] and weight [N, K]")
     m_rows, k = x.shape
-    if weight.shape[1] != k or k % 8 or not 1 <= m_rows <= max_rows() or not weight.is_contiguous():
+    if weight.shape[1] != k or k % 8 or not 1 <= m_rows <= max_rows() or not _f32(weight) or not x.is_cpu:
         raise ValueError(f"cpu_gemv.dense_gemv: x {tuple(x.shape)} and a contiguous weight {tuple(weight.shape)} with "
                          f"K a multiple of 8 and 1 to {max_rows()} rows")
     x = x.contiguous()
@@ -283,6 +309,66 @@ def dense_gemv(x: Tensor, weight: Tensor, threads: int | None = None) -> Tensor:
     return y
 
 
+def _check_heads(where: str, heads: int, kv_heads: int, head_dim: int, rotary: int) -> None:
+    """C divides by kv_heads, shares each KV head among heads / kv_heads query heads, reads D floats per head
+    in steps of 8, and rotates `rotary` dims of a head through a 512-float buffer: these must hold first."""
+    if kv_heads < 1 or heads < kv_heads or heads % kv_heads:
+        raise ValueError(f"{where}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
+    if head_dim < 8 or head_dim % 8:
+        raise ValueError(f"{where}: head_dim must be a positive multiple of 8, got {head_dim}")
+    if not 0 <= rotary <= min(head_dim, 512):
+        raise ValueError(f"{where}: rotary (cos / signed_sin's width) must be 0..{min(head_dim, 512)}, got {rotary}")
+
+
+def _check_pools(where: str, pools: tuple[tuple[str, list[Tensor]], ...], count: int, kv_heads: int,
+                 head_dim: int) -> int:
+    """The pools' slot count, once each pool is checked to be the [slots, Hkv, D] fp32 block C indexes (one
+    shape test per pool: C reads a slot's Hkv * D floats at slot * Hkv * D, in every pool alike)."""
+    shape = None
+    for name, tensors in pools:
+        if len(tensors) != count:
+            raise ValueError(f"{where}: {name} must hold {count} pool(s), got {len(tensors)}")
+        for t in tensors:
+            shape = shape or (t.shape[0] if t.dim() == 3 else -1, kv_heads, head_dim)
+            if t.shape != shape or t.dtype != torch.float32 or not t.is_contiguous() or not t.is_cpu:
+                raise ValueError(f"{where}: {name} must be contiguous fp32 CPU pools of one shape [slots, kv_heads "
+                                 f"{kv_heads}, head_dim {head_dim}], got {tuple(t.shape)} {t.dtype}")
+    return shape[0] if shape else 0
+
+
+def _int64(name: str, t: Tensor, where: str) -> Tensor:
+    """t as the packed int64 vector C reads (itself when it already is one, as the model's are)."""
+    if t.dtype == torch.int64 and t.dim() == 1 and t.is_contiguous() and t.is_cpu:
+        return t
+    if t.is_floating_point() or t.is_complex() or not t.is_cpu:
+        raise ValueError(f"{where}: {name} must be an integer CPU tensor, got {t.dtype} on {t.device}")
+    return t.to(torch.int64).contiguous().reshape(-1)
+
+
+def _slot_lists(where: str, out_slots: Tensor, slots: Tensor, offsets: Tensor, rows: int,
+                pool_slots: int) -> list[Tensor]:
+    """out_slots [M], slots and offsets [M + 1] as the int64 vectors C reads, checked so that C writes and reads
+    only pool slots 0..pool_slots - 1 and only entries of `slots`. out_slots and offsets hold one number per
+    sequence (short lists: their min / max and sorted() cost a microsecond); offsets rising from 0 to len(slots)
+    keeps every sequence's range inside `slots` and the scores buffer; slots, the long one, takes one aminmax."""
+    out_slots, slots, offsets = (_int64("out_slots", out_slots, where), _int64("slots", slots, where),
+                                 _int64("offsets", offsets, where))
+    written, bounds = out_slots.tolist(), offsets.tolist()
+    if len(written) != rows:
+        raise ValueError(f"{where}: out_slots must hold one slot per row ({rows}), got {len(written)}")
+    if len(bounds) != rows + 1 or bounds[0] != 0 or bounds[-1] != slots.numel() or bounds != sorted(bounds):
+        raise ValueError(f"{where}: offsets must be {rows + 1} numbers rising from 0 to len(slots) "
+                         f"({slots.numel()}), got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
+    ranges = [("out_slots", min(written), max(written))] if written else []
+    if slots.numel():
+        ranges.append(("slots", *(int(v) for v in torch.aminmax(slots))))
+    for name, low, high in ranges:
+        if low < 0 or high >= pool_slots:
+            raise ValueError(f"{where}: {name} holds slot {low if low < 0 else high}, outside the pool's "
+                             f"{pool_slots} slots")
+    return [out_slots, slots, offsets]
+
+
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
                      v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float,
                      threads: int | None = None) -> Tensor:
@@ -290,14 +376,21 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
     [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
     (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`)."""
-    m_rows, d = qkv.shape[0], k_pool.shape[-1]
-    tensors = (qkv, cos, signed_sin, k_pool, v_pool)
-    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors) or d % 8 \
-            or qkv.shape[1] != (heads + 2 * kv_heads) * d or cos.shape[0] != m_rows:
-        raise ValueError("cpu_gemv.decode_attention: contiguous fp32 tensors of matching shapes, head_dim a multiple of 8")
-    indices = [t.to(torch.int64).contiguous() for t in (out_slots, slots, offsets)]
-    out = torch.empty(m_rows, heads * d)
-    status = _library().akv_decode_attention(qkv.data_ptr(), m_rows, heads, kv_heads, d, cos.shape[-1],
+    where = "cpu_gemv.decode_attention"
+    d, rows = k_pool.shape[-1], qkv.shape[0]
+    if not _f32(qkv) or qkv.dim() != 2:
+        raise ValueError(f"{where}: qkv must be a contiguous fp32 CPU [M, (H + 2 Hkv) D], got {tuple(qkv.shape)}")
+    _check_heads(where, heads, kv_heads, d, cos.shape[-1])
+    if qkv.shape[1] != (heads + 2 * kv_heads) * d:
+        raise ValueError(f"{where}: qkv's width {qkv.shape[1]} is not (heads {heads} + 2 x kv_heads {kv_heads}) x "
+                         f"head_dim {d}")
+    for name, t in (("cos", cos), ("signed_sin", signed_sin)):
+        if not _f32(t) or t.shape != (rows, cos.shape[-1]):
+            raise ValueError(f"{where}: {name} must be contiguous fp32 [{rows}, rotary], got {tuple(t.shape)}")
+    pool_slots = _check_pools(where, (("k_pool", [k_pool]), ("v_pool", [v_pool])), 1, kv_heads, d)
+    indices = _slot_lists(where, out_slots, slots, offsets, rows, pool_slots)
+    out = torch.empty(rows, heads * d)
+    status = _library().akv_decode_attention(qkv.data_ptr(), rows, heads, kv_heads, d, cos.shape[-1],
                                              cos.data_ptr(), signed_sin.data_ptr(), k_pool.data_ptr(),
                                              v_pool.data_ptr(), *(t.data_ptr() for t in indices), scale,
                                              out.data_ptr(), threads or default_threads())
@@ -333,13 +426,36 @@ def _pointer(tensor: Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
+def _check_layer(index: int, layer: Layer, heads: int, kv_heads: int, head_dim: int, hidden: int,
+                 inner: int) -> None:
+    """C sizes its qkv, attention and gate/up buffers from layer 0 and the head counts, and chains every layer's
+    products through them and the residual stream [M, hidden]: each layer must have exactly these shapes."""
+    q_width, attended = (heads + 2 * kv_heads) * head_dim, heads * head_dim
+    for name, w, n, k in (("qkv", layer.qkv, q_width, hidden), ("o", layer.o, hidden, attended),
+                          ("gate_up", layer.gate_up, 2 * inner, hidden), ("down", layer.down, hidden, inner)):
+        if not isinstance(w, Weights) or (w.n, w.k) != (n, k):
+            got = f"[{w.n}, {w.k}]" if isinstance(w, Weights) else type(w).__name__
+            raise ValueError(f"DecodeStack: layer {index}'s {name} must be Weights [{n}, {k}] for heads {heads}, "
+                             f"kv_heads {kv_heads}, head_dim {head_dim}, got {got}")
+    for name, t, numel in (("attn_norm", layer.attn_norm, hidden), ("mlp_norm", layer.mlp_norm, hidden),
+                           ("qkv_bias", layer.qkv_bias, q_width)):
+        if t is not None and (t.numel() != numel or not t.is_cpu):
+            raise ValueError(f"DecodeStack: layer {index}'s {name} must be a CPU tensor of {numel} entries, got "
+                             f"{tuple(t.shape)} on {t.device}")
+
+
 class DecodeStack:
     """A whole decode step through every layer in one call (`akv_decode_layers`), the residual stream
     updated in place: no tensor operation and no Python between the embedding and the final norm."""
 
     def __init__(self, layers: list[Layer], heads: int, kv_heads: int, head_dim: int, rotary_dim: int,
                  eps: float) -> None:
+        _check_heads("DecodeStack", heads, kv_heads, head_dim, rotary_dim)
+        self.hidden = layers[0].qkv.k if layers else 0
+        for index, layer in enumerate(layers):
+            _check_layer(index, layer, heads, kv_heads, head_dim, self.hidden, layers[0].down.k)
         self.heads, self.kv_heads, self.head_dim, self.rotary_dim, self.eps = heads, kv_heads, head_dim, rotary_dim, eps
+        self._dims = (heads, kv_heads, head_dim, rotary_dim)   # as checked: what the calls pass to C
         self._held = [t.contiguous() for layer in layers for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias)
                       if t is not None]   # kept alive: the structures below hold raw pointers
         self._layers = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
@@ -364,18 +480,29 @@ class DecodeStack:
         return _Layer(held(layer.attn_norm), held(layer.mlp_norm), held(layer.qkv_bias),
                       *(projection(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)))
 
+    def _check(self, x: Tensor, cos: Tensor, signed_sin: Tensor, k_pools: list[Tensor], v_pools: list[Tensor]) -> int:
+        """The pools' slot count, once x, cos / signed_sin and the pools are checked against what C reads."""
+        rows, (_, kv_heads, head_dim, rotary) = x.shape[0], self._dims
+        if not _f32(x) or x.dim() != 2 or x.shape[1] != self.hidden or not 1 <= rows <= max_rows():
+            raise ValueError(f"DecodeStack: x must be contiguous fp32 CPU [1..{max_rows()}, {self.hidden}], got "
+                             f"{tuple(x.shape)} {x.dtype}")
+        for name, t in (("cos", cos), ("signed_sin", signed_sin)):
+            if not _f32(t) or t.shape != (rows, rotary):
+                raise ValueError(f"DecodeStack: {name} must be contiguous fp32 [{rows}, {rotary}], got "
+                                 f"{tuple(t.shape)}")
+        return _check_pools("DecodeStack", (("k_pools", k_pools), ("v_pools", v_pools)), len(self._layers),
+                            kv_heads, head_dim)
+
     def __call__(self, x: Tensor, cos: Tensor, signed_sin: Tensor, k_pools: list[Tensor], v_pools: list[Tensor],
                  out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float, threads: int | None = None) -> None:
         """x [M, hidden] fp32 contiguous (changed in place); cos / signed sin [M, rotary]; one pool per layer;
         on `threads` threads (default `default_threads()`)."""
+        pool_slots = self._check(x, cos, signed_sin, k_pools, v_pools)
+        indices = _slot_lists("DecodeStack", out_slots, slots, offsets, x.shape[0], pool_slots)
         count = len(self._layers)
-        if len(k_pools) != count or x.dtype != torch.float32 or not x.is_contiguous() or not 1 <= x.shape[0] <= max_rows():
-            raise ValueError(f"DecodeStack: x must be contiguous fp32 [1..{max_rows()}, hidden] and pools given "
-                             f"for all {count} layers")
         pools = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in p)) for p in (k_pools, v_pools)]
-        indices = [t.to(torch.int64).contiguous() for t in (out_slots, slots, offsets)]
-        status = self._function(self._layers, count, *pools, x.data_ptr(), x.shape[0], self.heads, self.kv_heads,
-                                self.head_dim, self.rotary_dim, self.eps, cos.data_ptr(), signed_sin.data_ptr(),
-                                *(t.data_ptr() for t in indices), scale, threads or default_threads())
+        status = self._function(self._layers, count, *pools, x.data_ptr(), x.shape[0], *self._dims, self.eps,
+                                cos.data_ptr(), signed_sin.data_ptr(), *(t.data_ptr() for t in indices), scale,
+                                threads or default_threads())
         if status:
             raise MemoryError(f"cpu_gemv: akv_decode_layers failed ({status})")

@@ -1,6 +1,7 @@
 """`akv proxy`: put a cache policy in front of any OpenAI-compatible AKV server."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
@@ -9,7 +10,16 @@ from akv_cli.errors import fail
 from akv_cli.runs import DB_HELP
 
 if TYPE_CHECKING:
+    from akv_proxy.access import ProxyAccess
     from akv_proxy.recorder import TraceRecorder
+
+API_KEY_HELP = ("Require the header `Authorization: Bearer KEY` from callers on every request but "
+                "GET /health (default: none, anyone who can connect may call; docs/proxy.md, Running exposed).")
+UPSTREAM_KEY_HELP = ("The key sent upstream as `Authorization: Bearer KEY`, on forwarded requests and "
+                     "summaries; the caller's own is never passed on (default: none, or AKV_API_KEY, deprecated).")
+MAX_BODY_HELP = "Refuse request bodies over this many bytes with a 413 (default: 64 MiB, 67108864)."
+SUMMARIES_HELP = ("Write a text-mode policy's summaries (with the upstream key) for callers without --api-key "
+                  "on a non-loopback --host; refused with a 403 otherwise.")
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +38,12 @@ def proxy(
                                          "and replies as the trace set NAME in the store (a suite of that "
                                          "name), one trace per conversation (default: none, nothing recorded)."),
     db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help="Where --record writes. " + DB_HELP),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="AKV_PROXY_API_KEY", help=API_KEY_HELP),
+    upstream_api_key: Optional[str] = typer.Option(None, "--upstream-api-key", envvar="AKV_UPSTREAM_API_KEY",
+                                                   help=UPSTREAM_KEY_HELP),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", min=1, help=MAX_BODY_HELP),
+    allow_unauthenticated_summaries: bool = typer.Option(False, "--allow-unauthenticated-summaries",
+                                                         help=SUMMARIES_HELP),
 ) -> None:
     """Serve the OpenAI chat API, adding the policy's decision to each request before forwarding it."""
     from akv_cli.errors import fail_located, raw_text
@@ -49,15 +65,49 @@ def proxy(
         upstream_root(upstream)
     except ValueError as error:
         fail(str(error))
+    access = _access(host, api_key, _upstream_key(upstream_api_key), max_body_bytes,
+                     allow_unauthenticated_summaries, compiled.mode)
     recorder = _recorder(record, db) if record is not None else None
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
-    app = create_proxy_app(compiled, upstream, shared_tokenizer(), timeout_s=timeout, recorder=recorder)
+    app = create_proxy_app(compiled, upstream, shared_tokenizer(), timeout_s=timeout, recorder=recorder,
+                           access=access)
     recording = f", recording to trace set {record}" if record is not None else ""
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
         f"AKV proxy ready at {url} (policy {compiled.name}, {compiled.mode} mode, upstream {upstream}{recording})"))
     if not ready:
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
+
+
+def _upstream_key(given: str | None) -> str | None:
+    """--upstream-api-key (or AKV_UPSTREAM_API_KEY), else the deprecated AKV_API_KEY, with one warning line."""
+    if given is None and os.environ.get("AKV_API_KEY"):
+        typer.echo("warning: AKV_API_KEY is deprecated as the proxy's upstream key; set AKV_UPSTREAM_API_KEY "
+                   "(or --upstream-api-key) instead", err=True)
+        return os.environ["AKV_API_KEY"]
+    return given
+
+
+def _access(host: str, api_key: str | None, upstream_key: str | None, max_body_bytes: int | None,
+            allow_summaries: bool, mode: str) -> ProxyAccess:
+    """The proxy's access settings, checked; serving beyond loopback without a key is warned about."""
+    from akv_core.server.guard import check_api_key, exposure_warning
+    from akv_proxy.access import ALLOW_SUMMARIES_FLAG, ProxyAccess, summaries_allowed
+
+    try:
+        check_api_key(api_key, "--api-key")
+        check_api_key(upstream_key, "--upstream-api-key")
+    except ValueError as error:
+        fail(str(error))
+    allowed = summaries_allowed(host, api_key, allow_summaries)
+    risk = "anyone who can reach the port can send requests through the proxy to the upstream" + \
+        (", with the upstream key" if upstream_key is not None else "") + \
+        ("" if allowed or mode != "text" else f"; text-mode summaries are refused unless {ALLOW_SUMMARIES_FLAG}")
+    warning = exposure_warning(host, api_key, risk)
+    if warning is not None:
+        typer.echo(warning, err=True)
+    limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+    return ProxyAccess(api_key, upstream_api_key=upstream_key, summaries_allowed=allowed, **limit)
 
 
 def _recorder(name: str, db: str | None) -> TraceRecorder:

@@ -31,6 +31,10 @@ PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 
                   "docs/engine-model.md).")
 CONTEXT_HELP = ("Context to serve in tokens (default: the model's); beyond the trained one it needs "
                 "--rope-scaling.")
+API_KEY_HELP = ("Require the header `Authorization: Bearer KEY` on every request but GET /health "
+                "(default: none, anyone who can connect may call; docs/server.md, Running exposed).")
+MAX_BODY_HELP = ("Refuse request bodies over this many bytes with a 413 (default: 1 KiB per token of the "
+                 "served context, room for the longest history it holds: 8 MiB at 8,192 tokens).")
 ROPE_SCALING_HELP = ("Stretch RoPE past the trained context: yarn, linear, KIND:FACTOR (yarn:4) or none; "
                      "without a factor it is --context over the trained context (default: none; docs/server.md).")
 
@@ -55,6 +59,8 @@ def serve(
     rope_scaling: str | None = typer.Option(None, help=ROPE_SCALING_HELP),
     log_level: LogLevel = typer.Option(LogLevel.info, help="info logs one access line per request; "
                                        "warning and error only problems."),
+    api_key: str | None = typer.Option(None, envvar="AKV_SERVE_API_KEY", help=API_KEY_HELP),
+    max_body_bytes: int | None = typer.Option(None, min=1, help=MAX_BODY_HELP),
 ) -> None:
     """Serve POST /v1/chat/completions with drop_message / reposition, plus /health, /v1/models, /metrics."""
     # Heavy imports here so that `akv --help` stays fast.
@@ -67,6 +73,7 @@ def serve(
     except ModelNotFoundError as error:
         fail(str(error))
     _check_context(model, context, rope_scaling)
+    _check_access(host, api_key)
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
     chosen = _device(device)
@@ -74,11 +81,24 @@ def serve(
     engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk,
                           context, rope_scaling)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
-    app = create_app(engine, name, aliases=frozenset({model}))
+    app = create_app(engine, name, aliases=frozenset({model}), api_key=api_key, max_body_bytes=max_body_bytes)
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"),
                           log_level=log_level.value)
     if not ready:
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
+
+
+def _check_access(host: str, api_key: str | None) -> None:
+    """A key that cannot be sent ends the command; serving beyond loopback without one is warned about."""
+    from akv_core.server.guard import check_api_key, exposure_warning
+
+    try:
+        check_api_key(api_key)
+    except ValueError as error:
+        fail(str(error))
+    warning = exposure_warning(host, api_key, "anyone who can reach the port can use the model")
+    if warning is not None:
+        typer.echo(warning, err=True)
 
 
 def _device(device: Device) -> str:

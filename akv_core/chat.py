@@ -515,7 +515,7 @@ def _plain(message: Mapping) -> dict:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 pass  # arguments that are not JSON are shown as the string the client sent
         block = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
         content = f"{content}\n<tool_call>\n{block}\n</tool_call>" if content else f"<tool_call>\n{block}\n</tool_call>"

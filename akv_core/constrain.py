@@ -82,6 +82,84 @@ class Grammar:
             raise GrammarError(str(error).strip() or f"invalid {self.kind} grammar") from None
 
 
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = None) -> Grammar:
+    """One tool call in the chat renderer's format (`akv_core.chat`): `<tool_call>`, a line with
+    `{"name": ..., "arguments": {...}}`, `</tool_call>`, nothing after it.
+
+    `tools` are OpenAI tool declarations (`{"type": "function", "function": {"name", "parameters"}}`);
+    the call names one of them (`name`: that one) and its arguments follow that tool's parameter
+    schema (any object where it declares none). This is how a request's `tool_choice` of
+    `required` or a named function is kept: the model cannot answer in text instead. Objects
+    with declared properties take no others unless their schema says so (as OpenAI's strict
+    mode): a small model otherwise invents arguments until it runs out of tokens.
+    """
+    calls: list[dict[str, Any]] = []
+    definitions: dict[str, Any] = {}
+    for index, tool in enumerate(tools):
+        function = tool.get("function", tool)
+        if name is not None and function.get("name") != name:
+            continue
+        try:
+            arguments = _arguments_schema(function.get("parameters"), f"tool{index}.", definitions)
+        except RecursionError:
+            raise GrammarError(f"the parameters of tool {index} are nested too deeply") from None
+        calls.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                      "properties": {"name": {"const": function.get("name")}, "arguments": arguments}})
+    if not calls:
+        raise GrammarError(f"no tool named {name!r}" if name is not None else "no tools to call")
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": JSON_LAYOUT}
+    if definitions:
+        schema["$defs"] = definitions
+    return Grammar.lark('start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(schema))
+
+
+def _arguments_schema(parameters: Any, prefix: str, definitions: dict[str, Any]) -> Any:
+    """A tool's parameter schema placed inside the call schema: its `$defs` (or `definitions`) move
+    to the call schema's root under `prefix`, and its `$ref`s follow them (pydantic writes nested
+    models so, and a `#/...` reference means the root of the document it is in)."""
+    if not isinstance(parameters, dict) or not parameters:
+        return {"type": "object"}
+    parameters = _closed(parameters)
+    local: dict[str, Any] = {}
+    for key in ("definitions", "$defs"):
+        if isinstance(parameters.get(key), dict):
+            local.update(parameters[key])
+    if not local:
+        return parameters
+    body = {key: value for key, value in parameters.items() if key not in ("definitions", "$defs")}
+    for key, value in local.items():
+        definitions[prefix + key] = _rebased(value, prefix)
+    return _rebased(body, prefix)
+
+
+def _closed(value: Any) -> Any:
+    """`value` with `additionalProperties: false` on every object schema that declares properties
+    and says nothing about others."""
+    if isinstance(value, list):
+        return [_closed(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: _closed(item) for key, item in value.items()}
+    if value.get("type") == "object" and isinstance(value.get("properties"), dict) \
+            and "additionalProperties" not in value:
+        out["additionalProperties"] = False
+    return out
+
+
+def _rebased(value: Any, prefix: str) -> Any:
+    """`value` with every local `$ref` pointing under `#/$defs/PREFIX`."""
+    if isinstance(value, list):
+        return [_rebased(item, prefix) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: _rebased(item, prefix) for key, item in value.items()}
+    ref = value.get("$ref")
+    for root in ("#/$defs/", "#/definitions/"):
+        if isinstance(ref, str) and ref.startswith(root):
+            out["$ref"] = f"#/$defs/{prefix}{ref[len(root):]}"
+    return out
+
+
 class TokenConstraint:
     """One request's matcher: masks logits rows and advances by the sampled tokens."""
 

@@ -34,7 +34,8 @@ from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
                               StreamText)
-from akv_core.sampling import check_sampling, generator_for, sample
+from akv_core.sampling import (TokenLogprob, check_sampling, check_top_logprobs, generator_for, log_probs, sample,
+                               token_logprob)
 from akv_core.scheduler import Scheduler
 from akv_core.threads import METER, phase_threads
 
@@ -45,6 +46,21 @@ DEFAULT_PREFILL_CHUNK = 512
 # At least this many slots on the CPU; the default is 4 contexts' worth, since a full prompt,
 # its re-rotated copies after a reposition and the decode reservation must fit at once.
 DEFAULT_CPU_KV_TOKENS = 16_384
+
+
+@dataclass(eq=False)
+class ScoredRequest(Request):
+    """A request that asked for log probabilities (`submit(top_logprobs=k)`): every token event
+    carries the sampled token's and the k most likely tokens'. Other requests compute none."""
+
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ScoredEvent(RequestEvent):
+    """A token event of a ScoredRequest: `logprob` is the sampled token's entry."""
+
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,8 @@ class Engine:
                reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
-               grammar: Grammar | None = None, text_drop: TextDrop | None = None) -> RequestHandle:
+               grammar: Grammar | None = None, text_drop: TextDrop | None = None,
+               top_logprobs: int | None = None) -> RequestHandle:
         """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
 
         `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
@@ -139,6 +156,8 @@ class Engine:
         `text_drop` hides parts of messages (a `text_drop` / `keep_text_drop` rule read by
         `akv_core.cache.text_drop`; `messages` is then the history it was read against).
         `grammar` constrains the output (`akv_core.constrain`); an invalid one raises GrammarError.
+        `top_logprobs` (0 to 20; None, the default, computes none): each token event is a ScoredEvent
+        with the sampled token's log probability and the `top_logprobs` most likely tokens'.
         """
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
@@ -147,6 +166,7 @@ class Engine:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer of at least 1, got {max_tokens!r}")
         check_sampling(temperature, top_p, seed)
+        check_top_logprobs(top_logprobs)
         operations = validate_operations(len(messages), drop_message, reposition, thinking_drop, text_drop)
         rendered = self.tokenizer.render(messages, tools)
         if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
@@ -156,9 +176,10 @@ class Engine:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
         handle = RequestHandle()
-        request = Request(handle, build_key(rendered, operations), params,
-                          StreamText(self.tokenizer.decode, stops), generator_for(seed),
-                          frozenset(self.tokenizer.eos_token_ids), constraint=constraint)
+        kind, scoring = (Request, {}) if top_logprobs is None else (ScoredRequest, {"top_logprobs": top_logprobs})
+        request = kind(handle, build_key(rendered, operations), params,
+                       StreamText(self.tokenizer.decode, stops), generator_for(seed),
+                       frozenset(self.tokenizer.eos_token_ids), constraint=constraint, **scoring)
         self._inbox.put(request)
         self._wakeup.set()
         return handle
@@ -243,10 +264,12 @@ class Engine:
                     continue
                 if self.logits_probe is not None:
                     self.logits_probe(request.handle, logits)
+                scored = log_probs(logits) if isinstance(request, ScoredRequest) else None   # before the mask
                 if request.constraint is not None:
                     request.constraint.mask(logits)
                 token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
-                self._accept(request, token)
+                self._accept(request, token, None if scored is None else
+                             token_logprob(scored, token, request.top_logprobs))
             except Exception as error:
                 self._fail(request, error)
 
@@ -360,15 +383,17 @@ class Engine:
                 self.kv.k[layer][dst] = self.model.rope.rerotate(self.kv.k[layer][src], old, new)
                 self.kv.v[layer][dst] = self.kv.v[layer][src]
 
-    def _accept(self, request: Request, token: int) -> None:
-        """Take a sampled token: stream it, and finish the request if it is done."""
+    def _accept(self, request: Request, token: int, logprob: TokenLogprob | None = None) -> None:
+        """Take a sampled token: stream it (with its log probabilities, if asked), and finish the
+        request if it is done."""
         request.generated.append(token)
         grammar_done = request.constraint is not None and request.constraint.advance(token)
         if token in request.eos_token_ids:
             self._finish(request, FINISH_STOP)
             return
         delta = request.stream.feed(token)
-        request.handle.put(RequestEvent(token, delta))
+        event = RequestEvent(token, delta) if logprob is None else ScoredEvent(token, delta, logprob=logprob)
+        request.handle.put(event)
         if request.stream.stopped or grammar_done:
             self._finish(request, FINISH_STOP)
         elif len(request.generated) >= request.params.max_tokens:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -17,6 +18,7 @@ from torch import Tensor
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.0, 1.0)
 SEED_RANGE = (-2**63, 2**63 - 1)   # a signed 64-bit integer
+TOP_LOGPROBS_MAX = 20              # OpenAI's limit on `top_logprobs`
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None = None) -> None:
@@ -62,3 +64,38 @@ def _draw(weights: Tensor, generator: torch.Generator | None) -> int:
     cumulative = torch.cumsum(weights, dim=-1)
     u = torch.rand((), dtype=torch.float64, generator=generator) * cumulative[-1]
     return min(int(torch.searchsorted(cumulative, u, right=True)), weights.numel() - 1)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The sampled token's natural-log probability and the `top` most likely tokens' (id, logprob),
+    most likely first: what OpenAI's `logprobs` / `top_logprobs` report for one generated token."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def check_top_logprobs(top_logprobs: int | None) -> None:
+    """ValueError naming the field unless `top_logprobs` is None or an integer from 0 to TOP_LOGPROBS_MAX."""
+    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                     or not 0 <= top_logprobs <= TOP_LOGPROBS_MAX):
+        raise ValueError(f"top_logprobs: must be an integer from 0 to {TOP_LOGPROBS_MAX}, got {top_logprobs!r}")
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """The model's log-distribution over the vocabulary from one fp32 logits row (a new tensor).
+
+    Taken before a grammar masks the row and before temperature and top-p reshape it, as OpenAI
+    and vLLM report them: the model's own probabilities, whatever was allowed or drawn.
+    """
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def token_logprob(log_dist: Tensor, token: int, top: int) -> TokenLogprob:
+    """The entry of `token` in `log_dist` (from `log_probs`), with the `top` most likely tokens."""
+    best = ()
+    if top > 0:
+        values, ids = torch.topk(log_dist, min(top, log_dist.numel()))
+        best = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token, float(log_dist[token]), best)

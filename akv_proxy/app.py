@@ -4,7 +4,9 @@ POST /v1/chat/completions: the body is read, the policy decides (on a worker thr
 tokens and writing summaries take time), the new body is forwarded and the upstream's reply,
 streamed or not, comes back with its status, headers and usage unchanged. Any other path is
 forwarded untouched; /health and /metrics are the proxy's own. With a recorder (`--record`),
-each chat request answered with 200 is recorded after its reply has gone to the agent.
+each chat request answered with 200 is recorded after its reply has gone to the agent. The server
+guard shared with `akv serve` checks the callers' key and the body limit before any of this
+(access.py says what the proxy spends for whom).
 """
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from akv_core.server.errors import APIError
+from akv_core.server.guard import Guard
 from policy_dsl import CachePolicy
 from sandbox.backends import Backend, BackendError
 
+from akv_proxy.access import ProxyAccess, RefusedSummaries, SummariesRefused
 from akv_proxy.metrics import ProxyMetrics
 from akv_proxy.recorder import StreamedReply, TraceRecorder
 from akv_proxy.step import Applied, PolicyStep, RequestError
@@ -35,20 +39,30 @@ CHAT_PATH = "/v1/chat/completions"
 
 
 class Summarizers:
-    """One client of the upstream per model name, for the summaries text-mode policies request."""
+    """One client of the upstream per model name, for the summaries text-mode policies request,
+    each with the proxy's upstream key (or a backend that refuses them all, when not `allowed`)."""
 
-    def __init__(self, upstream_url: str, timeout_s: float) -> None:
-        self.url, self.timeout_s = upstream_url, timeout_s
+    def __init__(self, upstream_url: str, timeout_s: float, api_key: str | None, allowed: bool) -> None:
+        self.url, self.timeout_s, self.api_key, self.allowed = upstream_url, timeout_s, api_key, allowed
         self._backends: dict[str, Backend] = {}
         self._lock = threading.Lock()
 
     def __call__(self, model: str) -> Backend:
-        from sandbox.backends.http import HttpBackend
-
+        if not self.allowed:
+            return RefusedSummaries()
         with self._lock:
             if model not in self._backends:
-                self._backends[model] = HttpBackend(self.url, model, timeout_s=self.timeout_s)
+                self._backends[model] = self._backend(model)
             return self._backends[model]
+
+    def _backend(self, model: str) -> Backend:
+        from sandbox.backends.http import HttpBackend
+
+        backend = HttpBackend(self.url, model, timeout_s=self.timeout_s)
+        # HttpBackend reads its key from the environment (AKV_API_KEY, OPENAI_API_KEY): a key the
+        # operator may hold for something else. The proxy's summaries use its upstream key only.
+        backend._client = backend._client.with_options(api_key=self.api_key or "none")
+        return backend
 
     def close(self) -> None:
         for backend in self._backends.values():
@@ -56,14 +70,16 @@ class Summarizers:
 
 
 def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeout_s: float = 600.0,
-                     recorder: TraceRecorder | None = None) -> FastAPI:
+                     recorder: TraceRecorder | None = None, access: ProxyAccess = ProxyAccess()) -> FastAPI:
     """An app that applies `policy` to chat requests and forwards them to `upstream_url`.
 
     `counter` is the policy's token counter (the harness's chat tokenizer, so decisions match
     the ones the policy was scored with); `timeout_s` bounds every upstream read. `recorder`
-    records the answered chat requests; the app closes it when it stops.
+    records the answered chat requests; the app closes it when it stops. `access`: the callers'
+    key, the body limit, the upstream key and whether summaries are written (access.py).
     """
-    proxy = Proxy(policy, Upstream(upstream_url, timeout_s), counter, recorder)
+    proxy = Proxy(policy, Upstream(upstream_url, timeout_s, access.upstream_api_key), counter, recorder,
+                  access.summaries_allowed)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +90,8 @@ def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeo
 
     app = FastAPI(title="AKV proxy", version="0.1.0", lifespan=lifespan,
                   summary="Applies an AKV cache policy to OpenAI chat requests and forwards them.")
+    app.add_middleware(Guard, api_key=access.api_key, max_body_bytes=access.max_body_bytes,
+                       on_refused=lambda path, _status: proxy.refused(path))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -109,9 +127,9 @@ class Proxy:
     """The policy step, the upstream, the metrics and the recorder (if any) of one proxy app."""
 
     def __init__(self, policy: CachePolicy, upstream: Upstream, counter: Any,
-                 recorder: TraceRecorder | None = None) -> None:
+                 recorder: TraceRecorder | None = None, summaries_allowed: bool = True) -> None:
         self.policy, self.upstream, self.recorder = policy, upstream, recorder
-        self.summarizers = Summarizers(upstream.root, upstream.timeout_s)
+        self.summarizers = Summarizers(upstream.root, upstream.timeout_s, upstream.api_key, summaries_allowed)
         self.step = PolicyStep(policy, counter, self.summarizers)
         self.metrics = ProxyMetrics(policy.name)
         if recorder is not None:
@@ -122,9 +140,9 @@ class Proxy:
         raw = await request.body()
         try:
             applied = await asyncio.to_thread(self.step.apply, _json_object(raw))
-        except RequestError as err:
+        except (RequestError, RecursionError, SummariesRefused) as err:
             self.metrics.requests["rejected"] += 1
-            return APIError(str(err), param=err.param).response()
+            return _refusal(err).response()
         except BackendError as err:  # a summary the upstream could not write
             return self.failure(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}"))
         self.metrics.decided(applied)
@@ -181,6 +199,11 @@ class Proxy:
             latency_s = time.monotonic() - recording.started
         await self.recorder.record_reply(recording.raw, reply, latency_s)
 
+    def refused(self, path: str) -> None:
+        """A request the guard refused (no key, body too large): a rejected chat request."""
+        if path == CHAT_PATH:
+            self.metrics.requests["rejected"] += 1
+
     def counted(self, failure: UpstreamError) -> UpstreamError:
         self.metrics.upstream_errors[failure.code.removeprefix("upstream_")] += 1
         return failure
@@ -203,6 +226,15 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object", "body")
     return body
+
+
+def _refusal(err: RequestError | RecursionError | SummariesRefused) -> APIError:
+    """The 4xx of a request the policy step will not forward."""
+    if isinstance(err, SummariesRefused):
+        return APIError(str(err), status=403, type="permission_error", code="summaries_refused")
+    if isinstance(err, RecursionError):  # JSON in a string (tool call arguments) nested too deeply to count
+        return APIError("messages: a value is nested too deeply to read", param="messages")
+    return APIError(str(err), param=err.param)
 
 
 def _policy_headers(policy: CachePolicy, applied: Applied | None) -> dict[str, str]:

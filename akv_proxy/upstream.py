@@ -3,6 +3,10 @@
 A connection that cannot be made is a 502 with the reason; an upstream that stops answering is a
 504 after the read timeout; nothing waits forever. Upstream replies, errors included, come back
 with their own status and body.
+
+The caller's headers go upstream except those of one hop and the caller's credentials
+(`Authorization`, `Cookie`): those were meant for the proxy. The upstream gets the proxy's own
+key instead, when it has one.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import httpx
 HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                          "proxy-authorization", "proxy-connection", "content-length", "accept-encoding",
                          "content-encoding"})
+# The caller's credentials for the proxy: never passed on to the upstream.
+CALLER_CREDENTIALS = frozenset({"authorization", "cookie"})
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -37,23 +43,28 @@ def upstream_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+def forwarded_headers(headers: Mapping[str, str], api_key: str | None = None) -> dict[str, str]:
+    """The headers sent upstream: the caller's, less one hop's and its credentials, plus `api_key`."""
+    out = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS | CALLER_CREDENTIALS}
     out["accept-encoding"] = "identity"  # bytes pass through as they are; nothing to re-encode
+    if api_key is not None:
+        out["authorization"] = f"Bearer {api_key}"
     return out
 
 
 class Upstream:
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, api_key: str | None = None) -> None:
         self.root = upstream_root(url)
         self.timeout_s = timeout_s
+        self.api_key = api_key
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)))
 
     async def send(self, method: str, path: str, headers: Mapping[str, str], content: bytes,
                    query: str = "") -> httpx.Response:
         """The upstream's response, its body not read yet (stream it or `aread()` it); UpstreamError otherwise."""
         url = self.root + path + (f"?{query}" if query else "")
-        request = self.client.build_request(method, url, headers=forwarded_headers(headers), content=content)
+        request = self.client.build_request(method, url, headers=forwarded_headers(headers, self.api_key),
+                                           content=content)
         try:
             return await self.client.send(request, stream=True)
         except httpx.HTTPError as err:
@@ -100,5 +111,10 @@ def error_body(failure: UpstreamError) -> dict[str, Any]:
     return {"error": {"message": failure.message, "type": "upstream_error", "param": None, "code": failure.code}}
 
 
+# Headers the proxy's own HTTP server writes on every response: the upstream's copies are dropped,
+# or the client would get each twice.
+OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
+
+
 def response_headers(response: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
+    return {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS | OWN_RESPONSE_HEADERS}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 
 import pytest
@@ -62,7 +64,7 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
               for line in metrics.text.splitlines() if line and not line.startswith("#")}
     assert values['akv_requests_total{endpoint="chat",outcome="ok"}'] >= 1
     assert values['akv_tokens_total{kind="prefilled"}'] > 0
-    assert values["akv_kv_slots_used"] + values["akv_kv_slots_free"] == values["akv_kv_slots_total"]
+    assert values["akv_kv_slots_used"] + values["akv_kv_slots_free"] == values["akv_kv_slots"]
     assert values["akv_request_latency_seconds_count"] >= 1
     assert values["akv_kv_slots_cached"] > 0
     assert "akv_queue_length" in values and "akv_time_to_first_token_seconds_count" in values
@@ -114,8 +116,22 @@ BAD_REQUESTS = [
     ({"max_completion_tokens": -3}, 400, "max_completion_tokens"),
     ({"temperature": 7}, 400, "temperature"),
     ({"drop_messages": {"3": [1]}}, 400, "drop_messages"),
-    ({"n": 2}, 400, "n"),
-    ({"tool_choice": "required"}, 400, "tool_choice"),
+    ({"n": 9}, 400, "n"),
+    ({"n": 0}, 400, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"top_logprobs": 2}, 400, "top_logprobs"),   # OpenAI asks for logprobs: true with it
+    ({"tool_choice": "required"}, 400, "tool_choice"),   # no tools to call
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"}, 400, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "regex": "x"},
+     400, "regex"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                                {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     400, "messages[0].content[1]"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, 400, "moderation"),
+    ({"modalities": ["text", "audio"]}, 400, "modalities"),
+    ({"prompt_cache_ky": "agent-7"}, 400, "prompt_cache_ky"),   # hints are accepted by name, typos are not
     ({"model": "gpt-9"}, 404, "model"),
     # Found by a campaign of hostile requests: each was a 500, a silent guess or a 400 naming nothing.
     ({"drop_message": {"³": [1]}}, 400, "drop_message.³"),       # passes isdigit(), then int() fails
@@ -159,8 +175,24 @@ def test_invalid_json_and_a_prompt_longer_than_the_context(server: LiveServer) -
     too_long = greeting("word " * 20_000)
     response = server.chat({"messages": too_long, "max_tokens": 2})
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "messages"
+    error = response.json()["error"]
+    assert error["param"] == "messages" and error["code"] == "context_length_exceeded"
+    # OpenAI's words, which litellm and LangChain match to recognize an overflow.
+    assert re.fullmatch(r"This model's maximum context length is 8192 tokens\. However, your messages resulted "
+                        r"in \d+ tokens\. Please reduce the length of the messages\.", error["message"])
     server.check_idle_and_intact()
+
+
+def test_images_405_and_model_routes_answer_as_openai_does(server: LiveServer) -> None:
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    error = server.chat({**image, "max_tokens": 1}).json()["error"]
+    assert error["message"] == "messages[0].content[0]: images are not supported by this model"
+    wrong_method = server.client.get("/v1/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert server.client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    unknown = server.client.get("/v1/models/gpt-9")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
 def test_readme_example_reports_drop_skipped_and_repositioned_tokens(server: LiveServer) -> None:
@@ -313,4 +345,17 @@ def test_text_drops_skip_the_cut_tokens_and_bad_ones_change_nothing(server: Live
         # a full hit: the cut tokens were matched and not read (upstream's drop_skipped_tokens)
         assert details(again)["prefilled_tokens"] == 1 and details(again)["drop_skipped_tokens"] > 0, again
         assert again["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"]
+    server.check_idle_and_intact()
+
+
+def test_greedy_log_probabilities_put_the_sampled_token_first(server: LiveServer) -> None:
+    body = {"messages": greeting("Name three colors."), "max_tokens": 5, "temperature": 0}
+    plain = server.chat(body).json()["choices"][0]
+    scored = server.chat({**body, "logprobs": True, "top_logprobs": 5}).json()["choices"][0]
+    assert scored["message"] == plain["message"] and plain["logprobs"] is None   # asking changes nothing else
+    for entry in scored["logprobs"]["content"]:
+        best = entry["top_logprobs"][0]
+        assert (entry["token"], entry["logprob"]) == (best["token"], best["logprob"])
+        assert sum(math.exp(top["logprob"]) for top in entry["top_logprobs"]) <= 1 + 1e-9
+    assert "".join(entry["token"] for entry in scored["logprobs"]["content"]) == plain["message"]["content"]
     server.check_idle_and_intact()

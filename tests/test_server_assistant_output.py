@@ -81,3 +81,16 @@ def _without_ids(expected, actual):
         for mine, theirs in zip(expected.tool_calls, actual.tool_calls):
             mine.id = theirs.id
     return expected
+
+
+def test_leading_and_only_whitespace_survive() -> None:
+    # Generated code keeps its indentation; a reply of only whitespace is that whitespace, not null.
+    for tools in (False, True):
+        assert parse_assistant_output("    x = 1", tools).content == "    x = 1"
+        assert parse_assistant_output("\n\n  ", tools).content == "\n\n  "
+    # Whitespace before a think block still separates nothing: the block is reasoning.
+    message = parse_assistant_output("\n<think>hm</think>\n\n  indented", False)
+    assert (message.reasoning, message.content) == ("hm", "  indented")
+    parser = AssistantOutputParser(parse_tool_calls=False)
+    streamed = [parser.feed(piece).content for piece in ("  ", "  x", " = 1")]
+    assert "".join(streamed) + parser.finish()[0].content == "    x = 1"

@@ -23,6 +23,7 @@ from akv_core.server.access_log import ACCESS_USAGE, AccessLog
 from akv_core.server.assistant_output import AssistantOutputParser
 from akv_core.server.engine_loop import ClientGone, EngineLoop, Failed, Finished
 from akv_core.server.errors import APIError, install_error_handlers
+from akv_core.server.guard import Guard, body_limit_for, check_api_key
 from akv_core.server.metrics import ServerMetrics
 from akv_core.server.protocol import (
     ChatCompletionRequest,
@@ -33,10 +34,16 @@ from akv_core.server.protocol import (
     ModelList,
     ResponseMessage,
     ServerInfo,
+    TokenLogprobEntry,
     akv_features,
 )
-from akv_core.server.streaming import ChunkStream, usage_info
-from akv_core.server.validation import generation_args
+from akv_core.server.logprobs import TokenTexts, choice_logprobs, token_texts
+from akv_core.server.streaming import ChunkStream, combined_usage, usage_info
+from akv_core.server.validation import generation_args, ignored_params
+
+IGNORED_HEADER = "x-akv-ignored-params"   # the accepted-and-ignored fields a request sent
+
+DEFAULT_CONTEXT_TOKENS = 32_768  # for an engine that does not say: the longest context `akv serve` stretches to
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
@@ -53,10 +60,17 @@ class ServerState:
     started: int
 
 
-def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset()) -> FastAPI:
-    """An app serving `engine` under `model_name`; the engine loop runs while the app does."""
+def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset(),
+               api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
+    """An app serving `engine` under `model_name`; the engine loop runs while the app does.
+
+    With `api_key`, every request but GET /health needs `Authorization: Bearer KEY`; bodies over
+    `max_body_bytes` (default: room for the longest history the engine's context holds) get a 413.
+    """
     state = ServerState(EngineLoop(engine), model_name, aliases | {model_name},
                         ServerMetrics(), int(time.time()))
+    check_api_key(api_key, "api_key")
+    context = getattr(engine, "context_length", None) or DEFAULT_CONTEXT_TOKENS
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -69,7 +83,9 @@ def create_app(engine: Any, model_name: str, aliases: frozenset[str] = frozenset
     app = FastAPI(title="AKV", version="0.1.0", lifespan=lifespan,
                   summary="OpenAI-compatible chat completions with AKV cache operations.")
     app.state.akv = state
-    app.add_middleware(AccessLog)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes or body_limit_for(context),
+                       on_refused=lambda path, _status: state.metrics.count_request(_endpoint_of(path), "rejected"))
+    app.add_middleware(AccessLog)   # added last, so it is outermost: refused requests are logged too
     install_error_handlers(app, on_error=lambda request, status: state.metrics.count_request(
         _endpoint(request), "rejected" if status < 500 else "failed"))
     _add_routes(app, state)
@@ -85,9 +101,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, created=state.started,
-                         max_model_len=getattr(state.loop.engine, "context_length", None), akv=akv_features())
-        return ModelList(data=[card])
+        return ModelList(data=[_card(state)])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> ModelCard:
+        if model_id not in state.aliases:
+            raise APIError(f"model: the model {model_id!r} does not exist; this server serves "
+                           f"{state.model_name!r}", param="model", status=404, code="model_not_found")
+        return _card(state)
 
     @app.get("/server_info", response_model=ServerInfo)
     async def server_info() -> ServerInfo:
@@ -105,8 +126,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await _chat(state, body, request)
 
 
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.model_name, created=state.started,
+                     max_model_len=getattr(state.loop.engine, "context_length", None), akv=akv_features())
+
+
 def _endpoint(request: Request) -> str:
-    return "chat" if request.url.path == "/v1/chat/completions" else "other"
+    return _endpoint_of(request.url.path)
+
+
+def _endpoint_of(path: str) -> str:
+    return "chat" if path == "/v1/chat/completions" else "other"
 
 
 async def _chat(state: ServerState, body: ChatCompletionRequest, request: Request) -> Any:
@@ -115,90 +145,135 @@ async def _chat(state: ServerState, body: ChatCompletionRequest, request: Reques
                        f"{state.model_name!r}", param="model", status=404, code="model_not_found")
     args = generation_args(body)
     started = time.monotonic()
-    # A new grammar takes llguidance up to a second to compile (without the GIL): constrained
-    # requests are submitted on a worker thread so the other requests stream on meanwhile.
-    handle = (await asyncio.to_thread(state.loop.submit, args) if args.grammar is not None
-              else state.loop.submit(args))
-    parser = AssistantOutputParser(parse_tool_calls=args.tools is not None)
+    # A new grammar takes llguidance up to a second to compile (without the GIL), and the token table
+    # of log probabilities a third of a second once: such requests are set up on a worker thread so
+    # the other requests stream on meanwhile.
+    texts = None if args.top_logprobs is None else await asyncio.to_thread(token_texts, state.loop.engine)
+    slow = args.grammar is not None or args.top_logprobs is not None
+    handles = await asyncio.to_thread(state.loop.submit_all, args) if slow else state.loop.submit_all(args)
+    parsers = [AssistantOutputParser(parse_tool_calls=args.tools is not None) for _ in handles]
+    ignored = ignored_params(body)
+    headers = {IGNORED_HEADER: ",".join(ignored)} if ignored else {}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = ChunkStream(state.model_name, parser, include_usage)
-        chunks = _stream(state, handle, request, stream, started)
+        stream = ChunkStream(state.model_name, parsers, include_usage, texts)
+        chunks = _stream(state, handles, request, stream, started)
         return StreamingResponse(chunks, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(handle.cancel))
-    return await _complete(state, handle, request, parser, started)
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+                                 background=BackgroundTask(_cancel, handles))
+    response = await _complete(state, handles, request, parsers, started, texts)
+    response.headers.update(headers)
+    return response
 
 
-async def _complete(state: ServerState, handle: Any, request: Request,
-                    parser: AssistantOutputParser, started: float) -> JSONResponse:
-    first_token_at = None
-    finished: Finished | None = None
-    try:
-        async for event in state.loop.events(handle, request.is_disconnected):
-            if isinstance(event, Failed):
-                raise engine_failure(event)
-            if isinstance(event, Finished):
-                finished = event
-            else:
-                first_token_at = first_token_at or time.monotonic()
-                parser.feed(event.text)
-    except ClientGone:
+@dataclass
+class _Collected:
+    """Every choice's end and log probabilities, for the one response of a request."""
+
+    finished: list[Finished]
+    entries: list[list[TokenLogprobEntry]]
+    first_token_at: float | None
+
+
+async def _complete(state: ServerState, handles: list[Any], request: Request,
+                    parsers: list[AssistantOutputParser], started: float,
+                    texts: TokenTexts | None) -> JSONResponse:
+    collected = await _collect(state, handles, request, parsers, texts)
+    if collected is None:
         state.metrics.count_request("chat", "disconnected")
         return JSONResponse({}, status_code=499)
-    if finished is None:
-        raise RuntimeError("the engine ended a request without a final event")
-    _, message = parser.finish()
-    _record(state, finished, started, first_token_at)
-    setattr(request.state, ACCESS_USAGE, finished.usage)
-    response = ChatCompletionResponse(
-        model=state.model_name,
-        choices=[Choice(
-            message=ResponseMessage(content=message.content, tool_calls=message.tool_calls,
-                                    reasoning_content=message.reasoning),
-            finish_reason="tool_calls" if message.tool_calls else finished.finish_reason,
-        )],
-        usage=usage_info(finished.usage),
-    )
-    body = response.model_dump(exclude_none=True)
-    # OpenAI sends content and logprobs as explicit nulls; clients index them directly.
-    choice = body["choices"][0]
-    body["choices"][0] = {"index": choice["index"],
-                          "message": {"role": "assistant", "content": None, **choice["message"]},
-                          "logprobs": None, "finish_reason": choice["finish_reason"]}
+    usage = combined_usage(collected.finished)
+    _record(state, collected.finished, started, collected.first_token_at)
+    setattr(request.state, ACCESS_USAGE, usage)
+    body = ChatCompletionResponse(model=state.model_name, choices=[],
+                                  usage=usage_info(usage)).model_dump(exclude_none=True)
+    body["choices"] = [_choice(index, parser, done, None if texts is None else collected.entries[index])
+                       for index, (parser, done) in enumerate(zip(parsers, collected.finished))]
     return JSONResponse(body)
 
 
-async def _stream(state: ServerState, handle: Any, request: Request, stream: ChunkStream,
+async def _collect(state: ServerState, handles: list[Any], request: Request,
+                   parsers: list[AssistantOutputParser], texts: TokenTexts | None) -> _Collected | None:
+    """Every choice's text fed to its parser until all have ended; None if the client left."""
+    first_token_at = None
+    finished: dict[int, Finished] = {}
+    entries: list[list[TokenLogprobEntry]] = [[] for _ in handles]
+    try:
+        async for index, event in state.loop.choice_events(handles, request.is_disconnected):
+            if isinstance(event, Failed):
+                raise engine_failure(event)
+            if isinstance(event, Finished):
+                finished[index] = event
+                continue
+            first_token_at = first_token_at or time.monotonic()
+            parsers[index].feed(event.text)
+            if texts is not None and event.logprob is not None:
+                entries[index].append(texts.entry(event.logprob))
+    except ClientGone:
+        return None
+    finally:
+        _cancel(handles)   # the other choices of a failed one stop now, not when the generator is collected
+    if len(finished) != len(handles):
+        raise RuntimeError("the engine ended a request without a final event")
+    return _Collected([finished[index] for index in range(len(handles))], entries, first_token_at)
+
+
+def _choice(index: int, parser: AssistantOutputParser, finished: Finished,
+            entries: list[TokenLogprobEntry] | None) -> dict[str, Any]:
+    """One choice of a response, in OpenAI's key order, `content` and `logprobs` as explicit nulls
+    when empty (clients index them directly)."""
+    _, message = parser.finish()
+    choice = Choice(index=index, finish_reason="tool_calls" if message.tool_calls else finished.finish_reason,
+                    message=ResponseMessage(content=message.content, tool_calls=message.tool_calls,
+                                            reasoning_content=message.reasoning)).model_dump(exclude_none=True)
+    return {"index": index, "message": {"role": "assistant", "content": None, **choice["message"]},
+            "logprobs": None if entries is None else choice_logprobs(entries),
+            "finish_reason": choice["finish_reason"]}
+
+
+async def _stream(state: ServerState, handles: list[Any], request: Request, stream: ChunkStream,
                   started: float) -> AsyncIterator[str]:
     first_token_at = None
-    finished = False
+    finished: dict[int, Finished] = {}
+    ended = False
     try:
         yield stream.role_chunk()
-        async for event in state.loop.events(handle, request.is_disconnected):
+        async for index, event in state.loop.choice_events(handles, request.is_disconnected):
             if isinstance(event, Failed):
-                finished = True
+                ended = True
                 error = engine_failure(event)
                 state.metrics.count_request("chat", "rejected" if error.status < 500 else "failed")
                 yield stream.error_chunk(error)
-            elif isinstance(event, Finished):
-                finished = True
-                _record(state, event, started, first_token_at)
-                setattr(request.state, ACCESS_USAGE, event.usage)
-                for chunk in stream.final_chunks(event):
+                return
+            if isinstance(event, Finished):
+                finished[index] = event
+                for chunk in stream.choice_end(event, index):
                     yield chunk
-            else:
-                first_token_at = first_token_at or time.monotonic()
-                chunk = stream.delta_chunk(event.text)
-                if chunk:
-                    yield chunk
+                if len(finished) == len(handles):
+                    ended = True
+                    done = [finished[i] for i in range(len(handles))]
+                    _record(state, done, started, first_token_at)
+                    setattr(request.state, ACCESS_USAGE, combined_usage(done))
+                    for chunk in stream.end(combined_usage(done)):
+                        yield chunk
+                continue
+            first_token_at = first_token_at or time.monotonic()
+            chunk = stream.delta_chunk(event.text, index, event.logprob)
+            if chunk:
+                yield chunk
     except ClientGone:
         pass  # counted below; there is nobody left to send an error to
     finally:
         # Starlette cancels this generator when the client leaves mid-stream.
-        if not finished:
-            handle.cancel()
+        _cancel(handles)
+        if not ended:
             state.metrics.count_request("chat", "disconnected")
+
+
+def _cancel(handles: list[Any]) -> None:
+    """End every choice's engine request (a no-op for those that have finished)."""
+    for handle in handles:
+        handle.cancel()
 
 
 def engine_failure(event: Failed) -> APIError:
@@ -210,10 +285,12 @@ def engine_failure(event: Failed) -> APIError:
                     "were not affected", status=500, type="server_error", code=event.code)
 
 
-def _record(state: ServerState, finished: Finished, started: float,
+def _record(state: ServerState, finished: list[Finished], started: float,
             first_token_at: float | None) -> None:
+    """One request served: its tokens are every choice's (the engine's work, each choice's prompt too)."""
     now = time.monotonic()
     state.metrics.count_request("chat", "ok")
-    state.metrics.count_tokens(finished.usage)
+    for done in finished:
+        state.metrics.count_tokens(done.usage)
     state.metrics.request_latency.observe(now - started)
     state.metrics.time_to_first_token.observe((first_token_at or now) - started)

@@ -92,17 +92,22 @@ class AssistantOutputParser:
         return reasoning, body if final else _hold_partial(body, CALL_OPEN).rstrip()
 
     def _reasoning_and_body(self, final: bool) -> tuple[str | None, str | None]:
-        """Split off a leading `<think>` block; body None while it is still open."""
+        """Split off a leading `<think>` block; body None while it is still open.
+
+        Whitespace is only skipped to look for the block: output without one keeps its leading
+        whitespace (indented code, a reply of only spaces), and after `</think>` only the line
+        breaks the template puts there are dropped, so indented content stays indented.
+        """
         text = self.text.lstrip()
         if text.startswith(THINK_OPEN):
             inner = text[len(THINK_OPEN):]
             end = inner.find(THINK_CLOSE)
             if end < 0:
                 return (inner if final else _hold_partial(inner, THINK_CLOSE)), None
-            return inner[:end], inner[end + len(THINK_CLOSE):].lstrip()
+            return inner[:end], inner[end + len(THINK_CLOSE):].lstrip("\r\n")
         if not final and THINK_OPEN.startswith(text):
             return None, None  # may still become a <think> block
-        return None, text
+        return None, self.text
 
     def _tool_calls(self) -> list[ToolCall] | None:
         _, body = self._reasoning_and_body(final=True)

@@ -13,7 +13,7 @@ import queue
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from akv_core.cache.allocator import SlotAllocator
@@ -24,6 +24,7 @@ from akv_core.cache.radix import RadixCache
 from akv_core.cache.kv_cache import KVCapacityError
 from akv_core.constrain import GrammarError
 from akv_core.request import DEFAULT_MAX_TOKENS, ERROR_ENGINE, ERROR_KV_CAPACITY, FINISH_ERROR
+from akv_core.sampling import TokenLogprob
 from akv_core.server.errors import APIError
 from akv_core.server.metrics import PoolGauges
 from akv_core.server.validation import GenerationArgs
@@ -38,6 +39,7 @@ _FIELD_PATH = re.compile(r"[A-Za-z_]\w*(\[\d+\]|\.\w+)*")
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprob: TokenLogprob | None = None   # the token's, when the request asked for log probabilities
 
 
 @dataclass(frozen=True)
@@ -80,22 +82,38 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def submit_all(self, args: GenerationArgs) -> list[Any]:
+        """Queue the request's `n` choices, each an engine request with the same prompt and its own
+        seed (`choice_seed`): the radix cache shares the prompt (a choice waits for the first one's
+        prefill, then reuses it), and their decode steps run in one batch. A 400 queues none."""
+        handles: list[Any] = []
+        try:
+            for index in range(args.n):
+                handles.append(self.submit(replace(args, seed=choice_seed(args.seed, index))))
+        except BaseException:
+            for handle in handles:
+                handle.cancel()
+            raise
+        return handles
+
     def submit(self, args: GenerationArgs) -> Any:
-        """Queue a request; a request the engine refuses becomes a 400 naming the field."""
+        """Queue a request (one choice); a request the engine refuses becomes a 400 naming the field."""
         try:
             room = self.engine.context_length - prompt_end_position(self.engine, args)
             if room <= 0:
+                # OpenAI's words, which clients (litellm, LangChain) match to tell an overflow apart;
+                # the count is positions, after the request's drops and repositions.
                 raise APIError(
-                    f"messages: the prompt needs {self.engine.context_length - room} positions "
-                    f"after its drops and repositions; the model's context is "
-                    f"{self.engine.context_length}",
-                    param="messages", code="context_length_exceeded")
+                    f"This model's maximum context length is {self.engine.context_length} tokens. However, "
+                    f"your messages resulted in {self.engine.context_length - room} tokens. Please reduce "
+                    "the length of the messages.", param="messages", code="context_length_exceeded")
             # Never reserve decode slots for tokens past the context (DEFAULT_MAX_TOKENS when unset).
             return self.engine.submit(
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                thinking_drop=args.thinking_drop, grammar=args.grammar, text_drop=args.text_drop)
+                thinking_drop=args.thinking_drop, grammar=args.grammar, text_drop=args.text_drop,
+                top_logprobs=args.top_logprobs)
         except GrammarError as error:
             raise APIError(f"{args.grammar_field}: invalid grammar: {error}", param=args.grammar_field) from None
         except OperationError as error:
@@ -110,29 +128,41 @@ class EngineLoop:
         self, handle: Any, disconnected: Callable[[], Awaitable[bool]]
     ) -> AsyncIterator[TextDelta | Finished | Failed]:
         """The request's events until it ends; cancels it if the client leaves."""
+        async for _, event in self.choice_events([handle], disconnected):
+            yield event
+
+    async def choice_events(
+        self, handles: list[Any], disconnected: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[tuple[int, TextDelta | Finished | Failed]]:
+        """(choice index, event) of the requests until each has ended; cancels all if the client leaves.
+
+        One poller for all of a request's choices, in the order their events come.
+        """
         pause = POLL_MIN_SECONDS
+        running = list(range(len(handles)))
         try:
-            while True:
-                try:
-                    event = handle.events.get_nowait()
-                except queue.Empty:
-                    if await disconnected():
-                        raise ClientGone() from None
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, POLL_MAX_SECONDS)
+            while running:
+                got = False
+                for index in list(running):
+                    try:
+                        event = handles[index].events.get_nowait()
+                    except queue.Empty:
+                        continue
+                    got = True
+                    for item in _translated(event):
+                        if not isinstance(item, TextDelta):
+                            running.remove(index)
+                        yield index, item
+                if got:
+                    pause = POLL_MIN_SECONDS
                     continue
-                pause = POLL_MIN_SECONDS
-                if event.text:
-                    yield TextDelta(event.text)
-                if event.finish_reason == FINISH_ERROR:
-                    yield Failed(event.error or "the engine could not serve the request",
-                                 event.error_code or ERROR_ENGINE)
-                    return
-                if event.finish_reason is not None:
-                    yield Finished(event.finish_reason, usage_fields(event.usage))
-                    return
+                if await disconnected():
+                    raise ClientGone() from None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, POLL_MAX_SECONDS)
         finally:
-            handle.cancel()  # a no-op once finished; frees the request's locks otherwise
+            for handle in handles:
+                handle.cancel()  # a no-op once finished; frees the request's locks otherwise
 
     def gauges(self) -> PoolGauges:
         stats = self.engine.stats()
@@ -159,6 +189,27 @@ def prompt_end_position(engine: Any, args: GenerationArgs) -> int:
                                      args.thinking_drop, args.text_drop)
     key = build_key(rendered, operations)
     return plan_request(RadixCache(SlotAllocator(1)), key).end_position
+
+
+def _translated(event: Any) -> list[TextDelta | Finished | Failed]:
+    """An engine event as the server's: text (with its log probabilities, if asked), then the end."""
+    items: list[TextDelta | Finished | Failed] = []
+    logprob = getattr(event, "logprob", None)   # akv_core.engine.ScoredEvent
+    if event.text or logprob is not None:
+        items.append(TextDelta(event.text, logprob))
+    if event.finish_reason == FINISH_ERROR:
+        items.append(Failed(event.error or "the engine could not serve the request", event.error_code or ERROR_ENGINE))
+    elif event.finish_reason is not None:
+        items.append(Finished(event.finish_reason, usage_fields(event.usage)))
+    return items
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice `index`'s seed: the request's for the first, the next ones after it (a signed 64-bit
+    integer, wrapping), so that seeded choices differ from each other and repeat as a whole."""
+    if seed is None or index == 0:
+        return seed
+    return (seed + index + 2**63) % 2**64 - 2**63
 
 
 def usage_fields(usage: Any) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """Every failure leaves the server as an OpenAI-style error object that names the field.
 
 `{"error": {"message", "type", "param", "code"}}`: 400 `invalid_request_error` for
-anything the client can fix (FastAPI's 422 and invalid JSON included), 404 for an
-unknown model or path, 500 only for a bug of ours.
+anything the client can fix (FastAPI's 422, invalid JSON and values nested past the
+recursion limit included), 404 for an unknown model or path, 500 only for a bug of ours.
 """
 from __future__ import annotations
 
@@ -75,12 +75,28 @@ def _is_schema_label(part: str) -> bool:
     return part in _SCHEMA_LABELS or "[" in part or "|" in part
 
 
+def _telling_error(errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The error to report: the first, unless it only says the value is not of one member of a
+    union (`content` is not a string) and another member's error goes further into the value (a
+    list of parts whose second is an image): that one says what is wrong."""
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    if not (str(first.get("type", "")).endswith("_type") and loc and _is_schema_label(str(loc[-1]))):
+        return first
+    stem = loc[:-1]
+    for error in errors[1:]:
+        other = tuple(error.get("loc", ()))
+        if other[:len(stem)] == stem and len(other) > len(loc):
+            return error
+    return first
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
     """The first validation error, with its field, in OpenAI's format."""
     errors = exc.errors()
     if not errors:
         return APIError("invalid request body")
-    first = errors[0]
+    first = _telling_error(errors)
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "could not decode")
         return APIError(f"invalid JSON in the request body: {reason}", code="invalid_json")
@@ -112,11 +128,23 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[Request, int], None
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, RecursionError):   # FastAPI's "error parsing the body"
+            return APIError("invalid JSON in the request body: nested too deeply",
+                            code="invalid_json").response()
         code = "not_found" if exc.status_code == 404 else None
         message = str(exc.detail)
         if exc.status_code == 404:
             message = f"no route for {request.method} {request.url.path}"
-        return APIError(message, status=exc.status_code, code=code).response()
+        response = APIError(message, status=exc.status_code, code=code).response()
+        response.headers.update(exc.headers or {})   # a 405's `Allow`, as HTTP requires
+        return response
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        # Only a client's value nests this deep: JSON inside a string (tool call arguments) or a
+        # schema that parsed but is re-encoded deeper down the stack.
+        on_error(request, 400)
+        return APIError("a value in the request is nested too deeply to handle").response()
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

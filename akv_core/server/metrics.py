@@ -94,7 +94,8 @@ class ServerMetrics:
 
 def _gauges(pool: PoolGauges) -> list[str]:
     rows = [
-        ("akv_kv_slots_total", "KV token slots in the pool.", pool.kv_slots_total),
+        # Not `_total`: Prometheus keeps that suffix for counters, and this is a gauge.
+        ("akv_kv_slots", "KV token slots in the pool.", pool.kv_slots_total),
         ("akv_kv_slots_used", "KV token slots holding state.", pool.kv_slots_used),
         ("akv_kv_slots_free", "KV token slots on the free list.", pool.kv_slots_free),
         ("akv_kv_slots_cached", "KV token slots held by the radix cache for reuse.",

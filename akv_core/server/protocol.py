@@ -38,11 +38,29 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+# What a content part this model cannot read is refused with, by its type (OpenAI's part types).
+UNREADABLE_PARTS = {"image_url": "images are not supported by this model",
+                    "input_audio": "audio input is not supported by this model",
+                    "file": "files are not supported by this model"}
+
+
 class ContentPart(BaseModel):
+    """A text part. Any other type is refused here, so that the 400 names the part
+    (`messages[0].content[1]`) and says why, rather than that the content is not a string."""
+
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _readable(self) -> ContentPart:
+        if self.type != "text":
+            raise ValueError(UNREADABLE_PARTS.get(self.type, f"content parts of type {self.type!r} are not "
+                                                             "supported; send text parts"))
+        if self.text is None:
+            raise ValueError("a text part needs text")
+        return self
 
 
 class ChatMessage(BaseModel):
@@ -147,9 +165,9 @@ class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Unknown top-level keys are rejected, as OpenAI does,
     so that a misspelt AKV field (say `drop_messages`) is an error, not a silent no-op.
 
-    Every OpenAI field is declared so that clients sending them still work; the ones that
-    change nothing here (`metadata`, `store`, `service_tier`, `user`, `reasoning_effort`)
-    are accepted and ignored, the others are refused unless they ask for the default.
+    Every OpenAI field is declared so that clients sending them still work; the hints that
+    change nothing here (`IGNORED_FIELDS`) are accepted and ignored (the response names the ones
+    sent in `x-akv-ignored-params`), the others are refused unless they ask for the default.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -166,12 +184,17 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: StrictInt | None = None
     metadata: dict[str, str] | None = None
     modalities: list[str] | None = None
+    moderation: dict[str, Any] | None = None
     n: StrictInt | None = None
     parallel_tool_calls: StrictBool | None = None
     prediction: dict[str, Any] | None = None
     presence_penalty: StrictFloat | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None
+    safety_identifier: str | None = None
     seed: Seed | None = None
     service_tier: str | None = None
     stop: str | list[str] | None = None
@@ -179,11 +202,15 @@ class ChatCompletionRequest(BaseModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
-    tool_choice: Literal["none", "auto"] | None = None
+    # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}; checked by
+    # akv_core.server.validation, whose 400 says which forms there are.
+    tool_choice: str | dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     top_logprobs: StrictInt | None = None
     top_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     user: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
     # AKV extensions
     drop_message: dict[str, list[Index]] | None = Field(
         default=None,
@@ -225,10 +252,30 @@ class ResponseMessage(BaseModel):
     reasoning_content: str | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobEntry(BaseModel):
+    """One generated token in `choices[].logprobs.content`, with its most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None = None
+    refusal: list[TokenLogprobEntry] | None = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str
 
 
@@ -263,7 +310,7 @@ class DeltaMessage(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 

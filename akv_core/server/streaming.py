@@ -3,19 +3,25 @@
 A stream opens with a chunk that carries the role, then one chunk per piece of
 text the parser releases, then a chunk with the tool calls (if any) and the
 finish reason, then, with `stream_options.include_usage`, a chunk with the
-usage and no choices, and finally `data: [DONE]`.
+usage and no choices, and finally `data: [DONE]`. With `n` choices, each has
+its role chunk, text chunks and finish chunk (its `index` says whose, in the
+order the engine produced them); the usage chunk and `[DONE]` come once, after
+the last. With log probabilities, each chunk carries the entries of the tokens
+whose text it releases (text held back keeps its entries until it goes).
 """
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
+from akv_core.sampling import TokenLogprob
 from akv_core.server.assistant_output import AssistantOutputParser, Delta
 from akv_core.server.engine_loop import Finished
 from akv_core.server.errors import APIError
+from akv_core.server.logprobs import TokenTexts, choice_logprobs
 from akv_core.server.protocol import (
     ChatCompletionChunk,
     ChunkChoice,
@@ -23,6 +29,7 @@ from akv_core.server.protocol import (
     ErrorDetail,
     ErrorResponse,
     PromptTokensDetails,
+    TokenLogprobEntry,
     ToolCallDelta,
     UsageInfo,
     completion_id,
@@ -50,26 +57,43 @@ def usage_info(usage: Mapping[str, int]) -> UsageInfo:
     )
 
 
-class ChunkStream:
-    """The chunks of one streamed completion; every chunk shares its id and timestamp."""
+def combined_usage(finished: Sequence[Finished]) -> dict[str, int]:
+    """A request's usage over its choices, as OpenAI counts it: the prompt once (the first choice's
+    accounting; the others read that prompt from the cache) and every choice's completion tokens."""
+    usage = dict(finished[0].usage)
+    usage["completion_tokens"] = sum(done.usage["completion_tokens"] for done in finished)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
 
-    def __init__(self, model: str, parser: AssistantOutputParser, include_usage: bool) -> None:
+
+class ChunkStream:
+    """The chunks of one streamed completion (one parser per choice); every chunk shares its id and
+    timestamp. `token_texts` is given when the request asked for log probabilities."""
+
+    def __init__(self, model: str, parser: AssistantOutputParser | Sequence[AssistantOutputParser],
+                 include_usage: bool, token_texts: TokenTexts | None = None) -> None:
         self.model = model
-        self.parser = parser
+        self.parsers = [parser] if isinstance(parser, AssistantOutputParser) else list(parser)
         self.include_usage = include_usage
+        self.token_texts = token_texts
+        self._entries: list[list[TokenLogprobEntry]] = [[] for _ in self.parsers]   # not sent yet
         self.id = completion_id()
         self.created = int(time.time())
 
     def role_chunk(self) -> str:
-        return self._chunk(DeltaMessage(role="assistant", content=""))
+        return "".join(self._chunk(DeltaMessage(role="assistant", content=""), index)
+                       for index in range(len(self.parsers)))
 
-    def delta_chunk(self, text: str) -> str | None:
-        delta = self.parser.feed(text)
-        return self._chunk(_delta_message(delta)) if delta else None
+    def delta_chunk(self, text: str, index: int = 0, logprob: TokenLogprob | None = None) -> str | None:
+        if logprob is not None and self.token_texts is not None:
+            self._entries[index].append(self.token_texts.entry(logprob))
+        delta = self.parsers[index].feed(text)
+        return self._chunk(_delta_message(delta), index) if delta else None
 
-    def final_chunks(self, finished: Finished) -> list[str]:
-        delta, message = self.parser.finish()
-        chunks = [self._chunk(_delta_message(delta))] if delta else []
+    def choice_end(self, finished: Finished, index: int = 0) -> list[str]:
+        """The last text of choice `index`, then its chunk with the tool calls and finish reason."""
+        delta, message = self.parsers[index].finish()
+        chunks = [self._chunk(_delta_message(delta), index)] if delta else []
         final = DeltaMessage()
         if message.tool_calls:
             final.tool_calls = [
@@ -77,13 +101,21 @@ class ChunkStream:
                 for i, call in enumerate(message.tool_calls)
             ]
         reason = "tool_calls" if message.tool_calls else finished.finish_reason
-        chunks.append(self._chunk(final, finish_reason=reason))
+        chunks.append(self._chunk(final, index, finish_reason=reason))
+        return chunks
+
+    def end(self, usage: Mapping[str, int]) -> list[str]:
+        """After every choice has ended: the usage chunk (if asked for), then [DONE]."""
+        chunks = []
         if self.include_usage:
             usage_chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                              choices=[], usage=usage_info(finished.usage))
+                                              choices=[], usage=usage_info(usage))
             chunks.append(sse(usage_chunk))
-        chunks.append(DONE)
-        return chunks
+        return chunks + [DONE]
+
+    def final_chunks(self, finished: Finished) -> list[str]:
+        """The end of a one-choice stream."""
+        return self.choice_end(finished) + self.end(finished.usage)
 
     def error_chunk(self, error: APIError) -> str:
         """The request failed after the stream began: an error event, then the end."""
@@ -91,12 +123,15 @@ class ChunkStream:
                                                param=error.param, code=error.code))
         return f"data: {body.model_dump_json()}\n\n" + DONE
 
-    def _chunk(self, delta: DeltaMessage, finish_reason: str | None = None) -> str:
-        choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
+    def _chunk(self, delta: DeltaMessage, index: int = 0, finish_reason: str | None = None) -> str:
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                     choices=[choice]).model_dump(exclude_none=True)
-        # OpenAI sends these two as explicit nulls on every choice; some clients read them.
-        chunk["choices"][0].update(logprobs=None, finish_reason=finish_reason)
+        logprobs = None
+        if self.token_texts is not None:
+            logprobs, self._entries[index] = choice_logprobs(self._entries[index]), []
+        # OpenAI sends these two on every choice, as explicit nulls when empty; some clients read them.
+        chunk["choices"][0].update(logprobs=logprobs, finish_reason=finish_reason)
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
 

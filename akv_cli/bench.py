@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|headroom|search|replay|scale|proposals|traces`: benchmarks, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|evolve|replay|scale|proposals|traces`: benchmarks, a table and ratios or one JSON object.
 
 The benchmarks of `benchmarks/` ship with the source checkout (they are not part of the installed
 packages), so they are imported from the checkout this command was installed from. `proposals`
@@ -146,6 +146,30 @@ def search(
         finally:
             searcher.close()
     figures = _guarded(measure)
+    typer.echo(json.dumps(figures) if as_json else module.render(figures))
+
+
+@bench.command()
+def evolve(
+    suite: str = typer.Option("localcomp", help="Suite whose train split evolves and held-out split judges."),
+    seeds: int = typer.Option(6, help="Runs per arm, with seeds 0, 1, ... (fewer than 6 cannot give a paired "
+                              "p < 0.05)."),
+    budget: int = typer.Option(12, help="Candidates per run, the same for every arm (duplicates and rejections "
+                               "count)."),
+    arms: str = typer.Option("mix,random,reflect,optuna,mutate", help="Comma-separated arms: mix (reflect, optuna, "
+                             "mutate: make evolve's without llm), random, reflect, optuna, mutate."),
+    train_limit: int = typer.Option(20, help="The first N train tasks score the candidates."),
+    subset_size: int = typer.Option(6, help="Train tasks of the cascade's first stage."),
+    heldout_limit: int = typer.Option(60, help="The first N held-out tasks judge the finalists."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Proposer arms at equal budget: each arm's held-out saving vs the expert over seeds, mix vs random."""
+    from evolve.arms import LoopRunner
+
+    module = _benchmark("evolve_arms")
+    settings = module.Settings(suite, seeds, budget, _names(arms, "--arms"), heldout_limit, train_limit, subset_size)
+    figures = _guarded(lambda: module.measure(settings, progress=lambda text: typer.echo(text, err=True),
+                                              runner=_guarded(lambda: LoopRunner(suite))))
     typer.echo(json.dumps(figures) if as_json else module.render(figures))
 
 

@@ -106,6 +106,8 @@ def akvalgo(policy: str = typer.Argument(..., help="A .akvp file or a built-in n
     except PolicyError as error:
         fail_located(error, text if text is not None else raw_text(policy), VERDICT)
     typer.echo(json.dumps(options.kwargs(), indent=2))
+    for condition in options.conditions():  # what upstream's harness must supply for the same decisions
+        typer.echo(f"condition: {condition}", err=True)
 
 
 def _description(source: str) -> str:

@@ -11,7 +11,9 @@ batch (its last tool message answering one assistant message); a scheduled repos
 when nothing new was dropped; with no reposition option nothing is ever repositioned.
 
 The exporter maps a policy only where the reader decides exactly as our policy does on every
-history, parallel tool batches included; everything else is refused with the reason.
+history upstream decides, parallel tool batches included; everything else is refused with the
+reason. Where that takes more than the options (a token counter, requests that end at their last
+call), `options.conditions()` says so, and the export states it beside the options.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ MODES = ("kv_drop", "text_drop")
 ROLLING_TARGETS = ("tool", "assistant", "both")
 DROP_TRIGGERS = ("drop_after_call", "drop_trigger_tokens", "drop_trigger_responses")
 TOKEN_OPTIONS = ("drop_trigger_tokens", "reposition_trigger_tokens", "drop_target_tokens")
+REPOSITION_OPTIONS = ("reposition_after_call", "reposition_trigger_tokens")
+RECOVERED_TOOL_CALLS_KEY = "contextualize_recovered_tool_calls"  # upstream's client metadata for text calls
 
 
 class AkvalgoError(ValueError):
@@ -85,6 +89,33 @@ class AkvalgoOptions:
     def needs_counter(self) -> bool:
         return any(getattr(self, t) is not None for t in TOKEN_OPTIONS)
 
+    def conditions(self) -> list[str]:
+        """What besides the options the harness must hold to for them to decide as the exported
+        policy: upstream's token options need its token_counter, and it decides token repositions
+        for a request that ends at its last call only. Empty: the options alone decide the same."""
+        out = []
+        if self.reposition_trigger_tokens == 1:
+            out.append("reposition_trigger_tokens=1 repositions at the end of every call that left a drop "
+                       "since the last reposition (what `reposition after each drop` does): AKVPolicy needs a "
+                       "token_counter for it, and any counter that counts each message as at least one token "
+                       "decides the same")
+        counted = [self.drop_trigger_tokens, self.drop_target_tokens,
+                   None if self.reposition_trigger_tokens == 1 else self.reposition_trigger_tokens]
+        if any(t is not None for t in counted):
+            out.append("token thresholds: AKVPolicy's token_counter must count as the policy's counter did "
+                       "(upstream's counts the rendered prompt, tool declarations and generation header "
+                       "included; ours sums the messages)")
+        if self.drop_trigger is not None or any(getattr(self, r) is not None for r in REPOSITION_OPTIONS):
+            out.append("call boundaries: the policy counts an assistant message's tool_calls; upstream also counts "
+                       "calls a client recovered from its text (contextualize_recovered_tool_calls), so the two "
+                       "agree on histories without recovered calls")
+        if self.reposition_trigger_tokens is not None:
+            out.append("reposition_trigger_tokens: upstream decides a request only when it ends at its last "
+                       "call (the call's tool results, or its controller prompt named in "
+                       "prompt_end_message_ids; reasoning alone may follow); it refuses others, e.g. a user "
+                       "message after a call, which the policy decides")
+        return out
+
 
 def _check(o: AkvalgoOptions) -> None:
     """Upstream's documented constraints on the options."""
@@ -131,7 +162,9 @@ def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]]
 
     In `text_drop` the history is the full one the caller keeps, and the decision's text edits
     remove what upstream leaves out of the messages it sends. `user_observations`: the harness
-    names every user observation as a call boundary (adapt_request's completed_call_message_ids).
+    names every user observation as a call boundary (adapt_request's completed_call_message_ids);
+    as upstream, drop triggers are refused only where one of them is among the call ends. Calls a
+    client recovered from an assistant message's text (RECOVERED_TOOL_CALLS_KEY) count as its calls.
     `prompt_end_message_ids`: call end b -> b + 1, the controller prompt the harness sends right
     after that call's results (`controller_prompt_ids`); `reposition_trigger_tokens` then measures
     the positions at the prompt's end. With token repositions the history must end at its last
@@ -140,10 +173,11 @@ def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]]
     if options.needs_counter() and counter is None:
         raise AkvalgoError(f"{next(t for t in TOKEN_OPTIONS if getattr(options, t) is not None)}: "
                            "token thresholds need a token_counter")
-    if user_observations and options.drop_trigger is not None:
+    view = _view(history, counter or ApproxTokenCounter(), user_observations)
+    observed = next((i for i in range(len(view)) if view.batch_end[i] and view.roles[i] == "user"), None)
+    if observed is not None and options.drop_trigger is not None:
         raise AkvalgoError(f"{options.drop_trigger}: triggered drops need tool-batch boundaries; upstream refuses "
-                           "user observations among them")
-    view = view_history(history, counter or ApproxTokenCounter(), user_observations)
+                           f"user observations among them (message {observed})")
     prompts = _check_prompt_ends(prompt_end_message_ids or {}, view)
     if options.reposition_trigger_tokens is not None:
         _check_current_call(view, history, prompts)
@@ -156,10 +190,32 @@ def decide_akvalgo(options: AkvalgoOptions, history: Sequence[Mapping[str, Any]]
     return Decision(drop_message=state.drop_message, reposition=state.reposition)
 
 
+def _view(history: Sequence[Mapping[str, Any]], counter: TokenCounter, user_observations: bool) -> HistoryView:
+    """The history as upstream reads it: an assistant message without `tool_calls` whose calls the
+    client recovered from its text (RECOVERED_TOOL_CALLS_KEY) calls them, so their results form one
+    batch; the tokens stay those of the messages as sent (upstream leaves the recovered calls out)."""
+    view = view_history(history, counter, user_observations)
+    calls = [_recovered_calls(m) for m in history]
+    if not any(calls):
+        return view
+    called = [{**m, "tool_calls": c} if c else m for m, c in zip(history, calls)]
+    return replace(view_history(called, counter, user_observations), tokens=view.tokens)
+
+
+def _recovered_calls(message: Mapping[str, Any]) -> list[Any]:
+    """Upstream's `history_tool_calls` where it differs from ours: `tool_calls` when there are any,
+    else the recovered ones."""
+    recovered = message.get(RECOVERED_TOOL_CALLS_KEY)
+    if message.get("tool_calls") or not isinstance(recovered, Mapping):
+        return []
+    calls = recovered.get("tool_calls")
+    return list(calls) if isinstance(calls, list) else []
+
+
 def controller_prompt_ids(history: Sequence[Mapping[str, Any]], user_observations: bool = False) -> dict[int, int]:
     """The `prompt_end_message_ids` a harness passes when the user message right after each call
     is that call's controller prompt: what `calls include controller_prompts` reads from the messages."""
-    return view_history(history, ApproxTokenCounter(), user_observations).prompt_ends()
+    return _view(history, ApproxTokenCounter(), user_observations).prompt_ends()
 
 
 def _check_prompt_ends(prompts: Mapping[int, int], view: HistoryView) -> dict[int, int]:
@@ -301,13 +357,21 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
     if target != "tool":
         options = AkvalgoOptions(keep_tool_responses=rules, rolling_drop_target=target)
     else:
-        rule = policy.rules[0]
-        trigger = _trigger_options(rule.trigger, refuse)
-        window = _window(rule.action, refuse)
-        _check_response_trigger(rule, {**window, **trigger}, refuse)
-        _check_target(rule, {**window, **trigger}, refuse)
-        options = AkvalgoOptions(**window, **trigger)
+        options = _tool_rule_options(policy.rules[0], refuse)
+        if len(policy.rules) > 1:  # named after the first rule's own constructs, which say more
+            raise refuse(policy.rules[1], "a second rule", "AKVPolicy has one drop rule (two only for "
+                         "rolling_drop_target both: the tool window, then `drop callers outside last K`)")
     return _with_reposition(policy.reposition, options, refuse)
+
+
+def _tool_rule_options(rule: n.Rule, refuse: Any) -> AkvalgoOptions:
+    """The options of one rule that rolls out tool responses. Its selector is checked before its
+    trigger: a trigger has near forms that map, a selector by name, size, age or content has none."""
+    window = _window(rule.action, refuse)
+    trigger = _trigger_options(rule.trigger, refuse)
+    _check_response_trigger(rule, {**window, **trigger}, refuse)
+    _check_target(rule, {**window, **trigger}, refuse)
+    return AkvalgoOptions(**window, **trigger)
 
 
 def _rolling_target(rules: tuple[n.Rule, ...], refuse: Any) -> tuple[str, int]:
@@ -317,10 +381,7 @@ def _rolling_target(rules: tuple[n.Rule, ...], refuse: Any) -> tuple[str, int]:
     callers = [r for r in rules if isinstance(r.action.target, n.Messages)
                and isinstance(r.action.target.selector, n.CallersOutside)]
     if not callers:
-        if len(rules) > 1:
-            raise refuse(rules[1], "a second rule", "AKVPolicy has one drop rule (two only for "
-                         "rolling_drop_target both: the tool window, then `drop callers outside last K`)")
-        return "tool", 0
+        return "tool", 0  # one rule: the caller refuses a second one after naming the first one's constructs
     rule = callers[0]
     k = rule.action.target.selector.n.value
     if _bare(rule) != n.Rule(rolling, n.Drop(n.Messages(n.CallersOutside(n.Num(k))))):
@@ -399,7 +460,8 @@ def _window(action: n.Action, refuse: Any) -> dict[str, int]:
                      "role and recency only, never by message content")
     if target.selector != n.Role("tool"):
         raise refuse(target.selector, format_selector(target.selector), "akvalgo rolls out tool responses "
-                     "only (`role tool`)")
+                     "only (`role tool`), by recency (`keep last K`); no option selects by tool name, size, "
+                     "age, content, the agent's words or its requests")
     if target.until_visible is not None and not target.trigger_included:
         raise refuse(target.until_visible, "until visible_tokens", "upstream's drop_target_tokens may drop the "
                      "response that triggered it, which this form never does: write `until visible_tokens <= "
@@ -453,15 +515,17 @@ def _with_reposition(rule: n.RepositionRule, options: AkvalgoOptions, refuse: An
         return replace(options, reposition_after_call=rule.n.value, reposition_interval_calls=then)
     if isinstance(rule, n.RepositionPositions):
         return replace(options, reposition_trigger_tokens=rule.threshold.value)
+    each_drop = isinstance(rule, n.RepositionEachDrop) or \
+        (isinstance(rule, n.RepositionEvery) and rule.unit == "drops" and rule.n.value == 1)
+    if each_drop:
+        # Upstream's token repositions fire at a call's end when the next free position exceeds T and
+        # a drop since the last reposition left a gap. With T=1 only the gap is left to test, and as
+        # ours repositions at the end of every call that dropped, a drop since then is one in this call.
+        return replace(options, reposition_trigger_tokens=1)
     text = f"reposition {format_reposition(rule)}"
-    if isinstance(rule, n.RepositionEachDrop) or (isinstance(rule, n.RepositionEvery) and rule.unit == "drops"):
-        why = ("repositions at the end of a tool batch that dropped something; upstream repositions on a call "
-               "schedule (`reposition after A tool_calls then every M`) or a position threshold")
-        if options.drop_trigger is None and options.rolling_drop_target == "tool":
-            k = options.keep_tool_responses
-            why += (f" (the nearest options, keep_tool_responses={k}, reposition_after_call={k + 1}, "
-                    "reposition_interval_calls=1, decide the same only while every tool batch holds one call)")
-        raise refuse(rule, text, why)
+    if isinstance(rule, n.RepositionEvery) and rule.unit == "drops":
+        raise refuse(rule, text, "counts drop events; upstream repositions on a call schedule or a position "
+                     "threshold (`reposition after each drop` maps, as reposition_trigger_tokens=1)")
     if isinstance(rule, n.RepositionEvery):
         raise refuse(rule, text, "skips a scheduled reposition when no drop left a gap; upstream's schedule "
                      f"repositions even when nothing new was dropped (write `reposition after {rule.n.value} "

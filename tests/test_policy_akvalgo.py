@@ -102,10 +102,11 @@ def at_current_call(messages: list[dict[str, Any]], observations: bool = False, 
 
 
 def same_at_every_request(ours: Any, options: AkvalgoOptions, messages: list[dict[str, Any]],
-                          prompts: bool = False) -> None:
+                          prompts: bool = False) -> tuple[int, int]:
     """Our policy and the reader agree at every request; with `prompts` the harness names each user
-    message right after a call as that call's controller prompt (prompt_end_message_ids)."""
-    counter = ApproxTokenCounter()
+    message right after a call as that call's controller prompt (prompt_end_message_ids). Returns how
+    many requests were compared and how many of those decisions reposition (to see it is not vacuous)."""
+    counter, compared, repositioned = ApproxTokenCounter(), 0, 0
     for end in range(2, len(messages) + 1):
         if messages[end - 1]["role"] == "assistant":
             continue  # a request ends with a user or tool message
@@ -118,6 +119,8 @@ def same_at_every_request(ours: Any, options: AkvalgoOptions, messages: list[dic
         expected = ours.decide(prefix, counter)
         got = decide_akvalgo(options, prefix, counter, prompt_end_message_ids=named)
         assert (got.drop_message, got.reposition) == (expected.drop_message, expected.reposition), end
+        compared, repositioned = compared + 1, repositioned + bool(expected.reposition)
+    return compared, repositioned
 
 
 # ---- the reader: upstream's documented behaviour ------------------------------------------------------
@@ -144,6 +147,60 @@ def test_a_triggered_drop_keeps_the_last_k_at_the_end_of_its_call() -> None:
     h = history([2, 3])  # tool messages 3, 4 (call 1) and 6, 7, 8 (call 2)
     got = decide_akvalgo(AkvalgoOptions(keep_tool_responses=2, drop_after_call=2), h)
     assert got.drop_message == {"8": [3, 4, 6]}
+
+
+def test_drop_triggers_with_user_observations_decide_while_no_observation_ends_a_call() -> None:
+    """Upstream's triggered drops refuse a user message among the call boundaries, not the harness's
+    option to name observations: with none among them it decides as from the tool batches."""
+    h = history([1, 2, 1, 3], seed=3, nudges=1.0)  # 2: 3, user 4 | 5: 6 7, user 8 | 9: 10, user 11 | 12: 13 14 15
+    assert [m["role"] for m in h].count("user") == 5  # a nudge after every batch, none an observation
+    options = AkvalgoOptions(keep_tool_responses=1, drop_after_call=2, drop_interval_calls=2)
+    got = decide_akvalgo(options, h, user_observations=True)
+    assert (got.drop_message, got.reposition) == ({"7": [3, 6], "15": [7, 10, 13, 14]}, [])
+    assert got == decide_akvalgo(options, h)
+    answered = h[:8] + [{"role": "assistant", "content": "the capital is Paris"}, {"role": "user", "content": "ok"}]
+    with pytest.raises(AkvalgoError, match=r"drop_after_call: triggered drops need tool-batch boundaries; upstream "
+                       r"refuses user observations among them \(message 9\)"):
+        decide_akvalgo(options, answered, user_observations=True)  # 9 is an observation: a call boundary
+
+
+def recovered(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as upstream's client keeps calls it recovered from the text: no
+    `tool_calls` on the wire, the calls under contextualize_recovered_tool_calls."""
+    calls = message["tool_calls"]
+    out = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**out, "contextualize_recovered_tool_calls": {"source": "content", "tool_calls": calls}}
+
+
+def test_tool_calls_recovered_from_text_count_as_the_messages_calls() -> None:
+    """upstream's history_tool_calls: `tool_calls` when there are any, else the recovered calls, so
+    the results of recovered parallel calls are one batch, one call boundary."""
+    native = history([1, 3, 1, 2])  # batches 2: 3 | 4: 5 6 7 | 8: 9 | 10: 11 12
+    text = [recovered(m) if i in (4, 10) else m for i, m in enumerate(native)]
+    empty = [{**m, "tool_calls": []} if i in (4, 10) else m for i, m in enumerate(text)]
+    options = AkvalgoOptions(keep_tool_responses=2, reposition_after_call=2, reposition_interval_calls=1)
+    for h in (text, empty):
+        got = decide_akvalgo(options, h)
+        assert got == decide_akvalgo(options, native) and got.reposition == [7, 9, 12]
+        assert controller_prompt_ids(h + [{"role": "user", "content": "go on"}]) == {12: 13}
+    triggered = AkvalgoOptions(keep_tool_responses=1, drop_after_call=2)
+    assert decide_akvalgo(triggered, text).drop_message == {"7": [3, 5, 6]}
+    both = {**recovered(native[4]), "tool_calls": native[4]["tool_calls"][:1]}  # native calls come first
+    assert decide_akvalgo(options, native[:4] + [both] + native[5:6]).reposition == [5]
+
+
+class CallsCounter:
+    """1000 tokens for a message that sends tool calls, 10 for any other."""
+
+    def count(self, message: Any) -> int:
+        return 1000 if message.get("tool_calls") else 10
+
+
+def test_recovered_calls_add_no_tokens_as_upstream_sends_the_message_without_them() -> None:
+    text = [recovered(m) if m.get("tool_calls") else m for m in history([1, 2, 1])]
+    options = AkvalgoOptions(keep_tool_responses=1, drop_trigger_tokens=500)
+    assert decide_akvalgo(options, text, CallsCounter()).drop_message == {}
+    assert decide_akvalgo(options, history([1, 2, 1]), CallsCounter()).drop_message != {}
 
 
 @pytest.mark.parametrize("kwargs, named", [
@@ -189,18 +246,73 @@ def test_exported_options_decide_as_the_policy_on_recorded_and_random_histories(
             assert final.drop_message  # the round trip is not vacuous
 
 
-def test_the_expert_is_refused_and_its_nearest_options_differ_only_with_parallel_batches() -> None:
-    for name in ("expert", "expert-8k"):
-        with pytest.raises(NotExpressible, match=r"reposition after each drop: repositions at the end of a tool "
-                           "batch that dropped something") as err:
-            to_akvalgo(load_policy(name).ast, f"{name}.akvp")
-        assert (err.value.filename, err.value.line) == (f"{name}.akvp", 6)
-    expert = load_policy("rolling-3")
-    nearest = AkvalgoOptions(keep_tool_responses=3, reposition_after_call=4, reposition_interval_calls=1)
-    same_at_every_request(expert, nearest, history([1] * 9))  # one call per batch: the same decisions
-    parallel = history([1, 2, 3, 1, 2])
-    ours, upstream = expert.decide(parallel), decide_akvalgo(nearest, parallel)
-    assert ours.drop_message == upstream.drop_message and ours.reposition != upstream.reposition
+@pytest.mark.parametrize("name", ["expert-8k", "expert", "keep last 1", "keep last 7"])
+def test_reposition_after_each_drop_exports_as_a_token_threshold_of_one(name: str) -> None:
+    """`reposition after each drop` is reposition_trigger_tokens=1: at a call's end, any drop since the
+    last reposition. The same at every request upstream decides (a request that ends at its last call),
+    on 200 random histories with parallel batches and user nudges; the others upstream refuses."""
+    if name.startswith("keep last"):
+        ours = compile_policy(parse(f"mode kv\non each tool_response: drop role tool {name}\n"
+                                    "reposition after each drop\n"), name=name)
+    else:
+        ours = load_policy(name)
+    keep = ours.ast.rules[0].action.target.keep_last.value
+    exported = to_akvalgo(ours.ast).kwargs()
+    assert exported == {"keep_tool_responses": keep, "reposition_trigger_tokens": 1, **BASIC}
+    options = AkvalgoOptions.from_kwargs(json.loads(json.dumps(exported)))
+    compared = [same_at_every_request(ours, options, messages) for messages in random_histories(200)]
+    assert sum(c for c, _ in compared) > 2000 and sum(r for _, r in compared) > 0  # not vacuous
+
+
+@pytest.mark.parametrize("rule", [
+    "on every 2 tool_calls: drop role tool keep last 3",
+    "on each tool_call and visible_tokens > 300: drop role tool keep last 2",
+    "on each tool_call and visible_tool_responses >= 5: drop role tool keep last 2",
+    "on each tool_call and visible_tokens > 400: drop role tool until visible_tokens <= 150 trigger included",
+    "on each tool_response: drop callers outside last 3",
+    "on each tool_response: drop role tool keep last 3\non each tool_response: drop callers outside last 3",
+])
+def test_reposition_after_each_drop_maps_beside_every_drop_form(rule: str) -> None:
+    ours = compile_policy(parse(f"mode kv\n{rule}\nreposition after each drop\n"))
+    options = to_akvalgo(ours.ast)
+    assert options.reposition_trigger_tokens == 1
+    for messages in random_histories(24):
+        same_at_every_request(ours, options, messages)
+
+
+def test_the_conditions_of_token_repositions_are_stated() -> None:
+    def said(conditions: list[str], words: str) -> bool:
+        return any(words in c for c in conditions)
+
+    each_drop = to_akvalgo(load_policy("expert-8k").ast).conditions()
+    assert said(each_drop, "any counter that counts each message as at least one token")
+    assert said(each_drop, "ends at its last call") and said(each_drop, "recovered from its text")
+    assert not said(each_drop, "must count as the policy's counter did")  # T=1 reads no count but the gap
+    threshold = to_akvalgo(parse("mode kv\non each tool_response: drop role tool keep last 3\n"
+                                 "reposition when positions > 600\n")).conditions()
+    assert said(threshold, "must count as the policy's counter did") and said(threshold, "ends at its last call")
+    assert to_akvalgo(load_policy("keep-12").ast).conditions() == []  # a rolling window reads no boundary
+
+
+def test_counting_drops_is_refused() -> None:
+    with pytest.raises(NotExpressible, match=r"reposition every 2 drops: counts drop events.*`reposition after "
+                       r"each drop` maps") as err:
+        to_akvalgo(parse("mode kv\non each tool_response: drop role tool keep last 3\nreposition every 2 drops\n",
+                         filename="p.akvp"), "p.akvp")
+    assert err.value.line == 3
+    one = to_akvalgo(parse("mode kv\non each tool_response: drop role tool keep last 3\nreposition every 1 drops\n"))
+    assert one.reposition_trigger_tokens == 1
+
+
+def test_a_reflect_champion_is_refused_at_its_first_selector() -> None:
+    """The rules `make evolve`'s reflect proposes select by tool name, size, age and milestones."""
+    text = ('mode kv\non each turn: drop tool_name "search" and age >= 1 in 1..8 turns with "Found"\n'
+            'on each turn: drop tool_name "get_document" and tokens > 800 in 200..2400 and age >= 7 in 1..16 turns\n'
+            "reposition after each drop\n")
+    with pytest.raises(NotExpressible, match=r'tool_name "search" and age >= 1 in 1..8 turns with "Found": '
+                       "akvalgo rolls out tool responses only.*no option selects by tool name") as err:
+        to_akvalgo(parse(text, filename="champion.akvp"), "champion.akvp")
+    assert (err.value.line, err.value.column) == (2, 20)
 
 
 @pytest.mark.parametrize("text, construct", [
@@ -233,7 +345,7 @@ def test_text_policies_and_full_attention_are_refused() -> None:
 def test_akv_export_format_akvalgo_writes_options_or_names_the_construct(tmp_path) -> None:
     from policy_dsl import canonical_hash, format_policy
     from store import Store
-    from store.records import Proposal
+    from store.records import Proposal, ValidationRecord
 
     url = f"sqlite:///{tmp_path / 'akv.db'}"
     store = Store.open(url)
@@ -241,10 +353,14 @@ def test_akv_export_format_akvalgo_writes_options_or_names_the_construct(tmp_pat
         run = store.create_run("r1", {}, 0, "test", "localcomp@unversioned")
         ids = {}
         for name, text in (("rolling", "on each tool_response: drop role tool keep last 5"),
-                           ("content", 'on each tool_response: drop role tool and contains "log" keep last 5')):
+                           ("content", 'on each tool_response: drop role tool and contains "log" keep last 5'),
+                           ("each drop", "on each tool_response: drop role tool keep last 6\n"
+                                         "reposition after each drop")):
             ast = parse(f"mode kv\n{text}\n")
             ids[name], _ = store.add_policy(run.id, Proposal("test", format_policy(ast), text=format_policy(ast),
                                                              hash=canonical_hash(ast), name=name))
+        best = ValidationRecord(ids["each drop"], "candidate", "each drop", 5, 0.8, 0.01, {}, True, False, "close")
+        store.save_validations(run.id, [best], "test", "localcomp@unversioned", {})
     finally:
         store.close()
     runner = CliRunner()
@@ -253,10 +369,20 @@ def test_akv_export_format_akvalgo_writes_options_or_names_the_construct(tmp_pat
                                "--out", str(out), "--db", url])
     assert done.exit_code == 0, done.output
     assert json.loads(out.read_text()) == {"keep_tool_responses": 5, **BASIC}
-    assert json.loads((tmp_path / "best.akvalgo.provenance.json").read_text())["policy"]["id"] == ids["rolling"]
+    record = json.loads((tmp_path / "best.akvalgo.provenance.json").read_text())
+    assert record["policy"]["id"] == ids["rolling"] and record["akvalgo"]["conditions"] == []
     refused = runner.invoke(app, ["export", "r1", "--format", "akvalgo", "--policy", str(ids["content"]),
                                   "--out", str(tmp_path / "c.json"), "--db", url])
     assert refused.exit_code == 2 and not (tmp_path / "c.json").exists()
     assert f"r1#{ids['content']}.akvp:2:" in refused.stderr and "content-based" in refused.stderr
+    done = runner.invoke(app, ["export", "r1", "--best", "--format", "akvalgo", "--out", str(out), "--db", url])
+    assert done.exit_code == 0, done.output
+    exported = {"keep_tool_responses": 6, **BASIC, "reposition_trigger_tokens": 1}
+    assert json.loads(out.read_text()) == exported  # AKVPolicy(**json.load(f)): the options alone
+    record = json.loads((tmp_path / "best.akvalgo.provenance.json").read_text())
+    assert record["policy"]["id"] == ids["each drop"] and not record["champion"]
+    assert record["akvalgo"] == {"options": exported, "conditions": AkvalgoOptions(**exported).conditions()}
+    assert any("ends at its last call" in c for c in record["akvalgo"]["conditions"])
     shown = runner.invoke(app, ["policy", "akvalgo", "expert-8k"])
-    assert shown.exit_code == 1 and "reposition after each drop" in shown.stderr
+    assert shown.exit_code == 0 and json.loads(shown.stdout) == {"keep_tool_responses": 4, **BASIC,
+                                                                 "reposition_trigger_tokens": 1}

@@ -34,6 +34,18 @@ def _with_store(db: Optional[str], body: Callable) -> None:
         store.close()
 
 
+def _show_rounds(store, info, console) -> None:  # noqa: ANN001 - a Store, a RunInfo, a rich Console
+    """One line per validation round: which held-out tasks of which build it ran (docs/evolve.md)."""
+    from evolve.validation import describe_heldout, round_heldout
+
+    rounds = store.validation_rounds(info.id)
+    if rounds:
+        console.print("held-out tasks by validation round:")
+    for r in rounds:
+        console.print(f"  round {r.round}: {describe_heldout(round_heldout(r.settings, r.suite_version))}",
+                      soft_wrap=True, markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
     runs_app = typer.Typer(help="Evolution runs stored in the database.", no_args_is_help=True)
@@ -72,7 +84,11 @@ def register(app: typer.Typer) -> None:
 
         from evolve.views import show_run
 
-        _with_store(db, lambda store: show_run(store, run, Console()))
+        def body(store) -> None:
+            console = Console()
+            show_run(store, run, console)
+            _show_rounds(store, store.run(run), console)
+        _with_store(db, body)
 
     @app.command()
     def lineage(run: str = typer.Argument(..., help="Run name or id."),
@@ -117,20 +133,23 @@ def register(app: typer.Typer) -> None:
                 out: Optional[Path] = typer.Option(None, "--out", help="Where to write the HTML report "
                                                    "(default: reports/RUN/report.html in the data folder)."),
                 db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
-                as_json: bool = typer.Option(False, "--json", help="The table's rows (costs in USD), the verdict and "
-                                             "the report's path as one JSON object."),
+                as_json: bool = typer.Option(False, "--json", help="The table's rows (costs in USD), the verdict, "
+                                             "the per-proposer counts, the champion's lineage and the report's "
+                                             "path as one JSON object."),
                 oracle: bool = typer.Option(False, "--oracle", help="Also run the hindsight oracle on the held-out "
                                             "tasks (replay backend) and say what share of the expert-to-oracle "
                                             "cost gap the champion (else the best validated candidate) closed.")
                 ) -> None:
-        """Print the held-out table against the baselines and write a self-contained report.html."""
+        """Print the held-out table against the baselines, the policies by proposer and the champion's
+        lineage, and write a self-contained report.html."""
         from dataclasses import asdict
 
         from rich.console import Console
 
         from akv_core.home import data_path
         from evolve.command import print_comparison
-        from evolve.report import comparison_rows, oracle_gap, render_html, summary_line
+        from evolve.report import comparison_rows, oracle_gap, render_html, run_accounting, summary_line
+        from evolve.views import print_accounting
         from store import StoreError
 
         def body(store) -> None:
@@ -145,15 +164,17 @@ def register(app: typer.Typer) -> None:
                 except ValueError as err:
                     fail(f"--oracle: {err}")
             path = out if out is not None else data_path("reports", info.name, "report.html")
-            path.write_text(render_html(store, info), encoding="utf-8")
+            accounting = run_accounting(store, info)
+            path.write_text(render_html(store, info, accounting), encoding="utf-8")
             if as_json:
                 found = {"run": info.name, "rows": [asdict(r) for r in comparison_rows(validations)],
-                         "verdict": summary_line(validations), "report": str(path)}
+                         "verdict": summary_line(validations), **accounting.as_dict(), "report": str(path)}
                 typer.echo(json.dumps(found | ({"oracle_gap": gap.as_dict()} if gap is not None else {})))
                 return
             console = Console()
             print_comparison(console, validations)
             console.print(summary_line(validations))
+            print_accounting(console, accounting)
             if gap is not None:
                 typer.echo(gap.line())  # unwrapped: one line to read or grep
             console.print(f"report: {path}")

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from rich.console import Console
 
-from evolve.config import ConfigError, EvolveConfig, LLMProposerConfig, load_config
+from evolve.config import ConfigError, EvolveConfig, LLMProposerConfig, ValidationConfig, load_config
 from evolve.export import export_run
 from evolve.library import UnknownPolicy, library_texts, load_checked
 from evolve.loop import Evolution, EvolutionResult
@@ -19,6 +19,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
+from evolve.validation import describe_heldout
 from sandbox.cost import cents
 from sandbox.progress import TaskDisplay
 from sandbox.tables import Column, fitted_table
@@ -72,6 +73,33 @@ def resumed_config(run: RunInfo, overrides: Mapping[str, Any], console: Console)
         return EvolveConfig.model_validate(data)
     except ValueError as err:
         raise EvolveError(f"--resume: {err}") from None
+
+
+SELECTION = ("heldout_limit", "heldout_range", "heldout_seed")  # which held-out tasks: given together or not at all
+
+
+def with_validation(stored: EvolveConfig, given: EvolveConfig, console: Console) -> EvolveConfig:
+    """On resume, the validation settings of a `--config` file apply to the validation this process does
+    (with --revalidate, a new round: the round records them); the run's other settings stay as stored.
+    A file that names one held-out setting (`heldout_limit`, `heldout_range`, `heldout_seed`) chooses
+    the held-out tasks anew: the stored ones of the others are dropped."""
+    if "validation" not in given.model_fields_set:
+        return stored
+    named = given.validation.model_fields_set
+    settings = stored.validation.model_dump(mode="json")
+    if named & set(SELECTION):
+        settings = {k: v for k, v in settings.items() if k not in SELECTION}
+    settings |= given.validation.model_dump(mode="json", include=named)
+    try:
+        validation = ValidationConfig.model_validate(settings)
+    except ValueError as err:
+        raise EvolveError(f"--config: validation: {err}") from None
+    changed = {k: v for k, v in validation.model_dump(mode="json").items()
+               if v != stored.validation.model_dump(mode="json")[k]}
+    if changed:
+        console.print("validating with the --config file's settings: "
+                      + ", ".join(f"validation.{k} {v}" for k, v in changed.items()), soft_wrap=True, markup=False)
+    return stored.model_copy(update={"validation": validation})
 
 
 def new_run(store: Store, config: EvolveConfig, suite_version: str) -> tuple[RunInfo, EvolveConfig]:
@@ -198,7 +226,7 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         run = find_resumable(store, config.run_name, include_finished=revalidate)
         if run.status == "finished" and not revalidate:
             return finished_already(store, run, console)
-        config = resumed_config(run, overrides, console)
+        config = with_validation(resumed_config(run, overrides, console), config, console)
     else:
         config = suite_scaled(config)
     if run is None and config.run_name and config.run_name in store.run_names():
@@ -219,12 +247,14 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
                                      recorded_version=run.suite_version if run is not None else None,
-                                     concurrency=config.evaluation.concurrency, precision=config.precision)
+                                     concurrency=config.evaluation.concurrency, precision=config.precision,
+                                     heldout_seed=config.validation.heldout_seed,
+                                     heldout_range=config.validation.heldout_range)
     except ValueError as err:
         display.close()
         message = str(err)
-        raise EvolveError(message if run is not None or message.startswith("--") else f"--suite/--backend: {err}") \
-            from None
+        named = run is not None or message.startswith(("--", "validation."))
+        raise EvolveError(message if named else f"--suite/--backend: {err}") from None
     try:
         if run is None:
             run, config = new_run(store, config, evaluator.suite_version)
@@ -282,11 +312,19 @@ def finish(store: Store, run: RunInfo, result: EvolutionResult, console: Console
 
 
 def print_comparison(console: Console, validations) -> None:
+    """The held-out table, then which held-out tasks the round ran (`validation.describe_heldout`)."""
+    _print_table(console, validations)
+    source = next((v.stats["heldout"] for v in validations if isinstance(v.stats.get("heldout"), dict)), None)
+    if source is not None:
+        console.print(f"held-out: {describe_heldout(source)}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _print_table(console: Console, validations) -> None:
     rows = text_table(comparison_rows(validations))
     # Numbers whole; at a narrow width the comparisons with the weaker baselines are left out first.
     columns = [Column(rows[0][0], keep=9), Column(rows[0][1], True, 9)]
     columns += [Column(header, True, 8 - n) for n, header in enumerate(rows[0][2:])]
     console.print(fitted_table(columns, rows[1:], console.width, compact=True,
-                               complete="akv runs compare RUN --json has every column",
+                               complete="akv compare RUN --json has every column",
                                title="held-out comparison (± half-width of the 95% bootstrap CI; per baseline: "
                                      "cost %, score points; vs expert: the champion rule's Holm p and score lower bound)"))

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from akv_core.model.precisions import PRECISIONS
 
@@ -79,7 +80,15 @@ class CascadeConfig(Strict):
 class ValidationConfig(Strict):
     top_k: int = Field(2, ge=1, description="Front policies validated on the held-out split.")
     heldout_limit: Optional[int] = Field(60, ge=2, description="Use only the first N held-out tasks (60 keeps "
-                                         "`make evolve` within minutes; the paper used 100); null for all.")
+                                         "`make evolve` within minutes; the paper used 100); null for all. "
+                                         "With heldout_range and no heldout_limit of its own: null.")
+    heldout_range: Optional[tuple[int, int]] = Field(
+        None, description="[start, stop): the held-out tasks by index, start included, stop not (60-169 of the "
+        "split: [60, 170]); tasks beyond the ones earlier figures looked at.")
+    heldout_seed: Optional[int] = Field(
+        None, ge=0, description="Draw the held-out tasks from a build of the suite with this seed, under the data "
+        "folder's fresh/SUITE-seedN/ (a suite that can build with a seed: localcomp, localswe); null: the run's own "
+        "build.")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the champion rule: of the "
                          "one-sided cost test (after Holm-Bonferroni) and of the score's non-inferiority bound.")
     margin: float = Field(0.02, ge=0.0, le=1.0, description="Non-inferiority margin of the score (0..1 scale; "
@@ -88,6 +97,26 @@ class ValidationConfig(Strict):
     resamples: int = Field(2000, ge=100, description="Bootstrap resamples per confidence interval.")
     permutations: int = Field(10000, ge=100, description="Sign flips drawn when the sample is too large "
                               "to enumerate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_range_replaces_the_default_limit(cls, data: Any) -> Any:
+        """A range given without a limit of its own takes all of its tasks, not the default first 60."""
+        if isinstance(data, dict) and data.get("heldout_range") is not None and "heldout_limit" not in data:
+            return {**data, "heldout_limit": None}
+        return data
+
+    @field_validator("heldout_range")
+    @classmethod
+    def _a_range_is_ordered_and_not_negative(cls, span: tuple[int, int] | None) -> tuple[int, int] | None:
+        if span is None:
+            return span
+        start, stop = span
+        if start < 0:
+            raise ValueError(f"start {start} is negative: task indices count from 0")
+        if start >= stop:
+            raise ValueError(f"[{start}, {stop}) holds no task: start must be below stop")
+        return span
 
 
 class EvaluationConfig(Strict):

@@ -9,7 +9,8 @@ from typing import Any
 
 from evolve.cascade import summarize
 from evolve.context import TRAIN
-from store import Store, StoreError, ValidationRecord
+from evolve.validation import describe_heldout, round_heldout
+from store import Store, StoreError, ValidationRecord, ValidationRound
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,10 @@ def export_akvalgo(store: Store, run_ref: str | int, out: Path | None = None,
     """The policy as upstream akvalgo `AKVPolicy` keyword arguments (JSON) plus its provenance record.
 
     Raises policy_dsl.akvalgo.NotExpressible, located in the policy's canonical text, when the policy
-    has no exact akvalgo equivalent; nothing is written then.
+    has no exact akvalgo equivalent; nothing is written then. The options file holds the keyword
+    arguments alone (`AKVPolicy(**json.load(f))`), so what the harness must add for them to decide as
+    the policy (a token counter, requests that end at their last call) goes in the provenance record,
+    under "akvalgo": the options and their conditions.
     """
     from akv_core.home import data_path
     from policy_dsl import parse
@@ -70,8 +74,9 @@ def export_akvalgo(store: Store, run_ref: str | int, out: Path | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(options.kwargs(), indent=2) + "\n", encoding="utf-8")
     provenance_path = out.with_name(out.name.removesuffix(".json") + ".provenance.json")
-    provenance_path.write_text(json.dumps(provenance(store, run, policy.id, record), indent=2, default=str)
-                               + "\n", encoding="utf-8")
+    written = {**provenance(store, run, policy.id, record),
+               "akvalgo": {"options": options.kwargs(), "conditions": options.conditions()}}
+    provenance_path.write_text(json.dumps(written, indent=2, default=str) + "\n", encoding="utf-8")
     return Exported(out, provenance_path, policy.id, bool(record and record.champion))
 
 
@@ -105,6 +110,13 @@ def lineage_of(store: Store, run_id: int, policy_id: int) -> list[dict[str, Any]
     return order
 
 
+def heldout_of(latest: ValidationRound, record: ValidationRecord | None) -> dict[str, Any]:
+    """Which held-out tasks of which build the round ran (a fresh build's version, its seed, the range), in words too."""
+    source = (record.stats.get("heldout") if record is not None else None) or round_heldout(latest.settings,
+                                                                                           latest.suite_version)
+    return {**source, "text": describe_heldout(source)}
+
+
 def provenance(store: Store, run, policy_id: int, record: ValidationRecord | None) -> dict[str, Any]:
     policy = store.policy(policy_id)
     train = [e.result for e in store.evaluations(run.id, TRAIN, [policy_id])]
@@ -123,7 +135,8 @@ def provenance(store: Store, run, policy_id: int, record: ValidationRecord | Non
         # The validation round whose verdict this is (the latest; earlier rounds stay in the store).
         "validation": None if latest is None else {
             "round": latest.round, "rounds": len(rounds), "code_version": latest.code_version,
-            "suite_version": latest.suite_version, "created_at": latest.created_at, "settings": latest.settings},
+            "suite_version": latest.suite_version, "created_at": latest.created_at, "settings": latest.settings,
+            "heldout": heldout_of(latest, record)},
         "lineage": lineage_of(store, run.id, policy_id),
         "champion": bool(record and record.champion),
         "verdict": record.verdict if record else None,

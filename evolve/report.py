@@ -5,13 +5,15 @@ network): the Pareto front and the lineage tree are inline SVG, styles are inlin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
 from html import escape
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evolve.cascade import train_points
 from evolve.context import TRAIN
-from evolve.export import chosen_validation
+from evolve.export import chosen_validation, lineage_of
+from evolve.loop import PROPOSED_BY
 from evolve.pareto import Point, pareto_front
 from evolve.validation import HELDOUT, REFERENCE
 from sandbox.cost import cents
@@ -127,6 +129,136 @@ def summary_line(validations: Sequence[ValidationRecord]) -> str:
             f"rule. {why}.")
 
 
+# ---- per-proposer accounting and the chosen policy's lineage -----------------------------------
+
+@dataclass(frozen=True)
+class ProposerTally:
+    """What became of one proposer's policies. The fates partition them: proposed = rejected +
+    duplicate + pruned + evaluated + pending. Seeds and baselines (`given`) are given, not proposed."""
+
+    proposer: str
+    given: bool
+    proposed: int
+    rejected: int  # invalid, or nothing new to propose
+    duplicate: int
+    pruned: int  # by the cascade, on the train subset
+    evaluated: int  # on the whole train split
+    pending: int  # proposed but not yet judged (a stopped run)
+    front: int  # on the train Pareto front
+    finalists: int  # validated on held-out as candidates
+    champion: int
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    policy_id: int
+    label: str
+    proposer: str
+    generation: int
+    parent_ids: tuple[int, ...]
+    note: str  # its edit in one line ("" for seeds and baselines)
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """A run's per-proposer tallies, and the champion (else the best validated candidate) with its lineage."""
+
+    tallies: list[ProposerTally]
+    chosen: ValidationRecord | None
+    chosen_text: str | None
+    lineage: list[LineageNode]  # the chosen policy first, then its ancestors, nearest first
+
+    def as_dict(self) -> dict[str, Any]:
+        chosen = None if self.chosen is None else {
+            "policy_id": self.chosen.policy_id, "label": self.chosen.label, "champion": self.chosen.champion,
+            "text": self.chosen_text}
+        return {"proposers": [asdict(t) for t in self.tallies],
+                "lineage": {"policy": chosen, "nodes": [asdict(n) | {"parent_ids": list(n.parent_ids)}
+                                                        for n in self.lineage]}}
+
+
+def proposer_tallies(policies: Sequence[PolicyInfo], front_ids: set[int], validations: Sequence[ValidationRecord],
+                     order: Sequence[str] = ()) -> list[ProposerTally]:
+    """One tally per proposer of the run's policies: the proposers in `order` (then by name), then seeds
+    and baselines. The latest validation round names the finalists and the champion."""
+    finalists = {v.policy_id for v in validations if v.role == "candidate"}
+    champions = {v.policy_id for v in validations if v.champion}
+    groups: dict[str, list[PolicyInfo]] = {}
+    for p in policies:
+        groups.setdefault(p.proposer, []).append(p)
+    ranked = [*order, "seed", "baseline"]
+
+    def rank(name: str) -> tuple[bool, int, str]:
+        return name not in PROPOSED_BY, ranked.index(name) if name in ranked else len(ranked), name
+
+    out = []
+    for name in sorted(groups, key=rank):
+        items, ids = groups[name], {p.id for p in groups[name]}
+        fate = Counter(p.status for p in items)
+        judged = sum(fate[s] for s in ("rejected", "duplicate", "pruned", "evaluated"))
+        out.append(ProposerTally(name, name not in PROPOSED_BY, len(items), fate["rejected"], fate["duplicate"],
+                                 fate["pruned"], fate["evaluated"], len(items) - judged, len(ids & front_ids),
+                                 len(ids & finalists), len(ids & champions)))
+    return out
+
+
+def edit_note(meta: Mapping[str, Any]) -> str:
+    """A proposal's edit in one line, from what its proposer stored with it ("" if nothing)."""
+    if meta.get("edits"):
+        source = f" (reflected on #{meta['reflected_on']}'s timelines)" if meta.get("reflected_on") else ""
+        return "; ".join(map(str, meta["edits"])) + source
+    if meta.get("params"):
+        return "tuned " + ", ".join(f"{_short_path(k)}={v}" for k, v in meta["params"].items())
+    if meta.get("diagnosis"):
+        return f"diagnosis: {meta['diagnosis']}"
+    if "draws" in meta:
+        return f"random draw ({meta['draws']} tries)"
+    return ""
+
+
+def _short_path(path: str) -> str:
+    """A tunable's path, its middle left out: rules[2].action.target.selector.parts[1].n -> rules[2]..parts[1].n"""
+    parts = path.split(".")
+    return path if len(parts) <= 3 else f"{parts[0]}..{'.'.join(parts[-2:])}"
+
+
+def run_accounting(store: Store, run: RunInfo) -> Accounting:
+    """The tallies of every proposer of the run and the chosen policy's lineage (`akv compare`, the report)."""
+    policies = store.policies(run.id)
+    front = {p.policy_id for p in pareto_front(train_points(store, run.id, run_train_ids(store, run.id)))}
+    tallies = proposer_tallies(policies, front, store.validations(run.id), run.config.get("proposers", ()))
+    chosen = chosen_validation(store, run.id, None, allow_best=True)
+    if chosen is None:
+        return Accounting(tallies, None, None, [])
+    by_id = {p.id: p for p in policies}
+    lineage = [LineageNode(n["id"], by_id[n["id"]].label, n["proposer"], n["generation"], tuple(n["parents"]),
+                           edit_note(n["meta"])) for n in lineage_of(store, run.id, chosen.policy_id)]
+    return Accounting(tallies, chosen, by_id[chosen.policy_id].text, lineage)
+
+
+def tally_table(tallies: Sequence[ProposerTally]) -> list[list[str]]:
+    """Header plus one line per proposer, the cells the CLI and the HTML show; seeds and baselines last.
+    A ★ marks the champion's proposer (as in the comparison table); the pending column appears only
+    where some policy is pending."""
+    counts = [f.name for f in fields(ProposerTally)[2:-1] if f.name != "pending" or any(t.pending for t in tallies)]
+    return [["proposer", *counts]] + [[t.proposer + (" ★" if t.champion else ""),
+                                       *(str(getattr(t, c)) for c in counts)] for t in tallies]
+
+
+def lineage_table(lineage: Sequence[LineageNode]) -> list[list[str]]:
+    """Header plus one line per node of the chosen policy's lineage, nearest first."""
+    return [["policy", "proposer", "gen", "parents", "edit"]] + [
+        [n.label, n.proposer, str(n.generation), " ".join(f"#{i}" for i in n.parent_ids) or "-", n.note or "-"]
+        for n in lineage]
+
+
+def chosen_title(acc: Accounting) -> str:
+    """Whose lineage and text the accounting shows."""
+    if acc.chosen is None:
+        return "no validated candidate"
+    return f"{'champion' if acc.chosen.champion else 'best validated candidate (not a champion)'} {acc.chosen.label}"
+
+
 # ---- the expert-to-oracle gap ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -233,51 +365,121 @@ def _oracle_costs(run: RunInfo, task_ids: Sequence[str]) -> dict[str, tuple[floa
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f2f2f2}
-.champ{background:#fff6d5}.rej{color:#a33}svg{border:1px solid #ddd;background:#fff}code{font-size:12px}"""
+td{white-space:pre-line}.champ{background:#fff6d5}.given td{color:#666}#proposers td+td{text-align:right}
+.rej{color:#a33}code{font-size:12px}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;font-size:12px}svg{border:1px solid #ddd;background:#fff}"""
 
 
-def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: int = 640, h: int = 380) -> str:
-    pts = [(p.cost, p.score) for p in train] + [(v.cost_mean, v.score_mean) for v in heldout]
+def cost_range(focus: Sequence[float], others: Sequence[float] = (), reach: float = 1.0) -> tuple[float, float]:
+    """The Pareto plot's cost axis: the range of the `focus` costs (candidates, the expert, `full`),
+    widened to take in the `others` within `reach` focus spans of it, plus 5% on either side.
+
+    A far costlier (or cheaper) policy, such as Text Engineering, is left out of the range so that it
+    does not squeeze the candidates into one corner; the plot draws it at the axis' edge with its cost.
+    """
+    if not focus:
+        focus, others = others, ()
+    lo, hi = min(focus), max(focus)
+    span = hi - lo or abs(hi) / 10 or 1e-9
+    kept = [x for x in others if lo - reach * span <= x <= hi + reach * span]
+    lo, hi = min([lo, *kept]), max([hi, *kept])
+    pad = (hi - lo or span) / 20
+    return (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
+
+
+def pareto_svg(train: Sequence[Point], heldout: Sequence[ValidationRecord], w: int = 800, h: int = 420,
+               focus: set[int] | None = None) -> str:
+    """Train means (circles, the train front as a line) and held-out means (squares), with the cost axis
+    fitted to the policies in `focus` (ids; None: all); the others beyond it are drawn just past its end,
+    under "beyond", with an arrowhead and their cost in the label."""
+    pts = [(p.policy_id, p.cost, p.score) for p in train]
+    pts += [(v.policy_id, v.cost_mean, v.score_mean) for v in heldout]
     if not pts:
         return '<svg id="pareto" width="10" height="10"></svg>'
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    x0, x1 = min(xs), max(xs) or 1.0
+    x0, x1 = cost_range([c for i, c, _ in pts if focus is None or i in focus],
+                        [c for i, c, _ in pts if focus is not None and i not in focus])
+    ys = [s for _, _, s in pts]
     y0, y1 = min(min(ys), 0.0), max(max(ys), 1e-9)
-    x1 = x1 if x1 > x0 else x0 + 1e-9
-    pad, right = 50, 150  # the right margin leaves room for the labels of the dearest points
-
-    def sx(x: float) -> float:
-        return pad + (x - x0) / (x1 - x0) * (w - pad - right)
-
-    def sy(y: float) -> float:
-        return h - pad - (y - y0) / (y1 - y0 if y1 > y0 else 1) * (h - 2 * pad)
-
+    pad, right = 50, 230  # the right margin leaves room for the labels of the dearest points
+    plot = _Plot(x0, x1, y0, y1, pad, w - right, h - pad, pad)
     out = [f'<svg id="pareto" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
-           f'<line x1="{pad}" y1="{h - pad}" x2="{w - right}" y2="{h - pad}" stroke="#444"/>',
-           f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
-           f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle" font-size="12">cost per task (¢)</text>',
-           f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
-           'score</text>']
-    for frac in (0.0, 0.5, 1.0):  # three ticks per axis are enough to read the scale
-        xv, yv = x0 + frac * (x1 - x0), y0 + frac * (y1 - y0)
-        out.append(f'<text x="{sx(xv):.1f}" y="{h - pad + 16}" font-size="10" text-anchor="middle">{cents(xv)}</text>'
-                   f'<text x="{pad - 6}" y="{sy(yv) + 3:.1f}" font-size="10" text-anchor="end">{yv:.2f}</text>')
-    front = pareto_front(train)
-    line = " ".join(f"{sx(p.cost):.1f},{sy(p.score):.1f}" for p in sorted(front, key=lambda p: p.cost))
+           *_axes(plot, w, h)]
+    for side in sorted({plot.x(c)[1] for _, c, _ in pts} - {0}):
+        out.append(f'<text class="beyond" x="{plot.x(x1 if side > 0 else x0, side)[0]:.1f}" y="{plot.bottom + 28}" '
+                   'font-size="10" text-anchor="middle" fill="#666">beyond</text>')
+    line = " ".join(f"{plot.x(p.cost)[0]:.1f},{plot.y(p.score):.1f}"
+                    for p in sorted(pareto_front(train), key=lambda p: p.cost))
     if line:
         out.append(f'<polyline points="{line}" fill="none" stroke="#4a7" stroke-width="1.5"/>')
     for p in train:
-        out.append(f'<circle class="train" cx="{sx(p.cost):.1f}" cy="{sy(p.score):.1f}" r="3" fill="#9bc">'
-                   f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {cents(p.cost)}¢/task</title></circle>')
+        (x, side), y = plot.x(p.cost), plot.y(p.score)
+        out.append(f'<circle class="train" cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#9bc">'
+                   f'<title>#{p.policy_id} train: score {p.score:.3f}, cost {cents(p.cost)}¢/task</title></circle>'
+                   + _beyond(x, y, side))
+    spots = []
     for v in sorted(heldout, key=lambda v: v.champion):  # the champion is drawn last, on top
+        (x, side), y = plot.x(v.cost_mean), plot.y(v.score_mean)
         colour = "#d80" if v.champion else ("#555" if v.role == "baseline" else "#c44")
-        out.append(f'<rect class="heldout" x="{sx(v.cost_mean) - 4:.1f}" y="{sy(v.score_mean) - 4:.1f}" width="8" '
-                   f'height="8" fill="{colour}"><title>{escape(v.label)} held-out</title></rect>')
-    for text, (x, y) in point_labels([((sx(v.cost_mean), sy(v.score_mean)), v.label, v.champion)
-                                      for v in heldout], w, h):
+        out.append(f'<rect class="heldout" x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="{colour}">'
+                   f'<title>{escape(v.label)} held-out: score {v.score_mean:.3f}, cost {cents(v.cost_mean)}¢/task'
+                   f'</title></rect>' + _beyond(x, y, side))
+        name = f"{v.label} {cents(v.cost_mean)}¢" if side else v.label  # beyond the axis: its real cost
+        spots.append(((x + 8 * max(side, 0), y), name, v.champion))
+    for text, (x, y) in point_labels(spots, w, h):
         out.append(f'<text class="label" x="{x:.1f}" y="{y:.1f}" font-size="{LABEL_FONT}">{escape(text)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Plot:
+    """The plot area in data units (x0..x1, y0..y1) and pixels (left..right, bottom..top)."""
+
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    left: float
+    right: float
+    bottom: float
+    top: float
+
+    def x(self, cost: float, side: int | None = None) -> tuple[float, int]:
+        """The pixel of a cost and which side of the axis it lies (-1 cheaper, 0 on it, 1 dearer): a cost
+        beyond the axis is drawn 20 px past that end, whatever its value."""
+        if side is None:
+            side = -1 if cost < self.x0 else (1 if cost > self.x1 else 0)
+        if side:
+            return (self.right + 20 if side > 0 else self.left - 20), side
+        return self.left + (cost - self.x0) / (self.x1 - self.x0 or 1e-9) * (self.right - self.left), 0
+
+    def y(self, score: float) -> float:
+        return self.bottom - (score - self.y0) / (self.y1 - self.y0 or 1) * (self.bottom - self.top)
+
+
+def _axes(plot: _Plot, w: int, h: int) -> list[str]:
+    """The axes, their titles and three ticks each (enough to read the scale)."""
+    out = [f'<line x1="{plot.left}" y1="{plot.bottom}" x2="{plot.right}" y2="{plot.bottom}" stroke="#444"/>',
+           f'<line x1="{plot.left}" y1="{plot.top}" x2="{plot.left}" y2="{plot.bottom}" stroke="#444"/>',
+           f'<text x="{(plot.left + plot.right) / 2}" y="{h - 12}" text-anchor="middle" font-size="12">'
+           'cost per task (¢)</text>',
+           f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
+           'score</text>']
+    for frac in (0.0, 0.5, 1.0):
+        xv, yv = plot.x0 + frac * (plot.x1 - plot.x0), plot.y0 + frac * (plot.y1 - plot.y0)
+        out.append(f'<text x="{plot.x(xv, 0)[0]:.1f}" y="{plot.bottom + 16}" font-size="10" text-anchor="middle">'
+                   f'{cents(xv)}</text><text x="{plot.left - 6}" y="{plot.y(yv) + 3:.1f}" font-size="10" '
+                   f'text-anchor="end">{yv:.2f}</text>')
+    return out
+
+
+def _beyond(x: float, y: float, side: int) -> str:
+    """An arrowhead beside a point held at the axis' edge, pointing where its cost really lies."""
+    if not side:
+        return ""
+    tip = x + 11 * side
+    return (f'<polygon class="beyond" points="{x + 5 * side:.1f},{y - 4:.1f} {tip:.1f},{y:.1f} '
+            f'{x + 5 * side:.1f},{y + 4:.1f}" fill="#444"/>')
 
 
 LABEL_FONT = 11
@@ -326,7 +528,10 @@ def _free_box(x: float, y: float, width: float, placed: Sequence[tuple[float, fl
     return next((c for c in inside if not any(meets(c, p) for p in placed)), inside[-1])
 
 
-def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int = 34, h_step: int = 60) -> str:
+def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], chain: Sequence[int] = (), w_step: int = 34,
+                h_step: int = 60) -> str:
+    """Every policy, one row per generation, coloured by fate and named with its proposer; a ring marks
+    the validated ones (`highlight`), a thick orange line the chosen policy's lineage (`chain`)."""
     by_gen: dict[int, list[PolicyInfo]] = {}
     for p in policies:
         by_gen.setdefault(max(p.generation, 0), []).append(p)
@@ -334,7 +539,7 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
     for gen, items in sorted(by_gen.items()):
         for i, p in enumerate(items):
             pos[p.id] = (30 + i * w_step, 30 + gen * h_step)
-    reach = 0.6 * 9 * max((len(p.label) for p in policies), default=0)  # a label's length, rotated by 40 degrees
+    reach = 0.6 * 9 * max((len(p.label) + 1 + len(p.proposer) for p in policies), default=0)  # rotated 40 degrees
     width = max((x for x, _ in pos.values()), default=0) + 60 + 0.77 * reach
     height = max((y for _, y in pos.values()), default=0) + 50 + 0.65 * reach
     colours = {"evaluated": "#4a7", "pruned": "#db3", "rejected": "#c44", "duplicate": "#c9c", "proposed": "#999"}
@@ -343,15 +548,19 @@ def lineage_svg(policies: Sequence[PolicyInfo], highlight: set[int], w_step: int
         for parent in p.parent_ids:
             if parent in pos:
                 (x0, y0), (x1, y1) = pos[parent], pos[p.id]
-                out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" stroke="#bbb"/>')
+                on = p.id in chain and parent in chain
+                stroke = 'stroke="#d80" stroke-width="3" class="chain"' if on else 'stroke="#bbb"'
+                out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" {stroke}/>')
     for p in policies:
         x, y = pos[p.id]
         ring = ' stroke="#000" stroke-width="2"' if p.id in highlight else ""
         why = f" — {p.rejection_reason}" if p.rejection_reason else ""
+        note = edit_note(p.meta)
         out.append(f'<circle cx="{x}" cy="{y}" r="7" fill="{colours.get(p.status, "#999")}"{ring}>'
-                   f'<title>{escape(p.label)} gen {p.generation} {p.proposer} {p.status}{escape(why)}</title>'
-                   f'</circle><text class="node" x="{x}" y="{y + 15}" font-size="9" '
-                   f'transform="rotate(40 {x} {y + 15})">{escape(p.label)}</text>')
+                   f'<title>{escape(p.label)} gen {p.generation} {escape(p.proposer)} {p.status}{escape(why)}'
+                   f'{escape(chr(10) + note if note else "")}</title></circle>'
+                   f'<text class="node" x="{x}" y="{y + 15}" font-size="9" transform="rotate(40 {x} {y + 15})">'
+                   f'{escape(p.label)}<tspan class="by" fill="#777"> {escape(p.proposer)}</tspan></text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -364,17 +573,16 @@ def run_train_ids(store: Store, run_id: int) -> list[str]:
     return sorted({e.result.task_id for e in store.evaluations(run_id, TRAIN, [standard])})
 
 
-def render_html(store: Store, run: RunInfo) -> str:
-    train_ids = run_train_ids(store, run.id)
+def render_html(store: Store, run: RunInfo, accounting: Accounting | None = None) -> str:
     validations = store.validations(run.id)
     policies = store.policies(run.id)
-    points = train_points(store, run.id, train_ids)
+    points = train_points(store, run.id, run_train_ids(store, run.id))
+    acc = accounting or run_accounting(store, run)
     rows = comparison_rows(validations)
-    table = text_table(rows)
-    head = "".join(f"<th>{escape(c)}</th>" for c in table[0])
-    body = "".join(f'<tr class="{"champ" if r.champion else ""}">' + "".join(f"<td>{escape(c)}</td>" for c in cells)
-                   + "</tr>" for r, cells in zip(rows, table[1:]))
     verdicts = "".join(f"<li><b>{escape(r.label)}</b>: {escape(r.verdict)}</li>" for r in rows if r.role == "candidate")
+    baselines = store.baselines(run.id)
+    focus = {p.id for p in policies if p.proposer in PROPOSED_BY} | {baselines[r] for r in (REFERENCE, "full")
+                                                                      if r in baselines}
     return "".join([
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>AKV run {escape(run.name)}</title>",
         f"<style>{CSS}</style></head><body>",
@@ -382,19 +590,50 @@ def render_html(store: Store, run: RunInfo) -> str:
         f"<p>status {escape(run.status)} · seed {run.seed} · code {escape(run.code_version)} · "
         f"suite {escape(run.suite_version)} · {len(policies)} policies</p>",
         _rounds(store, run.id),
-        f'<h2>Held-out comparison</h2><p>{escape(TABLE_NOTE)}</p><table id="comparison"><tr>{head}</tr>{body}</table>',
+        f"<h2>Held-out comparison</h2><p>{escape(TABLE_NOTE)}</p>",
+        html_table(text_table(rows), "comparison", ["champ" if r.champion else "" for r in rows]),
         f"<ul id='verdicts'>{verdicts}</ul>" if verdicts else "",
-        "<h2>Pareto front</h2><p>Circles: train means of every fully evaluated policy (line: the train front); "
-        "squares: held-out means of the validated policies.</p>",
-        pareto_svg(points, validations),
-        "<h2>Lineage</h2><p>One row per generation; green evaluated, yellow pruned, red rejected, violet "
-        "duplicate; hover for details.</p>",
-        lineage_svg(policies, {v.policy_id for v in validations}),
+        _chosen(acc),
+        "<h2>Policies by proposer</h2><p>Every stored policy once, by its fate: rejected (invalid, or nothing new), "
+        "duplicate, pruned by the cascade, evaluated on the whole train split (or pending); then how many are on "
+        "the train front and were validated as finalists; ★ marks the champion's proposer. Seeds and baselines "
+        "are given to the run, not proposed.</p>",
+        html_table(tally_table(acc.tallies), "proposers", ["given" if t.given else "" for t in acc.tallies]),
+        f"<h2>Pareto front</h2><p>{escape(PARETO_NOTE)}</p>",
+        pareto_svg(points, validations, focus=focus),
+        "<h2>Lineage</h2><p>One row per generation, each policy named with its proposer; green evaluated, "
+        "yellow pruned, red rejected, violet duplicate; a black ring: validated; orange: the lineage of the "
+        f"{escape(chosen_title(acc))}; hover for the edit and the fate.</p>",
+        lineage_svg(policies, {v.policy_id for v in validations}, [n.policy_id for n in acc.lineage]),
         _per_task_table(store, run.id, validations),
         _diagnoses(policies),
         _rejections(policies),
         "</body></html>",
     ])
+
+
+PARETO_NOTE = ("Circles: train means of every fully evaluated policy (line: the train front); squares: held-out "
+               "means of the validated policies. The cost axis spans the candidates, the expert and full; a policy "
+               "far beyond it (often Text Engineering) is drawn just past the axis' end, under 'beyond', with an "
+               "arrowhead, and its label gives its real cost.")
+
+
+def html_table(cells: Sequence[Sequence[str]], table_id: str, classes: Sequence[str] = ()) -> str:
+    """A header row and body rows of text cells (a cell's lines stay lines), with a class per body row."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in cells[0])
+    body = "".join(f'<tr class="{cls}">' + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
+                   for row, cls in zip(cells[1:], [*classes, *[""] * len(cells)]))
+    return f'<table id="{table_id}"><tr>{head}</tr>{body}</table>'
+
+
+def _chosen(acc: Accounting) -> str:
+    """The champion's (else the best validated candidate's) policy text and lineage."""
+    if acc.chosen is None:
+        return ""
+    title = chosen_title(acc)
+    return (f"<h2>The {escape(title)}</h2><pre id='chosen-policy'>{escape(acc.chosen_text or '')}</pre>"
+            f"<p>Its lineage, nearest first: each policy, the proposer that made it, and its edit.</p>"
+            + html_table(lineage_table(acc.lineage), "chosen-lineage"))
 
 
 TABLE_NOTE = ("Each 'vs' cell: cost change in % (line 1) and score change in points (line 2) against that baseline "

@@ -103,6 +103,7 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
     for info, _role, _label in entries:  # progress names the policy (standard-8k), not its role (standard)
         results = cascade.run_missing(info.id, info.text or "", info.label, heldout_ids, split=HELDOUT)
         runs[info.id] = [results[t] for t in heldout_ids]
+    source = heldout_source(cascade, suite_version, config, heldout_ids)
     duplicates = _held_out_duplicates(store, cascade.run_id, finalists, train_twins or {}, heldout_ids)
     entries = [e for e in entries if e[0].id not in duplicates]
     finalists = [*finalists, *(t for t in later if t not in duplicates)]
@@ -120,7 +121,7 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
                    if shown in baselines and baselines[shown] != info.id},
             "score_ci": bootstrap_ci([r.score for r in rows], config.resamples, seed=seed),
             "cost_ci": bootstrap_ci([r.cost_usd for r in rows], config.resamples, seed=seed),
-            "alpha": config.alpha, "margin": config.margin, "policy_name": info.name,
+            "alpha": config.alpha, "margin": config.margin, "policy_name": info.name, "heldout": source,
         }
         if role == "candidate":
             verdict = verdicts[str(info.id)]
@@ -131,8 +132,42 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
         records.append(ValidationRecord(info.id, role, label if role == "candidate" else info.name or role,
                                         len(rows), means[info.id].score, means[info.id].cost, stats,
                                         info.id in front, champion, text))
-    store.save_validations(run_id, records, code_version, suite_version, config.model_dump(mode="json"))
+    store.save_validations(run_id, records, code_version, source["suite_version"], config.model_dump(mode="json"))
     return records
+
+
+def heldout_source(cascade: Cascade, suite_version: str, config: ValidationConfig,
+                   heldout_ids: Sequence[str]) -> dict[str, Any]:
+    """Where this round's held-out tasks come from: the build (the run's own, or the fresh one of
+    `heldout_seed`: its version), the settings that chose them, how many, the first and the last."""
+    source = getattr(cascade.evaluator, "heldout", None)  # a HarnessEvaluator says; other evaluators run the own build
+    found = source.as_dict() if source is not None else {"suite_version": suite_version, "seed": None, "range": None,
+                                                         "left_out": 0}
+    return {**found, "limit": config.heldout_limit, "tasks": len(heldout_ids),
+            "first": heldout_ids[0] if heldout_ids else None, "last": heldout_ids[-1] if heldout_ids else None}
+
+
+def round_heldout(settings: Mapping[str, Any], suite_version: str) -> dict[str, Any]:
+    """A stored round's held-out source from its settings (rounds before fresh held-outs: the run's own build)."""
+    span = settings.get("heldout_range")
+    return {"suite_version": suite_version, "seed": settings.get("heldout_seed"),
+            "range": list(span) if span else None, "limit": settings.get("heldout_limit")}
+
+
+def describe_heldout(source: Mapping[str, Any]) -> str:
+    """One line: which held-out tasks of which build, e.g. `tasks 60-169 of the run's build (localcomp@e2-…)`."""
+    span, limit, seed = source.get("range"), source.get("limit"), source.get("seed")
+    if limit and source.get("tasks") is not None:
+        limit = min(limit, source["tasks"])
+    if span:
+        which = f"tasks {span[0]}-{span[1] - 1}"
+        which = f"the first {limit} of {which}" if limit and limit < span[1] - span[0] else which
+    else:
+        which = f"the first {limit} tasks" if limit else "all tasks"
+    build = "the run's build" if seed is None else f"a fresh build with seed {seed}"
+    left = source.get("left_out")
+    left_text = f"; {left} left out that the run's build asks too" if left else ""
+    return f"{which} of {build} ({source.get('suite_version')}{left_text})"
 
 
 def _held_out_duplicates(store: Store, run_id: int, finalists: Sequence[int], train_twins: Mapping[int, Sequence[int]],

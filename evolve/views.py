@@ -1,4 +1,4 @@
-"""Terminal views of a stored run: `akv runs show` and `akv lineage`."""
+"""Terminal views of a stored run: `akv runs show`, `akv lineage` and `akv compare`'s accounting."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,8 +9,10 @@ from rich.tree import Tree
 
 from evolve.cascade import train_points
 from evolve.pareto import pareto_front
-from evolve.report import run_train_ids, summary_line
+from evolve.report import (Accounting, chosen_title, edit_note, lineage_table, run_train_ids, summary_line,
+                           tally_table)
 from sandbox.cost import cents
+from sandbox.tables import Column, fitted_table
 from store import PolicyInfo, Store
 
 
@@ -18,9 +20,9 @@ def _line(p: PolicyInfo) -> str:
     colours = {"evaluated": "green", "pruned": "yellow", "rejected": "red", "duplicate": "magenta"}
     colour = colours.get(p.status, "white")
     why = f" — {p.rejection_reason}" if p.rejection_reason else ""
-    edits = p.meta.get("edits") or p.meta.get("params")
-    detail = f" {edits}" if edits else ""
     diagnosis = p.meta.get("diagnosis")
+    note = "" if diagnosis else edit_note(p.meta)  # a diagnosis has its own line
+    detail = f" {escape(note)}" if note else ""
     said = f"\n  [italic]diagnosis: {escape(_short(diagnosis, 240))}[/]" if diagnosis else ""
     return f"{p.label} gen {p.generation} {p.proposer} [{colour}]{p.status}[/]{detail}{escape(why)}{said}"
 
@@ -88,3 +90,22 @@ def show_run(store: Store, run_ref: str, console: Console) -> None:
         for v in validations:
             console.print(f"  {v.label}: score {v.score_mean:.3f}, cost {cents(v.cost_mean)}¢/task — {v.verdict}")
         console.print(summary_line(validations))
+
+
+def print_accounting(console: Console, acc: Accounting) -> None:
+    """`akv compare`'s per-proposer table, then the chosen policy's lineage, nearest first."""
+    rows = tally_table(acc.tallies)
+    columns = [Column(rows[0][0], keep=9)] + [Column(h, True, 1 if h == "pending" else 5) for h in rows[0][1:]]
+    table = fitted_table(columns, rows[1:], console.width, compact=True, complete="--json has every column",
+                         title="policies by proposer (★ the champion's; seeds and baselines, given, last)")
+    given = [t.given for t in acc.tallies]
+    if any(given) and not all(given):
+        table.rows[given.index(True) - 1].end_section = True
+    console.print(table)
+    if acc.chosen is None:
+        return
+    rows = lineage_table(acc.lineage)
+    columns = [Column(rows[0][0], keep=5), Column(rows[0][1], keep=4), Column(rows[0][2], True, 2),
+               Column(rows[0][3], keep=1), Column(rows[0][4], keep=3)]
+    console.print(fitted_table(columns, rows[1:], console.width, compact=True, complete="--json has every column",
+                               title=f"lineage of the {chosen_title(acc)}"))

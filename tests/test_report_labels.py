@@ -1,5 +1,5 @@
 """The report's Pareto labels never overlap, measured in headless Chromium, and the lineage names
-seeds and baselines."""
+seeds, baselines and the proposer of every node."""
 from __future__ import annotations
 
 import json
@@ -42,11 +42,13 @@ def test_labels_of_coincident_and_crowded_points_do_not_intersect(tmp_path) -> N
             assert not (a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]), f"{a} overlaps {b}"
 
 
-def test_the_lineage_names_seeds_and_baselines() -> None:
+def test_the_lineage_names_seeds_baselines_and_proposers() -> None:
     def info(pid: int, name: str | None, parents: tuple[int, ...] = (), proposer: str = "seed") -> PolicyInfo:
         return PolicyInfo(pid, 1, None, "mode kv", None, name, len(parents), proposer, "evaluated", None, parents,
                           0, 0, 0.0, {})
 
     svg = lineage_svg([info(1, "expert-8k"), info(2, "standard-8k", proposer="baseline"),
-                       info(3, None, (1,), "mutate")], {3})
-    assert re.findall(r'<text class="node"[^>]*>([^<]*)</text>', svg) == ["expert-8k", "standard-8k", "#3"]
+                       info(3, None, (1,), "mutate"), info(4, None, (3,), "optuna")], {3}, chain=[3, 1])
+    nodes = re.findall(r'<text class="node"[^>]*>([^<]*)<tspan class="by"[^>]*> ([^<]*)</tspan></text>', svg)
+    assert nodes == [("expert-8k", "seed"), ("standard-8k", "baseline"), ("#3", "mutate"), ("#4", "optuna")]
+    assert svg.count('class="chain"') == 1  # the chosen policy's lineage: #3 from expert-8k, not #4 from #3

@@ -43,6 +43,7 @@ TRAJECTORY_TOKENS = EDITIONS[1].trajectory_tokens
 
 class LocalComp:
     name = "localcomp"
+    fresh_builds = True  # another seed builds other tasks, in any data folder (a fresh held-out: docs/evolve.md)
 
     def __init__(self, home: Path | None = None, quota: Mapping[str, int] | None = None):
         """`quota` caps the tasks per split (default: 48 train, 170 heldout); tests build less."""

@@ -40,6 +40,7 @@ class LocalSWE:
     """
 
     name = "localswe"
+    fresh_builds = True  # another seed injects other bugs, in any data folder (a fresh held-out: docs/evolve.md)
 
     def __init__(self, hosts: Sequence[str] | None = None, bugs_per_host: int | None = None,
                  max_tries: int | None = None, limits: Limits = TOOL_LIMITS, workers: int = 2):
@@ -101,7 +102,11 @@ class LocalSWE:
         return self._edition
 
     def _bugs_of(self, host: Host, root: Path, seed: int, config: dict[str, Any]) -> list[Bug]:
-        tree = unpack(host, fetch(host, root / "archives"), root / "trees")
+        archives = root / "archives"
+        shared = akv_home() / "localswe" / "archives"  # a build in another folder (a fresh held-out) reuses them
+        if not (archives / host.archive).exists() and (shared / host.archive).exists():
+            archives = shared  # fetch checks the digest either way
+        tree = unpack(host, fetch(host, archives), root / "trees")
         return validated_bugs(host, tree, root / "bugs", seed, config["bugs_per_host"], config["max_tries"])
 
     def _manifest(self) -> dict[str, Any]:

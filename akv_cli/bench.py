@@ -246,7 +246,7 @@ def traces(
                                      "file); repeat for more."),
     seed: int = typer.Option(0, help="The split's seed."),
     synthetic: int = typer.Option(0, min=0, help="Instead of --suite: this many generated code-repair traces "
-                                  "of 67 requests up to ~160K prompt tokens (the scoring speed; default 0)."),
+                                  "of 68 requests up to ~160K prompt tokens (the scoring speed; default 0)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Every built-in policy, the oracle and yours on recorded traffic: score, lost reuses, cost, speed."""

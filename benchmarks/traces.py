@@ -9,7 +9,7 @@ cost per trace and its change against `full` and against the expert, and the sec
 policy's scoring took with the requests it replayed (the scoring speed).
 
     python benchmarks/traces.py --suite NAME [--split all|train|heldout] [--policy P ...] [--json]
-    python benchmarks/traces.py --synthetic 15     # 15 generated code-repair traces of 67 requests, up
+    python benchmarks/traces.py --synthetic 15     # 15 generated code-repair traces of 68 requests, up
                                                    # to ~160K prompt tokens each: the scoring speed
 
 JSON: costs are USD per trace (`cost_usd`), as in the other benchmarks' JSON; the table shows cents.

@@ -32,6 +32,18 @@ def check_ast(ast: Any) -> Checked:
     return check_policy(format_policy(ast))
 
 
+def unknown_candidate(ast: Any, known_hashes: frozenset[str], known_structures: frozenset[str]) -> Checked | str:
+    """An AST a proposer built, as a checked candidate the run does not know yet; else why not
+    (the validator's message, or that the run knows it: its text, or its structure without ranges)."""
+    try:
+        checked = check_ast(ast)  # print, parse and compile: the candidate is real text
+    except PolicyError as err:
+        return str(err)
+    if checked.hash in known_hashes or checked.structure in known_structures:
+        return "already known to the run"
+    return checked
+
+
 def rejection(err: PolicyError) -> str:
     return f"invalid policy: {err}"
 

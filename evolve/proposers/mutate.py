@@ -11,12 +11,11 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from evolve.candidate import Checked, check_ast, check_policy
+from evolve.candidate import Checked, check_policy, unknown_candidate
 from evolve.config import MutateProposerConfig
 from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import Proposer
 from evolve.proposers.tree import Path, donors, replace_field, sequences, set_at, walk
-from policy_dsl import PolicyError
 from store.records import Proposal
 
 Edit = Callable[[Any, random.Random, dict], tuple[Any, str] | None]
@@ -100,13 +99,9 @@ class MutateProposer(Proposer):
             parents, child, notes = self._child(context, pool, rng)
             if child is None:
                 continue
-            try:
-                checked = check_ast(child)
-            except PolicyError as err:
-                last_error = str(err)
-                continue
-            if checked.hash in context.known_hashes or checked.structure in context.known_structures:
-                last_error = "every child was already known"
+            checked = unknown_candidate(child, context.known_hashes, context.known_structures)
+            if isinstance(checked, str):
+                last_error = checked
                 continue
             return self._proposal(parents, checked, notes)
         parent = context.pick_parent()

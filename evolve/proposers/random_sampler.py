@@ -9,10 +9,9 @@ and the known hashes, so that it does not spend a candidate on a policy the run 
 """
 from __future__ import annotations
 
-from evolve.candidate import check_ast
+from evolve.candidate import unknown_candidate
 from evolve.context import ProposerContext
 from evolve.proposers.base import Proposer
-from policy_dsl import PolicyError
 from policy_dsl.sample import draw_policy
 from store.records import Proposal
 
@@ -28,13 +27,9 @@ class RandomProposer(Proposer):
         for _ in range(self.attempts):
             ast, tries = draw_policy(context.rng)
             draws += tries
-            try:
-                checked = check_ast(ast)  # print, parse and compile: the candidate is real text
-            except PolicyError as err:
-                last_error = str(err)
-                continue
-            if checked.hash in context.known_hashes or checked.structure in context.known_structures:
-                last_error = "every draw was already known"
+            checked = unknown_candidate(ast, context.known_hashes, context.known_structures)
+            if isinstance(checked, str):
+                last_error = checked
                 continue
             return Proposal(self.name, raw_text=checked.text, parent_ids=(), generation=0, text=checked.text,
                             hash=checked.hash, meta={"draws": draws})

@@ -60,14 +60,18 @@ def test_same_tokens_with_other_operations_share_only_the_common_prefix():
     messages = agent_history(3)
     rendered = render(messages)
     serve(sim, messages, {"5": [3]})
-    # Message 3's KV was freed when the first request ended (nobody running needed it): a
-    # history that keeps it visible recomputes message 3 alone, then what follows the record
-    # where the histories part; the tokens between (messages 4 and 5) are reused.
+    # Message 3's KV was retained when the first request ended (nobody running reads it): a
+    # history that keeps it visible revives it, and computes what follows the record where the
+    # histories part; the tokens between (messages 4 and 5) are reused.
     trigger_end = rendered.spans[5][1]
     other = serve(sim, messages, {"5": [2]})
-    assert other.prefilled_tokens == _length(rendered, 3) + other.prompt_tokens - trigger_end
-    plain = serve(sim, messages)   # message 2 was freed by the second request in turn
+    assert other.prefilled_tokens == other.prompt_tokens - trigger_end
+    assert other.retained_tokens == _length(rendered, 3)
+    sim.cache.tree.evict(sim.cache.tree.retained_slots)   # pool pressure takes retained KV first
+    sim.check_integrity()
+    plain = serve(sim, messages)   # message 2, retained by the second request in turn, was evicted
     assert plain.prefilled_tokens == _length(rendered, 2) + plain.prompt_tokens - trigger_end
+    assert plain.retained_tokens == 0
     again = serve(sim, messages, {"5": [3]})   # everything is back: a full hit
     assert again.prefilled_tokens == 1
 
@@ -77,7 +81,7 @@ def _length(rendered, message: int) -> int:
     return end - start
 
 
-def test_dropped_kv_is_freed_once_no_running_request_needs_it():
+def test_dropped_kv_is_retained_once_no_running_request_needs_it():
     cache = KVCache(1000)
     messages = agent_history(3)
     rendered = render(messages)
@@ -95,8 +99,14 @@ def test_dropped_kv_is_freed_once_no_running_request_needs_it():
     cache.release(cache.admit(cache.plan(drop_key), 0), keep_prompt=True)
     cache.check_integrity()
     start, end = rendered.spans[3]
-    assert cache.stats().slots_cached == grown - (end - start)   # freed when nobody needs it
-    assert cache.tree.holes == end - start
+    assert cache.stats().slots_cached == grown                   # retained when nobody reads it...
+    assert cache.stats().slots_retained == cache.tree.holes == end - start
+    revived = cache.plan(plain_key)
+    assert revived.revive.token_offsets == tuple(range(start, end)) and not revived.restore
+    assert revived.usage.prefilled_tokens == 1 and revived.usage.retained_tokens == end - start
+    cache.tree.evict(cache.tree.retained_slots)                  # ...until eviction takes it first
+    cache.check_integrity()
+    assert cache.stats().slots_cached == grown - (end - start) and cache.tree.holes == end - start
     refill = cache.plan(plain_key)
     assert refill.restore.token_holes == tuple(range(start, end))  # needed visible again: recomputed alone
     assert refill.usage.prefilled_tokens == end - start + 1
@@ -293,9 +303,10 @@ def test_records_holding_the_only_copy_of_their_keys_are_evicted_after_other_lea
     sole = [node for node in cache.tree._nodes() if node.record is not None and node.sole]
     assert sole and all(node.size for node in sole)
     run_symbolic(cache, kv, render([(60,) * 30, (61,) * 30]), None, None)   # B, used later than A
-    filler = render([(70,) * (cache.allocator.free_count + 4)])   # room for A's header leaf and more
+    # Room for A's header leaf and more, once the retained KV (evicted first) is gone.
+    filler = render([(70,) * (cache.allocator.free_count + cache.tree.retained_slots + 4)])
     lease = cache.admit(cache.plan(build_key(filler, validate_operations(1, None, None)), 2), 2)
-    assert cache.stats().slots_evicted > 2
+    assert cache.stats().slots_evicted > 2 and cache.tree.retained_slots == 0
     assert all(node.parent is not None and not node.holes for node in sole)
     cache.release(lease, keep_prompt=False)
     _, usage = run_symbolic(cache, kv, rendered, drops, repos)
@@ -346,6 +357,7 @@ def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
     branch = ({"5": [2], "7": [4]}, [5, 7])
     run_symbolic(cache, kv, rendered, *dropping)
     assert cache.tree.holes > 0
+    cache.tree.evict(cache.tree.retained_slots)   # pool pressure took the retained KV: it is freed
     key = build_key(rendered, validate_operations(10, *branch))
     plan = cache.plan(key)
     msg2, msg7 = rendered.spans[2], rendered.spans[7]
@@ -362,9 +374,12 @@ def test_freed_keys_and_copies_a_branch_reads_are_restored_alone():
     assert state == fresh_state(rendered, *dropping)
 
 
-def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_window():
-    """Superseded re-rotated copies and dropped keys are freed: memory follows the window, not the history."""
-    sim = CacheSimulator(100_000)
+@pytest.mark.parametrize("pool", [100_000, 1000])
+def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_window(pool):
+    """Superseded re-rotated copies and dropped keys are retained, not read: the live KV follows the
+    window, not the history, and in a pool that holds little more than the window, eviction takes
+    the retained KV alone."""
+    sim = CacheSimulator(pool)
     messages = [tuple(range(1000 + 20 * i, 1020 + 20 * i)) for i in range(60)]
     window = 12
     for n in range(2, 61):
@@ -373,9 +388,11 @@ def test_a_rolling_drop_and_reposition_loop_keeps_the_tree_near_the_visible_wind
         usage = serve(sim, messages[:n], drops or None, list(triggers) or None)
         if n > window + 3:
             assert usage.prefilled_tokens == 20 + 2   # the new message and the header: nothing restored
-    # One slot per visible key (the moved ones keep only their copy: their birth slots are
-    # freed), plus the 2-token assistant header each earlier request left as a leaf.
-    assert sim.stats().slots_cached <= (window + 2) * 20 + 2 * len(messages)
+    # One live slot per visible key (the moved ones keep only their copy: their birth slots are
+    # retained), plus the 2-token assistant header each earlier request left as a leaf.
+    stats = sim.stats()
+    assert stats.slots_cached - stats.slots_retained <= (window + 2) * 20 + 2 * len(messages)
+    assert stats.slots_evicted == 0 and (stats.slots_retained_evicted > 0) == (pool < 100_000)
 
 
 def test_a_cold_rolling_history_recycles_dead_copies_and_restores_exactly():

@@ -238,21 +238,22 @@ spans = st.tuples(st.integers(0, 12), st.integers(0, 12)).map(sorted)
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(spans, max_size=8), st.integers(1, 11))
-def test_punched_ranges_free_each_slot_once_and_survive_a_split(punches, cut):
+def test_retained_ranges_keep_each_slot_once_and_survive_a_split(punches, cut):
     node = Node(None, tuple(range(12)), list(range(100, 112)))
-    freed: list[int] = []
+    retained = 0
     for lo, hi in punches:
-        freed += node.make_holes(lo, hi)
-        assert node.holes == node.slots.count(HOLE)
+        retained += node.retain(lo, hi)
+        assert node.holes == node.slots.count(HOLE) == node.retained == retained
     holed = sorted({i for lo, hi in punches for i in range(lo, hi)})
-    assert sorted(freed) == [100 + i for i in holed]          # every punched slot handed back exactly once
+    assert node.retained_slots() == [100 + i for i in holed]   # every retained slot kept aside exactly once
     assert [i for i, slot in enumerate(node.slots) if slot == HOLE] == holed
     assert node.owned_slots() == [slot for slot in node.slots if slot != HOLE]
     root = Node(None, (), [])
     node.parent, root.children[node.edge] = root, node
     upper = RadixCache(SlotAllocator(200))._split(node, cut)
     for part in (upper, node):
-        assert part.holes == part.slots.count(HOLE)
+        assert part.holes == part.slots.count(HOLE) == part.retained
+    assert upper.retained_slots() + node.retained_slots() == [100 + i for i in holed]
 
 
 @settings(max_examples=100, deadline=None)

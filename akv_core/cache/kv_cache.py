@@ -15,6 +15,10 @@ running at once share what they have in common. Published nodes stay locked by
 the request until it ends; where another request published the same KV first,
 the tree keeps that one and the request keeps reading its own copy, which it
 frees when it ends (`Lease.kept_slots`). Decode slots stay private.
+
+Retention: KV a finished path no longer reads stays in the tree as retained
+entries (radix.py), evicted before anything else. A plan that reads some
+(`Plan.revive`) makes them live again at admission, before any eviction runs.
 """
 from __future__ import annotations
 
@@ -89,9 +93,11 @@ class PoolStats:
     slots_total: int
     slots_used: int
     slots_free: int
-    slots_cached: int       # held by the radix tree (reusable by later requests)
-    slots_evictable: int    # ... of which no live request has locked
-    slots_evicted: int      # freed by eviction since the start
+    slots_cached: int       # held by the radix tree (reusable by later requests), retained slots included
+    slots_evictable: int    # ... of which eviction may take (no live request has locked them, or retained)
+    slots_evicted: int      # freed by eviction since the start (KV a path end still read)
+    slots_retained: int = 0           # of the cached slots: KV no path end reads, kept for earlier states
+    slots_retained_evicted: int = 0   # retained slots freed by eviction since the start
 
 
 class KVCache:
@@ -111,7 +117,7 @@ class KVCache:
         """
         plan = plan_request(self.tree, key)
         total = self.allocator.total
-        if plan.slots_needed + decode_reserve + self.tree.cached_slots <= total:
+        if plan.slots_needed + decode_reserve + self.tree.cached_slots + plan.revive.slots <= total:
             return plan   # the path holds at most what the tree holds: it fits, no walk up the path
         if plan.match.tokens and self._footprint(plan, decode_reserve) > total:
             cold = plan_request(self.tree, key, reuse=False)
@@ -120,8 +126,8 @@ class KVCache:
         return plan
 
     def _footprint(self, plan: Plan, decode_reserve: int) -> int:
-        """Slots the request holds once admitted: its new slots plus the path it reuses."""
-        return plan.slots_needed + decode_reserve + self.tree.slots_on_path(plan.match.node)
+        """Slots the request holds once admitted: its new slots plus the path it reuses (revived KV included)."""
+        return plan.slots_needed + decode_reserve + self.tree.slots_on_path(plan.match.node) + plan.revive.slots
 
     def check_fits(self, plan: Plan, decode_reserve: int) -> None:
         """Raise KVCapacityError if the request needs more slots than the whole pool holds."""
@@ -143,16 +149,20 @@ class KVCache:
         free = self.allocator.free_count
         if needed <= free:
             return True
-        if needed > free + self.tree.evictable_slots - self.tree.unlocked_slots_on_path(plan.match.node):
+        revived = plan.revive.slots   # retained now, held by the request once revived
+        if needed > free + self.tree.evictable_slots - self.tree.unlocked_slots_on_path(plan.match.node) - revived:
             return False
         if not self._leases:
             return True
-        cheap = free + self.tree.cheap_evictable_slots(plan.match.node)
+        cheap = free + self.tree.cheap_evictable_slots(plan.match.node) - revived
         return needed <= cheap or needed > cheap + sum(lease.frees_on_release for lease in self._leases)
 
     def admit(self, plan: Plan, decode_reserve: int) -> Lease:
-        """Lock the reused path, evict if short, and hand the request its slots. Check `can_admit` first."""
+        """Lock the reused path, revive the retained KV it reads, evict if short, and hand the request its
+        slots. Check `can_admit` first."""
         self.tree.lock(plan.match.node)
+        if plan.revive:
+            self.tree.revive(plan.match.node, plan.revive.token_offsets, plan.revive.copies)
         needed = plan.slots_needed + decode_reserve
         if needed > self.allocator.free_count + self.tree.evictable_slots:
             self.tree.unlock(plan.match.node)
@@ -239,11 +249,13 @@ class KVCache:
 
     def stats(self) -> PoolStats:
         total, free = self.allocator.total, self.allocator.free_count
-        return PoolStats(total, total - free, free, self.tree.cached_slots, self.tree.evictable_slots,
-                         self.tree.evicted_slots)
+        tree = self.tree
+        return PoolStats(total, total - free, free, tree.cached_slots + tree.retained_slots, tree.evictable_slots,
+                         tree.evicted_slots, tree.retained_slots, tree.retained_evicted)
 
     def check_integrity(self) -> None:
-        """Every slot has exactly one owner; lock refs equal the live requests' paths. AssertionError if not."""
+        """Every slot has exactly one owner; lock refs equal the live requests' paths; live (tree and
+        requests) + retained + free slots == the pool. AssertionError if not."""
         leases = list(self._leases)
         owned = [slots for lease in leases for slots in lease.prompt_slots()]
         owned += [lease.decode_slots for lease in leases]

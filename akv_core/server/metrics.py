@@ -55,12 +55,14 @@ class PoolGauges:
     # Forward passes and their wall seconds, by kind: "prefill" (with prompt rows) and "decode" (decode only).
     passes: Mapping[str, int] = field(default_factory=dict)
     pass_seconds: Mapping[str, float] = field(default_factory=dict)
+    kv_slots_retained: int = 0   # of the cached slots: KV no path end reads, kept for earlier states
 
 
 class ServerMetrics:
     def __init__(self) -> None:
         self.requests = _Tally[tuple[str, str]]()  # (endpoint, outcome) -> count
         self.tokens = _Tally[str]({kind: 0 for kind in TOKEN_KINDS})
+        self.retained_tokens = 0   # a subset of the reused kinds, so not one of TOKEN_KINDS
         self.request_latency = Histogram()
         self.time_to_first_token = Histogram()
 
@@ -74,6 +76,7 @@ class ServerMetrics:
         self.tokens["cached"] += usage.get("cached_tokens", 0)
         self.tokens["drop_skipped"] += usage.get("drop_skipped_tokens", 0)
         self.tokens["repositioned"] += usage.get("repos_tokens", 0)
+        self.retained_tokens += usage.get("retained_tokens", 0)
 
     def render(self, pool: PoolGauges | None) -> str:
         lines: list[str] = []
@@ -83,6 +86,10 @@ class ServerMetrics:
         lines += _header("akv_tokens_total", "counter", "Prompt and completion tokens, by kind.")
         for kind in TOKEN_KINDS:
             lines.append(f'akv_tokens_total{{kind="{kind}"}} {self.tokens[kind]}')
+        lines += _header("akv_retained_tokens_total", "counter",
+                         "Reused prompt tokens whose KV came back from retained (dropped or superseded) "
+                         "entries; also counted as cached, repositioned or drop_skipped.")
+        lines.append(f"akv_retained_tokens_total {self.retained_tokens}")
         if pool is not None:
             lines += _gauges(pool)
         lines += _header("akv_request_latency_seconds", "histogram", "Time from request to last token.")
@@ -100,6 +107,8 @@ def _gauges(pool: PoolGauges) -> list[str]:
         ("akv_kv_slots_free", "KV token slots on the free list.", pool.kv_slots_free),
         ("akv_kv_slots_cached", "KV token slots held by the radix cache for reuse.",
          pool.kv_slots_cached),
+        ("akv_kv_slots_retained", "Of the cached slots: dropped or superseded KV kept for earlier states "
+         "(evicted first).", pool.kv_slots_retained),
         ("akv_requests_running", "Requests in the running batch.", pool.requests_running),
         ("akv_queue_length", "Requests waiting for admission.", pool.requests_waiting),
     ]

@@ -1,4 +1,4 @@
-"""`akv bench serving|cost|headroom|search|evolve|replay|scale|proposals|traces`: benchmarks, a table and ratios or one JSON object.
+"""`akv bench serving|cost|headroom|search|evolve|replay|scale|proposals|traces|attribution`: benchmarks, a table and ratios or one JSON object.
 
 The benchmarks of `benchmarks/` ship with the source checkout (they are not part of the installed
 packages), so they are imported from the checkout this command was installed from. `proposals`
@@ -92,13 +92,15 @@ def headroom(
     alpha: float = typer.Option(0.05, help="The champion rule's significance level."),
     seed: int = typer.Option(0, help="The suites' build seed (another seed: other bugs and documents, fresh splits)."),
     workers: int = typer.Option(2, min=1, help="Processes running tasks (each task's policies in one of them)."),
+    agent: str = typer.Option("scripted", help="scripted (replay backend) or llm (the embedded model in tools "
+                              "mode, one per worker; minutes per task on a CPU: pass a small --limit)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per suite and split: full, Standard, Text Engineering, the expert, hand-written built-ins and the oracle."""
     module = _benchmark("headroom")
     chosen = None if policies is None else tuple(p.strip() for p in policies.split(",") if p.strip())
     settings = module.Settings(_names(suites), _names(splits, "--splits"), limit or None, swe_limit or None, chosen,
-                               margin, alpha, seed=seed, workers=workers)
+                               margin, alpha, seed=seed, workers=workers, agent=agent)
     _report(module, settings, as_json)
 
 
@@ -252,6 +254,23 @@ def traces(
     """Every built-in policy, the oracle and yours on recorded traffic: score, lost reuses, cost, speed."""
     module = _benchmark("traces")
     _report(module, module.Settings(suite, split, tuple(policy), seed, synthetic), as_json)
+
+
+@bench.command()
+def attribution(
+    tokens: int = typer.Option(64, min=1, help="New tokens per decode request."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of the decode and scoring measurements (their median)."),
+    streams: str = typer.Option("1,8", help="Comma-separated numbers of concurrent decode requests."),
+    score_tokens: int = typer.Option(256, min=2, help="Tokens of the scored reply."),
+    trace_steps: int = typer.Option(8, min=1, help="Assistant steps scored per sample trace."),
+    window: int = typer.Option(3000, min=256, help="History tokens a trace step shows (the model's context is 8,192)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Attribution's decode cost at 1 and 8 streams, teacher-forced scoring against a prefill, and attention
+    use records against reuse-inferred ones on the sample traces."""
+    module = _benchmark("attribution")
+    settings = module.Settings(tokens, rounds, _numbers(streams, "--streams"), score_tokens, trace_steps, window)
+    _report(module, settings, as_json)
 
 
 def _report(module: ModuleType, settings: Any, as_json: bool) -> None:

@@ -17,25 +17,32 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from akv_core.attribution import Attribution, KeyProvenance
+from akv_core.cache.allocator import SlotAllocator
 from akv_core.cache.key import build_key
 from akv_core.cache.kv_cache import KVCache, KVCapacityError
 from akv_core.cache.layout import Rerotations, Stage
-from akv_core.cache.ops import validate_operations
+from akv_core.cache.ops import Operations, validate_operations
+from akv_core.cache.planner import plan_request
+from akv_core.cache.radix import RadixCache
 from akv_core.cache.text_drop import TextDrop
 from akv_core.cache.usage import Usage
-from akv_core.chat import ChatTokenizer
+from akv_core.chat import ChatTokenizer, Rendered
 from akv_core.constrain import Constrainer, Grammar
+from akv_core.continuation import (ContextLengthExceeded, ContinuationScore, split_final_message,
+                                   text_drop_before_reply)
+from akv_core.forcing import ForcedResult, ForcedRows, forced_pass, reply_attribution, visible_offsets
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
                               StreamText)
-from akv_core.sampling import (TokenLogprob, check_sampling, check_top_logprobs, generator_for, log_probs, sample,
-                               token_logprob)
+from akv_core.sampling import (TOP_LOGPROBS_MAX, TokenLogprob, check_sampling, check_top_logprobs, generator_for,
+                               log_probs, sample, token_logprob)
 from akv_core.scheduler import Scheduler
 from akv_core.threads import METER, phase_threads
 
@@ -84,6 +91,11 @@ class EngineStats:
     decode_passes: int = 0
     prefill_pass_seconds: float = 0.0
     decode_pass_seconds: float = 0.0
+    # Reused prompt tokens whose KV came back from retained (dropped or superseded) entries: a
+    # subset of cached + repos + drop_skipped. Retained KV slots held now, and evicted so far.
+    retained_tokens: int = 0
+    kv_slots_retained: int = 0
+    kv_slots_retained_evicted: int = 0
 
 
 class Engine:
@@ -113,7 +125,8 @@ class Engine:
         self.logits_probe: Callable[[RequestHandle, torch.Tensor], None] | None = None
         self.constrainer = Constrainer(tokenizer.to_json, model.config.vocab_size, tokenizer.eos_token_ids)
         self._totals = dict.fromkeys(("requests_finished", "prompt_tokens", "prefilled_tokens", "cached_tokens",
-                                      "repos_tokens", "drop_skipped_tokens", "completion_tokens"), 0)
+                                      "repos_tokens", "drop_skipped_tokens", "completion_tokens",
+                                      "retained_tokens"), 0)
         self._passes = {"prefill": [0, 0.0], "decode": [0, 0.0]}   # phase -> [passes, wall seconds]
 
     @classmethod
@@ -147,7 +160,8 @@ class Engine:
                max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
                grammar: Grammar | None = None, text_drop: TextDrop | None = None,
-               top_logprobs: int | None = None) -> RequestHandle:
+               top_logprobs: int | None = None, *, attribution: bool = False,
+               continue_final_message: bool = False, prompt_logprobs: int | None = None) -> RequestHandle:
         """Queue a request (thread-safe). Raises OperationError / ValueError / KVCapacityError for bad input.
 
         `max_tokens=None` means DEFAULT_MAX_TOKENS; that many decode slots are reserved at admission.
@@ -158,6 +172,13 @@ class Engine:
         `grammar` constrains the output (`akv_core.constrain`); an invalid one raises GrammarError.
         `top_logprobs` (0 to 20; None, the default, computes none): each token event is a ScoredEvent
         with the sampled token's log probability and the `top_logprobs` most likely tokens'.
+        `attribution`: the final event carries the reply's `Attribution` (`akv_core.attribution`),
+        computed after the last token in one teacher-forced pass; decoding itself is unchanged.
+        `continue_final_message`: `messages` ends with an assistant message that the reply continues;
+        its tokens are fed in one pass, not generated (`akv_core.continuation`), and `max_tokens`
+        counts the new tokens. Cache operations name history messages only. `prompt_logprobs` (0 to
+        20, with `continue_final_message`): the final event's `continuation_scores` hold each of the
+        message's tokens' log probability and rank, with that many most likely alternatives.
         """
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
@@ -167,31 +188,93 @@ class Engine:
             raise ValueError(f"max_tokens: must be an integer of at least 1, got {max_tokens!r}")
         check_sampling(temperature, top_p, seed)
         check_top_logprobs(top_logprobs)
-        operations = validate_operations(len(messages), drop_message, reposition, thinking_drop, text_drop)
-        rendered = self.tokenizer.render(messages, tools)
-        if len(rendered.token_ids) + max_tokens > self.cache.allocator.total:
-            raise KVCapacityError(f"messages: the prompt ({len(rendered.token_ids)} tokens) plus max_tokens "
-                                  f"({max_tokens}) exceeds the KV pool ({self.cache.allocator.total} slots)")
+        _check_reply_options(attribution, continue_final_message, prompt_logprobs, grammar)
+        history = len(messages) - 1 if continue_final_message else len(messages)
+        if continue_final_message:
+            text_drop = text_drop_before_reply(text_drop, history)
+        operations = validate_operations(history, drop_message, reposition, thinking_drop, text_drop)
+        if continue_final_message:
+            split = split_final_message(self.tokenizer, messages, tools, closed=False)
+            rendered, continuation = split.prompt, split.reply
+        else:
+            rendered, continuation = self.tokenizer.render(messages, tools), ()
         constraint = self.constrainer.start(grammar) if grammar is not None else None
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        params = SamplingParams(max_tokens, temperature, top_p, seed, stops)
-        handle = RequestHandle()
-        kind, scoring = (Request, {}) if top_logprobs is None else (ScoredRequest, {"top_logprobs": top_logprobs})
-        request = kind(handle, build_key(rendered, operations), params,
-                       StreamText(self.tokenizer.decode, stops), generator_for(seed),
-                       frozenset(self.tokenizer.eos_token_ids), constraint=constraint, **scoring)
-        self._inbox.put(request)
-        self._wakeup.set()
-        return handle
+        params = SamplingParams(len(continuation) + max_tokens, temperature, top_p, seed, stops)
+        request = self._request(rendered, operations, params, top_logprobs, f"messages[{history}]",
+                                continuation=continuation, continuation_scored=prompt_logprobs is not None,
+                                continuation_top=prompt_logprobs, constraint=constraint)
+        if attribution:
+            request.provenance = KeyProvenance(rendered.spans, rendered.header_start)
+        return self._queue(request)
 
     def generate(self, messages: Sequence[Mapping], drop_message: Mapping[Any, Any] | None = None,
                  reposition: Sequence[Any] | None = None, tools: Sequence[Mapping] | None = None,
                  max_tokens: int | None = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, thinking_drop: bool = False,
-                 grammar: Grammar | None = None, text_drop: TextDrop | None = None) -> Generation:
+                 grammar: Grammar | None = None, text_drop: TextDrop | None = None, *,
+                 attribution: bool = False, continue_final_message: bool = False,
+                 prompt_logprobs: int | None = None) -> Generation:
         """Run one request to the end (steps the engine itself unless a loop thread does)."""
         handle = self.submit(messages, drop_message, reposition, tools, max_tokens, temperature, top_p, seed, stop,
-                             thinking_drop, grammar, text_drop)
+                             thinking_drop, grammar, text_drop, attribution=attribution,
+                             continue_final_message=continue_final_message, prompt_logprobs=prompt_logprobs)
+        return self._wait(handle)
+
+    def score_continuation(self, messages: Sequence[Mapping], continuation: Mapping | str,
+                           drop_message: Mapping[Any, Any] | None = None, reposition: Sequence[Any] | None = None,
+                           tools: Sequence[Mapping] | None = None, thinking_drop: bool = False,
+                           text_drop: TextDrop | None = None, attribution: bool = False) -> ContinuationScore:
+        """The log-likelihood of a recorded assistant reply after `messages` under the cache operations.
+
+        `continuation` is an assistant message (content, tool calls, reasoning) or its content; its
+        tokens after the generation prompt, through the end-of-turn token, are scored in one
+        teacher-forced pass against the KV the operations leave visible (reused from the cache as
+        for any request with this history and these operations; only the reply is computed, and
+        it is not kept). `attribution`: the reply's attention over the history as well.
+        """
+        reply = {"role": "assistant", "content": continuation} if isinstance(continuation, str) else dict(continuation)
+        if reply.setdefault("role", "assistant") != "assistant":
+            raise ValueError(f"continuation.role: must be assistant, got {reply['role']!r}")
+        if not messages:
+            raise ValueError("messages: at least one message is required")
+        operations = validate_operations(len(messages), drop_message, reposition, thinking_drop, text_drop)
+        split = split_final_message(self.tokenizer, [*messages, reply], tools, closed=True)
+        if not split.reply:
+            raise ValueError("continuation: renders no tokens to score")
+        params = SamplingParams(len(split.reply), 0.0, 1.0, None, ())
+        request = self._request(split.prompt, operations, params, None, "continuation",
+                                continuation=split.reply, continuation_scored=True)
+        if attribution:
+            request.provenance = KeyProvenance(split.prompt.spans, split.prompt.header_start)
+        done = self._wait(self._queue(request))
+        logprobs = tuple(score.logprob for score in done.continuation_scores)
+        return ContinuationScore(split.reply, logprobs, sum(logprobs), done.usage, done.attribution)
+
+    def _request(self, rendered: Rendered, operations: Operations, params: SamplingParams,
+                 top_logprobs: int | None, field: str, **fields: Any) -> Request:
+        """A request for a rendered prompt; checks that it can fit the pool and, with a continued
+        message, the context (`field` names that message in the error)."""
+        key = build_key(rendered, operations)
+        if len(key) + params.max_tokens > self.cache.allocator.total:
+            raise KVCapacityError(f"messages: the prompt ({len(key)} tokens) plus max_tokens "
+                                  f"({params.max_tokens}) exceeds the KV pool ({self.cache.allocator.total} slots)")
+        continuation = fields.get("continuation", ())
+        if continuation:
+            fed = len(continuation) - (params.max_tokens == len(continuation))
+            end = plan_request(RadixCache(SlotAllocator(1)), key).end_position + fed
+            if end > self.context_length:
+                raise ContextLengthExceeded(field, end, self.context_length)
+        kind, scoring = (Request, {}) if top_logprobs is None else (ScoredRequest, {"top_logprobs": top_logprobs})
+        return kind(RequestHandle(), key, params, StreamText(self.tokenizer.decode, params.stop),
+                    generator_for(params.seed), frozenset(self.tokenizer.eos_token_ids), **fields, **scoring)
+
+    def _queue(self, request: Request) -> RequestHandle:
+        self._inbox.put(request)
+        self._wakeup.set()
+        return request.handle
+
+    def _wait(self, handle: RequestHandle) -> Generation:
         if not self._loop_running:
             while not handle.done:
                 self.step()
@@ -262,16 +345,75 @@ class Engine:
                     self._publish(request)
                 if logits is None:
                     continue
-                if self.logits_probe is not None:
-                    self.logits_probe(request.handle, logits)
-                scored = log_probs(logits) if isinstance(request, ScoredRequest) else None   # before the mask
-                if request.constraint is not None:
-                    request.constraint.mask(logits)
-                token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
-                self._accept(request, token, None if scored is None else
-                             token_logprob(scored, token, request.top_logprobs))
+                if request.continuation and not request.generated:
+                    self._feed_continuation(request)
+                else:
+                    self._sample(request, logits)
             except Exception as error:
                 self._fail(request, error)
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> None:
+        """Choose the request's next token from its logits row and take it."""
+        if self.logits_probe is not None:
+            self.logits_probe(request.handle, logits)
+        scored = log_probs(logits) if isinstance(request, ScoredRequest) else None   # before the mask
+        if request.constraint is not None:
+            request.constraint.mask(logits)
+        token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
+        self._accept(request, token, None if scored is None else token_logprob(scored, token, request.top_logprobs))
+
+    def _feed_continuation(self, request: Request) -> None:
+        """The prompt is computed: feed the continued message in one teacher-forced pass (its scores, and
+        its attribution when nothing is generated after it), then sample the first new token from the
+        pass's last row, or end the request when it generates none."""
+        reply = list(request.continuation)
+        generates = request.params.max_tokens > len(reply)
+        fed = reply if generates else reply[:-1]
+        rows = self._forced_rows(request, fed, [request.lease.take_decode_slot() for _ in fed])
+        attend = request.provenance is not None and not generates
+        targets = reply if request.continuation_scored else ()
+        result = self._forced(rows, targets, request.continuation_top, attend, last_logits=generates)
+        if request.continuation_scored:
+            request.continuation_scores = tuple(result.scores)
+        if attend:
+            request.attribution = self._attribution(request, rows, result)
+        request.generated.extend(reply)
+        if generates:
+            self._sample(request, result.last_logits)
+        else:
+            self._finish(request, FINISH_LENGTH)
+
+    def _forced_rows(self, request: Request, fed: list[int], slots: list[int]) -> ForcedRows:
+        """The rows that produced `fed` plus the next token: the last prompt token again (into the scratch
+        slot after `slots`, so the cached prompt KV is never rewritten), then `fed` into `slots`."""
+        lease, end = request.lease, request.layout.end_position
+        if slots != lease.decode_slots[:len(fed)] or lease.decode_used != len(fed):
+            raise RuntimeError(f"{len(fed)} reply tokens but {lease.decode_used} decode slots taken")
+        scratch = lease.decode_slots[len(fed)]
+        return ForcedRows([request.key.tokens[-1], *fed], list(range(end - 1, end + len(fed))), [scratch, *slots],
+                          list(request.layout.view_slots[:-1]))
+
+    def _forced(self, rows: ForcedRows, targets: Sequence[int], top: int | None, attention: bool,
+                last_logits: bool = True) -> ForcedResult:
+        """One teacher-forced pass (akv_core.forcing), counted as a prefill pass."""
+        started = time.perf_counter()
+        with self._phase_threads("prefill", len(rows.tokens), False):
+            result = forced_pass(self.model, self.kv, rows, targets, top, attention, last_logits)
+        self._passes["prefill"][0] += 1
+        self._passes["prefill"][1] += time.perf_counter() - started
+        return result
+
+    def _attribution(self, request: Request, rows: ForcedRows, result: ForcedResult) -> Attribution:
+        config = self.model.config
+        return reply_attribution(result, rows, request.provenance, visible_offsets(request.key), config.num_layers,
+                                 config.num_heads)
+
+    def _attribute_generated(self, request: Request) -> None:
+        """After the last token: the attention of the queries that produced every reply token (a
+        continued message's and the generated ones), from one teacher-forced pass."""
+        fed = request.generated[:-1]
+        rows = self._forced_rows(request, fed, request.lease.decode_slots[:len(fed)])
+        request.attribution = self._attribution(request, rows, self._forced(rows, (), None, True, last_logits=False))
 
     def _publish(self, request: Request) -> None:
         """Share the request's computed prompt through the cache: all of it once its prefill is done,
@@ -402,14 +544,18 @@ class Engine:
             self._finish(request, FINISH_LENGTH)   # the token would be fed past the context
 
     def _finish(self, request: Request, reason: str) -> None:
-        usage = request.usage.with_completion(len(request.generated))
+        if (request.provenance is not None and request.attribution is None and request.generated
+                and reason in (FINISH_STOP, FINISH_LENGTH)):
+            self._attribute_generated(request)
+        usage = _usage_of(request)
         self.scheduler.finish(request)
         for name in self._totals:
             if name == "requests_finished":
                 self._totals[name] += 1
             else:
                 self._totals[name] += getattr(usage, name)
-        request.handle.put(RequestEvent(None, request.stream.flush(), reason, usage))
+        request.handle.put(RequestEvent(None, request.stream.flush(), reason, usage, attribution=request.attribution,
+                                        continuation_scores=request.continuation_scores))
 
     def _fail(self, request: Request, error: Exception) -> None:
         """End one request whose work failed: its slots are freed, its client gets an ERROR_ENGINE event."""
@@ -445,7 +591,8 @@ class Engine:
                            len(self.scheduler.running), len(self.scheduler.waiting) + self._inbox.qsize(),
                            **self._totals, prefill_passes=self._passes["prefill"][0],
                            decode_passes=self._passes["decode"][0], prefill_pass_seconds=self._passes["prefill"][1],
-                           decode_pass_seconds=self._passes["decode"][1])
+                           decode_pass_seconds=self._passes["decode"][1], kv_slots_retained=pool.slots_retained,
+                           kv_slots_retained_evicted=pool.slots_retained_evicted)
 
     def check_integrity(self) -> None:
         """AssertionError unless every KV slot has one owner and lock refs match the running requests."""
@@ -467,6 +614,34 @@ class _Part:
     kv_slots: torch.Tensor
     mask: torch.Tensor | None
     samples: bool           # whether the logits of its last row choose the request's next token
+
+
+def _usage_of(request: Request) -> Usage:
+    """The request's usage: a continued message's tokens, once fed, are prompt tokens it computed."""
+    fed = min(len(request.continuation), len(request.generated))
+    usage = request.usage
+    if fed:
+        usage = replace(usage, prompt_tokens=usage.prompt_tokens + fed, total_tokens=usage.total_tokens + fed,
+                        prefilled_tokens=usage.prefilled_tokens + fed)
+    return usage.with_completion(len(request.generated) - fed)
+
+
+def _check_reply_options(attribution: Any, continue_final_message: Any, prompt_logprobs: Any,
+                         grammar: Grammar | None) -> None:
+    """ValueError naming the field unless the reply options are well-typed and go together."""
+    for field, value in (("attribution", attribution), ("continue_final_message", continue_final_message)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{field}: must be true or false, got {value!r}")
+    if prompt_logprobs is not None:
+        if (isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int)
+                or not 0 <= prompt_logprobs <= TOP_LOGPROBS_MAX):
+            raise ValueError(f"prompt_logprobs: must be an integer from 0 to {TOP_LOGPROBS_MAX}, "
+                             f"got {prompt_logprobs!r}")
+        if not continue_final_message:
+            raise ValueError("prompt_logprobs: scores the final message's tokens, so it needs continue_final_message")
+    if continue_final_message and grammar is not None:
+        raise ValueError("continue_final_message: cannot be combined with a grammar (the message was not written "
+                         "under it)")
 
 
 def _slots(values: list[int]) -> torch.Tensor:

@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from akv_core.attribution import Attribution, KeyProvenance
 from akv_core.cache.key import CacheKey
 from akv_core.cache.kv_cache import Lease
 from akv_core.cache.layout import PromptLayout
 from akv_core.cache.usage import Usage
+from akv_core.continuation import TokenScore
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
 # Why a request ended in an error: the pool can never hold it (the client's to fix), or the
@@ -49,7 +51,8 @@ class RequestEvent:
 
     The final event has `finish_reason` set ("stop", "length", "cancelled" or
     "error") and the request's `usage`; `error` explains an "error" and `error_code`
-    names its kind (ERROR_KV_CAPACITY or ERROR_ENGINE).
+    names its kind (ERROR_KV_CAPACITY or ERROR_ENGINE). A request that asked for them has its
+    reply's `attribution` and its continuation's `continuation_scores` on the final event.
     """
 
     token_id: int | None
@@ -58,14 +61,22 @@ class RequestEvent:
     usage: Usage | None = None
     error: str | None = None
     error_code: str | None = None
+    attribution: Attribution | None = None
+    continuation_scores: tuple[TokenScore, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Generation:
+    """A finished request: the generated text and ids (a continued message's own tokens are not
+    among them), why it ended, its usage, and what it asked for: the reply's `attribution`, the
+    continued message's `continuation_scores`."""
+
     text: str
     token_ids: list[int]
     finish_reason: str
     usage: Usage
+    attribution: Attribution | None = None
+    continuation_scores: tuple[TokenScore, ...] | None = None
 
 
 class RequestHandle:
@@ -107,7 +118,8 @@ class RequestHandle:
             if event.finish_reason is not None:
                 if event.finish_reason == FINISH_ERROR:
                     raise RequestFailed(event.error or "the request failed", event.error_code)
-                return Generation("".join(pieces), tokens, event.finish_reason, event.usage)
+                return Generation("".join(pieces), tokens, event.finish_reason, event.usage, event.attribution,
+                                  event.continuation_scores)
 
 
 class StreamText:
@@ -181,6 +193,15 @@ class Request:
     usage: Usage | None = None
     decode_kv: Any = None               # tensor of the slots decode steps attend to (a prefix of it)
     constraint: Any = None              # akv_core.constrain.TokenConstraint of a grammar-constrained request
+    # A continued final message: its tokens, fed in one teacher-forced pass once the prompt is computed
+    # (they count as prompt tokens and lead `generated`); `continuation_scored`: score them, with their
+    # ranks and `continuation_top` most likely alternatives each when that is an int.
+    continuation: tuple[int, ...] = ()
+    continuation_scored: bool = False
+    continuation_top: int | None = None
+    continuation_scores: tuple[TokenScore, ...] | None = None
+    provenance: KeyProvenance | None = None   # set when the request asked for its reply's attribution
+    attribution: Attribution | None = None
 
     @property
     def prefilling(self) -> bool:

@@ -150,7 +150,7 @@ def test_dropped_slots_get_exactly_zero_attention(shared):
                                         drops={"3": [1]})
     assert calls == 30 * 3 and after == 0.0
     assert before > 0.0   # the same slots were attended to before the drop
-    assert engine.cache.tree.holes == secret_end - secret_start   # and freed once the request ended
+    assert engine.cache.tree.holes == secret_end - secret_start   # and retained once the request ended
 
 
 def test_a_dropped_secret_is_forgotten_and_an_unrelated_drop_keeps_it(shared):
@@ -169,7 +169,7 @@ def test_thinking_drop_gives_the_reasoning_exactly_zero_attention_after_its_mess
     after, before, calls = attention_on(engine, THOUGHT, (start, end), trigger_end, thinking=True)
     assert calls == 30 * 3 and after == 0.0
     assert before > 0.0   # the message's own content saw its reasoning
-    assert engine.cache.tree.holes == end - start   # freed once the request ended
+    assert engine.cache.tree.holes == end - start   # retained once the request ended
 
 
 def test_a_secret_only_in_earlier_reasoning_is_forgotten_under_thinking_drop(shared):
@@ -269,19 +269,25 @@ def test_restore_after_eviction_equals_the_never_evicted_run(shared):
     assert_same_logits(restored_logits, first_logits)
 
 
-def test_a_branch_restores_only_the_freed_keys_it_reads(shared):
-    """Message 3 is dropped after reposition 5 moved it, and its KV freed; a branch that keeps it
-    recomputes messages 2-3 (message 3 attended to 2) and re-rotates 5's copies. The first history
-    read messages 4-7 through reposition 7's copies, which freed their birth slots, and the branch
-    reads them as they were before that record: they are recomputed too. Messages 0-1 are reused."""
+@pytest.mark.parametrize("retained", [True, False])
+def test_a_branch_restores_only_the_freed_keys_it_reads(shared, retained):
+    """Message 3 is dropped after reposition 5 moved it, and its KV retained; a branch that keeps
+    it revives it, with 5's superseded copies and the birth slots of messages 4-7 (the first
+    history read them through reposition 7's copies), and computes only what follows record 7.
+    Once eviction took the retained KV (freed), the branch recomputes messages 2-3 (message 3
+    attended to 2) and re-rotates 5's copies; messages 4-7, read as they were before record 7,
+    are recomputed too. Messages 0-1 are reused. Either way the logits equal a fresh run's."""
     engine = new_engine(shared)
     history, branch_ops = agent(4), ({"5": [2], "7": [4]}, [5, 7])
     run(engine, history, {"5": [2], "7": [3]}, [5, 7])
     assert engine.cache.tree.holes > 0
+    if not retained:
+        engine.cache.tree.evict(engine.cache.tree.retained_slots)
     branch, branch_logits = run(engine, history, *branch_ops)
     spans = engine.tokenizer.render(history).spans
-    restored = spans[7][1] - spans[2][0]
+    restored = 0 if retained else spans[7][1] - spans[2][0]
     assert branch.usage.prefilled_tokens == restored + branch.usage.prompt_tokens - spans[7][1]
+    assert branch.usage.retained_tokens == (spans[7][1] - spans[3][0] if retained else 0)   # messages 3-7
     fresh, fresh_logits = run(new_engine(shared), history, *branch_ops)
     assert branch.token_ids == fresh.token_ids
     assert_same_logits(branch_logits, fresh_logits)
@@ -353,6 +359,43 @@ def test_thinking_drop_usage_agrees_with_the_replay_simulator(shared):
         skipped += out.usage.drop_skipped_tokens
     assert skipped > 0
     assert simulator.stats().slots_evicted == engine.cache.stats().slots_evicted > 0
+
+
+def rolling_keep_2(history: list[dict]) -> tuple[dict | None, list[int] | None]:
+    """Each tool response beyond the 2 most recent drops the oldest kept one, then repositions."""
+    tools = [i for i, message in enumerate(history) if message["role"] == "tool"]
+    drops = {str(trigger): [tools[n - 2]] for n, trigger in enumerate(tools) if n >= 2}
+    return drops or None, [int(trigger) for trigger in drops] or None
+
+
+def test_a_trajectory_run_twice_agrees_with_the_replay_simulator_and_repeats_its_logits(shared):
+    """The second run finds the earlier states of the history in retained KV. The pool is too
+    small to retain all of it: eviction takes retained KV first, some requests revive it, others
+    restore what was evicted; usage agrees with the simulator request for request, and every
+    request's logits repeat the first run's."""
+    engine, simulator = new_engine(shared, kv_tokens=500), CacheSimulator(500)
+    first_logits, usages = [], []
+    for run_index in range(2):
+        for turns in range(1, 7):
+            messages = agent(turns)
+            drops, repos = rolling_keep_2(messages)
+            out, logits = run(engine, messages, drops, repos, max_tokens=2)
+            replayed = simulator.request(engine.tokenizer.render(messages), drops, repos, max_tokens=2,
+                                         completion_tokens=out.usage.completion_tokens)
+            simulator.check_integrity()
+            assert out.usage == replayed
+            usages.append(out.usage)
+            if run_index == 0:
+                first_logits.append(logits)
+            else:
+                assert_same_logits(logits, first_logits[turns - 1])
+    second = usages[6:]
+    assert sum(u.retained_tokens for u in second) > 0 and min(u.prefilled_tokens for u in second) == 1
+    assert max(u.prefilled_tokens for u in second) > 1   # some earlier state was evicted, and restored
+    stats = simulator.stats()
+    assert (stats.slots_retained_evicted, stats.slots_evicted) == (
+        engine.cache.stats().slots_retained_evicted, engine.cache.stats().slots_evicted)
+    assert stats.slots_retained_evicted > 0
 
 
 def test_a_full_pool_makes_requests_wait_and_a_too_large_one_is_refused(shared):

@@ -48,7 +48,7 @@ def test_health_models_and_metrics(server: LiveServer) -> None:
     # The report is what the server accepts: each listed rule type passes validation, others do not.
     assert info["akv"]["drop_rule_types"] == ["message_drop", "thinking_drop", "text_drop", "keep_text_drop"]
     assert set(info["akv"]["usage_details"]) == {"cached_tokens", "drop_skipped_tokens", "repos_tokens",
-                                                 "prefilled_tokens"}
+                                                 "prefilled_tokens", "retained_tokens"}
     hi = greeting("Hi.")
     valid = {"thinking_drop": {}, "text_drop": {"drop_messages": [None] * len(hi)},
              "keep_text_drop": {"full_messages": hi}, "forget": {}}

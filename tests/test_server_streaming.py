@@ -40,7 +40,7 @@ def test_a_stream_with_a_tool_call_and_usage() -> None:
     usage_chunk = chunks[-1]
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"]["prompt_tokens_details"] == {
-        "cached_tokens": 4, "drop_skipped_tokens": 2, "repos_tokens": 1, "prefilled_tokens": 3}
+        "cached_tokens": 4, "drop_skipped_tokens": 2, "repos_tokens": 1, "prefilled_tokens": 3, "retained_tokens": 0}
 
 
 def test_without_include_usage_the_stream_ends_after_the_finish_chunk() -> None:

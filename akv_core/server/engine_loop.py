@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from akv_core.attribution import Attribution
 from akv_core.cache.allocator import SlotAllocator
 from akv_core.cache.key import build_key
 from akv_core.cache.ops import OperationError, validate_operations
@@ -23,6 +24,7 @@ from akv_core.cache.planner import plan_request
 from akv_core.cache.radix import RadixCache
 from akv_core.cache.kv_cache import KVCapacityError
 from akv_core.constrain import GrammarError
+from akv_core.continuation import ContextLengthExceeded, TokenScore, split_final_message, text_drop_before_reply
 from akv_core.request import DEFAULT_MAX_TOKENS, ERROR_ENGINE, ERROR_KV_CAPACITY, FINISH_ERROR
 from akv_core.sampling import TokenLogprob
 from akv_core.server.errors import APIError
@@ -46,6 +48,8 @@ class TextDelta:
 class Finished:
     finish_reason: str
     usage: dict[str, int]  # the HTTP usage field names
+    attribution: Attribution | None = None                      # with return_attribution
+    continuation_scores: tuple[TokenScore, ...] | None = None   # with prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -101,25 +105,26 @@ class EngineLoop:
         try:
             room = self.engine.context_length - prompt_end_position(self.engine, args)
             if room <= 0:
-                # OpenAI's words, which clients (litellm, LangChain) match to tell an overflow apart;
-                # the count is positions, after the request's drops and repositions.
-                raise APIError(
-                    f"This model's maximum context length is {self.engine.context_length} tokens. However, "
-                    f"your messages resulted in {self.engine.context_length - room} tokens. Please reduce "
-                    "the length of the messages.", param="messages", code="context_length_exceeded")
+                raise context_exceeded(self.engine.context_length, self.engine.context_length - room,
+                                       f"messages[{len(args.messages) - 1}]" if args.reply.continue_final_message
+                                       else "messages")
             # Never reserve decode slots for tokens past the context (DEFAULT_MAX_TOKENS when unset).
             return self.engine.submit(
                 args.messages, drop_message=args.drop_message, reposition=args.reposition,
                 tools=args.tools, max_tokens=min(args.max_tokens or DEFAULT_MAX_TOKENS, room),
                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop,
                 thinking_drop=args.thinking_drop, grammar=args.grammar, text_drop=args.text_drop,
-                top_logprobs=args.top_logprobs)
+                top_logprobs=args.top_logprobs, attribution=args.reply.attribution,
+                continue_final_message=args.reply.continue_final_message,
+                prompt_logprobs=args.reply.prompt_logprobs)
         except GrammarError as error:
             raise APIError(f"{args.grammar_field}: invalid grammar: {error}", param=args.grammar_field) from None
         except OperationError as error:
             raise APIError(str(error), param=error.field) from None
         except KVCapacityError as error:
             raise APIError(str(error), param="messages", code=ERROR_KV_CAPACITY) from None
+        except ContextLengthExceeded as error:
+            raise context_exceeded(error.context, error.positions, error.field) from None
         except ValueError as error:  # the engine and the renderer prefix messages with the field
             field = str(error).split(":", 1)[0]
             raise APIError(str(error), param=field if _FIELD_PATH.fullmatch(field) else None) from None
@@ -171,6 +176,7 @@ class EngineLoop:
             kv_slots_used=stats.kv_slots_used,
             kv_slots_free=stats.kv_slots_free,
             kv_slots_cached=stats.kv_slots_cached,
+            kv_slots_retained=stats.kv_slots_retained,
             requests_running=stats.running,
             requests_waiting=stats.waiting,
             passes={"prefill": stats.prefill_passes, "decode": stats.decode_passes},
@@ -179,16 +185,31 @@ class EngineLoop:
 
 
 def prompt_end_position(engine: Any, args: GenerationArgs) -> int:
-    """The position the first generated token takes: prompt length after drops and repositions.
+    """The position the first generated token takes: prompt length after drops and repositions
+    (and, with continue_final_message, after the final message's tokens).
 
     Positions follow from the cache key alone, so an empty tree gives the same answer as the
     engine's own plan.
     """
-    rendered = engine.tokenizer.render(args.messages, args.tools)
-    operations = validate_operations(len(args.messages), args.drop_message, args.reposition,
-                                     args.thinking_drop, args.text_drop)
+    messages, continued, text_drop = args.messages, 0, args.text_drop
+    if args.reply.continue_final_message:
+        split = split_final_message(engine.tokenizer, messages, args.tools, closed=False)
+        rendered, continued, messages = split.prompt, len(split.reply), messages[:-1]
+        text_drop = text_drop_before_reply(text_drop, len(messages))
+    else:
+        rendered = engine.tokenizer.render(messages, args.tools)
+    operations = validate_operations(len(messages), args.drop_message, args.reposition,
+                                     args.thinking_drop, text_drop)
     key = build_key(rendered, operations)
-    return plan_request(RadixCache(SlotAllocator(1)), key).end_position
+    return plan_request(RadixCache(SlotAllocator(1)), key).end_position + continued
+
+
+def context_exceeded(context: int, positions: int, field: str) -> APIError:
+    """OpenAI's words, which clients (litellm, LangChain) match to tell an overflow apart; the count is
+    positions, after the request's drops and repositions."""
+    return APIError(f"This model's maximum context length is {context} tokens. However, your messages resulted "
+                    f"in {positions} tokens. Please reduce the length of the messages.", param=field,
+                    code="context_length_exceeded")
 
 
 def _translated(event: Any) -> list[TextDelta | Finished | Failed]:
@@ -200,7 +221,8 @@ def _translated(event: Any) -> list[TextDelta | Finished | Failed]:
     if event.finish_reason == FINISH_ERROR:
         items.append(Failed(event.error or "the engine could not serve the request", event.error_code or ERROR_ENGINE))
     elif event.finish_reason is not None:
-        items.append(Finished(event.finish_reason, usage_fields(event.usage)))
+        items.append(Finished(event.finish_reason, usage_fields(event.usage), event.attribution,
+                              event.continuation_scores))
     return items
 
 
@@ -214,5 +236,5 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 def usage_fields(usage: Any) -> dict[str, int]:
     names = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
-             "drop_skipped_tokens", "repos_tokens", "prefilled_tokens")
+             "drop_skipped_tokens", "repos_tokens", "prefilled_tokens", "retained_tokens")
     return {name: int(getattr(usage, name)) for name in names}

@@ -38,9 +38,9 @@ class TokenTexts:
     def entry(self, logprob: TokenLogprob) -> TokenLogprobEntry:
         """One generated token with its most likely alternatives, most likely first."""
         text, data = self(logprob.token_id)
-        top = [TopLogprob(token=self(token)[0], logprob=_finite(value), bytes=self(token)[1])
+        top = [TopLogprob(token=self(token)[0], logprob=finite_logprob(value), bytes=self(token)[1])
                for token, value in logprob.top]
-        return TokenLogprobEntry(token=text, logprob=_finite(logprob.logprob), bytes=data, top_logprobs=top)
+        return TokenLogprobEntry(token=text, logprob=finite_logprob(logprob.logprob), bytes=data, top_logprobs=top)
 
 
 def token_texts(engine: Any) -> TokenTexts:
@@ -53,5 +53,6 @@ def choice_logprobs(entries: Sequence[TokenLogprobEntry]) -> dict[str, Any]:
     return ChoiceLogprobs(content=list(entries)).model_dump()
 
 
-def _finite(value: float) -> float:
+def finite_logprob(value: float) -> float:
+    """A log probability JSON can carry: -inf (and anything below OpenAI's floor) becomes LOWEST_LOGPROB."""
     return value if math.isfinite(value) and value > LOWEST_LOGPROB else LOWEST_LOGPROB

@@ -226,6 +226,17 @@ class ChatCompletionRequest(BaseModel):
     ebnf: str | None = Field(default=None, description="The output must match this GBNF grammar.")
     lark: str | None = Field(default=None, description="The output must match this Lark grammar "
                              "(llguidance's dialect).")
+    # What the model used (AKV) and a final assistant message continued or scored (vLLM's names)
+    return_attribution: StrictBool | None = Field(
+        default=None, description="Each choice carries `attribution`: the reply's attention mass per history "
+        "message (docs/server.md, Attribution).")
+    continue_final_message: StrictBool | None = Field(
+        default=None, description="The final message is an assistant message that the reply continues.")
+    add_generation_prompt: StrictBool | None = Field(
+        default=None, description="false with continue_final_message (vLLM's pair); true is the default.")
+    prompt_logprobs: StrictInt | None = Field(
+        default=None, description="With continue_final_message: `prompt_logprobs` in the response, the final "
+        "message's tokens scored with this many alternatives each (0 to 20), null before them.")
 
 
 # --------------------------------------------------------------- response
@@ -236,6 +247,9 @@ class PromptTokensDetails(BaseModel):
     drop_skipped_tokens: int = 0
     repos_tokens: int = 0
     prefilled_tokens: int = 0
+    # Of the reused tokens (cached, repos, drop_skipped): those whose KV came back from retained
+    # entries, the KV of an earlier state (before a drop or a reposition) kept after no path read it.
+    retained_tokens: int = 0
 
 
 class UsageInfo(BaseModel):
@@ -272,11 +286,36 @@ class ChoiceLogprobs(BaseModel):
     refusal: list[TokenLogprobEntry] | None = None
 
 
+class MessageMassInfo(BaseModel):
+    message: int
+    mass: float
+    visible_tokens: int
+
+
+class AttributionInfo(BaseModel):
+    """A reply's attention over its history (`akv_core.attribution`): per message, the generation
+    header, the reply's own tokens; the masses add up to 1."""
+
+    messages: list[MessageMassInfo]
+    generation_header: float
+    reply: float
+    tokens: int
+
+
+class PromptLogprob(BaseModel):
+    """One token's entry in `prompt_logprobs` (vLLM's shape), keyed by its id."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str
+    attribution: AttributionInfo | None = None   # AKV, with return_attribution
 
 
 def completion_id() -> str:
@@ -291,6 +330,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[Choice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    # vLLM's extension: per prompt token, null or {token id: entry}, with prompt_logprobs
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class ToolCallDelta(BaseModel):
@@ -312,6 +353,7 @@ class ChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    attribution: AttributionInfo | None = None   # on a choice's finish chunk, with return_attribution
 
 
 class ChatCompletionChunk(BaseModel):
@@ -332,13 +374,19 @@ class AKVFeatures(BaseModel):
     drop_rule_types: list[str] = Field(description="The `drop_rule` types accepted.")
     usage_details: list[str] = Field(description="Counters reported in usage.prompt_tokens_details.")
     streaming_usage: bool = True
+    return_attribution: bool = Field(description="Whether `return_attribution` is accepted.")
+    prompt_logprobs: bool = Field(description="Whether `continue_final_message` with `prompt_logprobs` scores "
+                                  "a final assistant message.")
 
 
 def akv_features() -> AKVFeatures:
     """Read from the request and usage models themselves, so the report cannot drift from them."""
     union = typing.get_args(typing.get_args(DropRule)[0])
     types = [typing.get_args(rule.model_fields["type"].annotation)[0] for rule in union]
-    return AKVFeatures(drop_rule_types=types, usage_details=list(PromptTokensDetails.model_fields))
+    fields = ChatCompletionRequest.model_fields
+    return AKVFeatures(drop_rule_types=types, usage_details=list(PromptTokensDetails.model_fields),
+                       return_attribution="return_attribution" in fields,
+                       prompt_logprobs={"prompt_logprobs", "continue_final_message"} <= set(fields))
 
 
 class ModelCard(BaseModel):
@@ -356,6 +404,8 @@ class ServerInfo(BaseModel):
 
     model: str
     max_model_len: int | None = None
+    # The kernels of the prompts' products on this machine (akv_core.model.prefill), e.g. "bf16 (AVX512-BF16)".
+    prefill: str | None = None
     akv: AKVFeatures
 
 

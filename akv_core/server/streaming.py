@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
+from akv_core.attribution import Attribution
 from akv_core.sampling import TokenLogprob
 from akv_core.server.assistant_output import AssistantOutputParser, Delta
 from akv_core.server.engine_loop import Finished
@@ -34,6 +35,7 @@ from akv_core.server.protocol import (
     UsageInfo,
     completion_id,
 )
+from akv_core.server.reply_fields import attribution_field
 
 DONE = "data: [DONE]\n\n"
 
@@ -53,6 +55,7 @@ def usage_info(usage: Mapping[str, int]) -> UsageInfo:
             drop_skipped_tokens=usage["drop_skipped_tokens"],
             repos_tokens=usage["repos_tokens"],
             prefilled_tokens=usage["prefilled_tokens"],
+            retained_tokens=usage.get("retained_tokens", 0),
         ),
     )
 
@@ -101,7 +104,7 @@ class ChunkStream:
                 for i, call in enumerate(message.tool_calls)
             ]
         reason = "tool_calls" if message.tool_calls else finished.finish_reason
-        chunks.append(self._chunk(final, index, finish_reason=reason))
+        chunks.append(self._chunk(final, index, finish_reason=reason, attribution=finished.attribution))
         return chunks
 
     def end(self, usage: Mapping[str, int]) -> list[str]:
@@ -123,7 +126,8 @@ class ChunkStream:
                                                param=error.param, code=error.code))
         return f"data: {body.model_dump_json()}\n\n" + DONE
 
-    def _chunk(self, delta: DeltaMessage, index: int = 0, finish_reason: str | None = None) -> str:
+    def _chunk(self, delta: DeltaMessage, index: int = 0, finish_reason: str | None = None,
+               attribution: Attribution | None = None) -> str:
         choice = ChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                     choices=[choice]).model_dump(exclude_none=True)
@@ -132,6 +136,8 @@ class ChunkStream:
             logprobs, self._entries[index] = choice_logprobs(self._entries[index]), []
         # OpenAI sends these two on every choice, as explicit nulls when empty; some clients read them.
         chunk["choices"][0].update(logprobs=logprobs, finish_reason=finish_reason)
+        if attribution is not None:   # the finish chunk of a request with return_attribution
+            chunk["choices"][0]["attribution"] = attribution_field(attribution)
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
 

@@ -18,6 +18,7 @@ from akv_core.server.constraint import output_constraint
 from akv_core.server.errors import APIError
 from akv_core.server.protocol import (ChatCompletionRequest, KeepTextDropRule, MessageDropRule, TextDropRule,
                                       ThinkingDropRule)
+from akv_core.server.reply_fields import ReplyOptions, reply_options
 
 
 # Choices one request may ask for (`n`): each is an engine request of its own, sharing the prompt.
@@ -49,6 +50,7 @@ class GenerationArgs:
     text_drop: TextDrop | None = None  # a text_drop / keep_text_drop rule, resolved
     n: int = 1                         # choices: engine requests with the same prompt
     top_logprobs: int | None = None    # None: no log probabilities; k: the sampled token's and k more
+    reply: ReplyOptions = ReplyOptions()   # return_attribution, continue_final_message, prompt_logprobs
 
 
 def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
@@ -66,6 +68,7 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
                 raise APIError(f"{field}: cannot constrain the output of a forced tool call (tool_choice)",
                                param=field)
         grammar, grammar_field = forced_call, "tools"
+    reply = reply_options(request, "tool_choice" if forced_call is not None else grammar_field)
     return GenerationArgs(
         messages=messages,
         tools=tools,
@@ -82,6 +85,7 @@ def generation_args(request: ChatCompletionRequest) -> GenerationArgs:
         grammar_field=grammar_field,
         n=_choices(request.n),
         top_logprobs=_top_logprobs(request),
+        reply=reply,
     )
 
 

@@ -11,7 +11,13 @@ from typing import Any, Optional
 import typer
 
 from akv_cli.errors import USAGE, fail
+from akv_cli.options import apply_unsafe_no_sandbox, unsafe_no_sandbox_option
 from akv_cli.serve import Precision
+from sandbox.agents.llm import AGENT_MODES
+
+AgentMode = Enum("AgentMode", {name: name for name in AGENT_MODES}, type=str)
+AGENT_MODE_HELP = ("The llm agent's steps: tools (each step a tool call, final_answer ends the run; needs a "
+                   "backend that keeps tool_choice required) or free (a reply without calls is the answer).")
 
 tasks_app = typer.Typer(help="Build and list the task suites.", no_args_is_help=True)
 
@@ -39,14 +45,9 @@ def build(suite: Optional[str] = typer.Option(None, help="Suite to build (defaul
           edition: Optional[int] = typer.Option(
               None, min=1, help="Generator edition (needs --suite); default: the edition already built, else the "
                                 "newest."),
-          unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
-                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
-                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap).")) -> None:
+          unsafe_no_sandbox: bool = unsafe_no_sandbox_option()) -> None:
     """Create a suite's data under the data folder (idempotent)."""
-    if unsafe_no_sandbox:  # inherited by task worker processes
-        from sandbox.isolation import set_unsafe_no_sandbox
-
-        set_unsafe_no_sandbox()
+    apply_unsafe_no_sandbox(unsafe_no_sandbox)
     import inspect
 
     from akv_core.home import akv_home
@@ -186,6 +187,7 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         split: str = typer.Option("train", help="Split: train or heldout."),
         policy: str = typer.Option(..., help="Built-in policy name or a .akvp file."),
         agent: str = typer.Option("scripted", help="scripted (the suite's navigator) or llm."),
+        agent_mode: AgentMode = typer.Option(AgentMode.tools, help=AGENT_MODE_HELP),
         backend: str = typer.Option("replay", "--backend", "--endpoint",
                                     help="replay, embedded, or an OpenAI-compatible URL."),
         model: Optional[str] = typer.Option(None, help="Model name (URL backend; default: the "
@@ -202,19 +204,14 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
         concurrency: int = typer.Option(1, min=1, help="Tasks run at once (threads against a server URL, "
                                         "processes on replay; embedded: 1)."),
         json_out: bool = typer.Option(False, "--json", help="Exactly one JSON object on stdout."),
-        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
-                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
-                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap).")) -> None:
+        unsafe_no_sandbox: bool = unsafe_no_sandbox_option()) -> None:
     """Run an agent on a split's tasks under a cache policy and report score and cost."""
     from akv_core.home import data_path
     from sandbox.backends import check_backend_spec
-    from sandbox.harness import RunLimits, run_tasks
-    from sandbox.progress import TaskDisplay
+    from sandbox.runs.harness import RunLimits, run_tasks
+    from sandbox.runs.progress import TaskDisplay
 
-    if unsafe_no_sandbox:  # inherited by task worker processes
-        from sandbox.isolation import set_unsafe_no_sandbox
-
-        set_unsafe_no_sandbox()
+    apply_unsafe_no_sandbox(unsafe_no_sandbox)
     suite_obj = _suite(suite)
     try:
         check_backend_spec(backend, concurrency)  # a malformed URL stops us before anything runs
@@ -227,7 +224,7 @@ def run(suite: str = typer.Option(..., help="Suite name, e.g. localcomp."),
                                task_ids=task, seed=seed, out_dir=out_dir, model=model, prices=prices,
                                limits=RunLimits(max_steps=max_steps, max_tokens=max_tokens),
                                concurrency=concurrency, display=display,
-                               precision=precision.value if precision else None)
+                               precision=precision.value if precision else None, agent_mode=agent_mode.value)
         except ValueError as err:
             display.close()
             fail(str(err))
@@ -246,7 +243,7 @@ def _print_report(report: Any) -> None:
     from rich.console import Console
 
     from sandbox.tables import Column, fitted_table
-    from sandbox.cost import cents
+    from sandbox.runs.cost import cents
 
     columns = [Column("task", keep=9), Column("status", keep=8), Column("score", True, 8), Column("answer"),
                Column("requests", True, 5), Column("input", True, 4), Column("cached", True, 3),

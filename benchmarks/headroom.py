@@ -4,7 +4,7 @@ The suites' scripted agents run each split under `full`, Standard, Text Engineer
 the hand-written non-window built-ins and the oracle, side by side in one run on the replay
 backend (the engine's own cache accounting, no model). The oracle of a task is built from that
 task's `full` run (each message dropped right after the last step that read it,
-`sandbox/oracle.py`) and then run through the harness like any policy, so its score and cost are
+`sandbox/runs/oracle.py`) and then run through the harness like any policy, so its score and cost are
 measured; its actions must equal the `full` run's. Per policy: mean score, cents per task, the
 cost change against the expert, and the champion rule's verdict against the expert (paired on
 the same tasks; the deployable policies are one Holm family, the oracle is judged alone). The
@@ -16,7 +16,12 @@ a hand-written non-window built-in that passes the champion rule against the exp
 cheaper, non-inferior score); the expert cheaper than Standard; `full` scoring at least as high as
 every policy. A suite whose scripted agent records no uses gets no oracle column, and says why.
 
-    python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout]
+`--agent llm` runs the llm agent (tools mode) on the embedded model instead, one engine per worker
+process, each run from an empty cache: the oracle is then built from the use records inferred
+for the llm agent, and its actions equal `full`'s only where the model's replies do not change
+under its drops. On a CPU a task takes seconds to minutes per policy: pass a small `--limit`.
+
+    python benchmarks/headroom.py [--suites localcomp,localswe] [--splits train,heldout] [--agent scripted]
                                   [--limit 40] [--swe-limit 8] [--policies a,b] [--seed 0] [--workers 2] [--json]
 
 JSON: costs are USD per task (`cost_usd`), as in the other benchmarks' JSON; the table shows cents.
@@ -34,7 +39,7 @@ import contextlib
 import json
 import resource
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +51,7 @@ BASELINES = (FULL, STANDARD, TEXT_ENGINEERING, AKV)
 # misses: localcomp's dead ends and long-range facts, localswe's stale tool outputs).
 HANDWRITTEN: dict[str, tuple[str, ...]] = {"localcomp": ("research",), "localswe": ("drop-settled",)}
 SPLITS = ("train", "heldout")
+AGENTS = {"scripted": "replay", "llm": "embedded"}  # agent -> the backend it runs on here
 TARGET_ORACLE_SAVING = 25.0  # percent cheaper than the expert, held-out
 
 
@@ -57,12 +63,13 @@ class Settings:
     swe_limit: int | None = 8       # localswe tasks per split: its tools run test suites; on 6 tasks or
                                     # fewer the sign-flip p (>= 1/2^n) cannot pass Holm over 4 policies
     policies: tuple[str, ...] | None = None  # the hand-written kv policies of every suite (None: HANDWRITTEN's)
-    margin: float | None = None     # the champion rule's score margin (None: sandbox.stats' default)
+    margin: float | None = None     # the champion rule's score margin (None: akv_stats.champion's default)
     alpha: float = 0.05
     resamples: int = 2000
     seed: int = 0
     workers: int = 2                # processes running tasks (each task's policies in one of them): the
                                     # localswe tasks' test runs keep both cores of a 2-core machine busy
+    agent: str = "scripted"         # or llm: the embedded model in tools mode (AGENTS)
 
     def task_limit(self, suite: str) -> int | None:
         return self.swe_limit if suite == "localswe" else self.limit
@@ -107,7 +114,7 @@ def run_split(suite: str, split: str, policies: Sequence[str], settings: Setting
     A suite whose scripted agent records no uses gets no oracle column: the check then holds the
     oracle's message (which records are missing, how to regenerate them) under "unavailable".
     """
-    from sandbox.harness import select_tasks
+    from sandbox.runs.harness import select_tasks
 
     task_ids = [task.id for task in select_tasks(_built_suite(suite, settings.seed), split, limit=settings.task_limit(suite))]
     started = time.perf_counter()
@@ -130,34 +137,56 @@ def run_split(suite: str, split: str, policies: Sequence[str], settings: Setting
 class TaskRuns:
     """One task under `full`, its oracle and every other policy; `unavailable`: why it has no oracle."""
 
-    results: dict[str, Any]  # policy name -> TaskResult
+    results: dict[str, Any]  # policy name -> TaskOutcome
     same_actions: bool
     unavailable: str | None = None
 
 
-def run_task_policies(suite: str, split: str, task_id: str, policies: Sequence[str], seed: int) -> TaskRuns:
+def run_task_policies(suite: str, split: str, task_id: str, policies: Sequence[str], seed: int,
+                      agent: str = "scripted") -> TaskRuns:
     """`full` and the oracle made from it (or plain `full` where the agent records no uses), then the rest."""
-    from sandbox.backends.replay import ReplayBackend
-    from sandbox.harness import resolve_policy, run_task, select_tasks
-    from sandbox.oracle import OracleError, run_oracle
+    from sandbox.runs.harness import resolve_policy, run_task, select_tasks
+    from sandbox.runs.oracle import OracleError, run_oracle
 
     suite_obj = _built_suite(suite, seed)
     task = select_tasks(suite_obj, split, [task_id])[0]
+    backend, make_agent = _backend_and_agent(agent, suite_obj)
     results: dict[str, Any] = {}
     try:
-        recorded = run_oracle(task, suite_obj, ReplayBackend, seed=seed)
+        recorded = run_oracle(task, suite_obj, backend, seed=seed, agent=make_agent)
     except OracleError as err:
         unavailable, same = str(err), False
-        results[FULL], _ = run_task(task, suite_obj, resolve_policy(FULL), suite_obj.scripted_agent(task),
-                                    ReplayBackend(), seed=seed)
+        results[FULL], _ = run_task(task, suite_obj, resolve_policy(FULL), make_agent(task), backend(), seed=seed)
     else:
         unavailable, same = None, recorded.same_actions
         results[FULL], results[ORACLE] = recorded.full, recorded.oracle
     for name in policies:
         if name not in results:
-            results[name], _ = run_task(task, suite_obj, resolve_policy(name), suite_obj.scripted_agent(task),
-                                        ReplayBackend(), seed=seed)
+            results[name], _ = run_task(task, suite_obj, resolve_policy(name), make_agent(task), backend(), seed=seed)
     return TaskRuns(results, same, unavailable)
+
+
+_ENGINE: list[Any] = []
+
+
+def _backend_and_agent(agent: str, suite_obj: Any) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """(the maker of each run's backend, the maker of each run's agent) for `agent` (AGENTS)."""
+    if agent == "scripted":
+        from sandbox.backends.replay import ReplayBackend
+
+        return ReplayBackend, suite_obj.scripted_agent
+    from sandbox.agents.llm import LLMAgent
+
+    return _embedded, lambda task: LLMAgent()
+
+
+def _embedded() -> Any:
+    """The embedded model, loaded once per process; each task run starts it from an empty cache."""
+    if not _ENGINE:
+        from sandbox.backends.embedded import EmbeddedBackend
+
+        _ENGINE.append(EmbeddedBackend())
+    return _ENGINE[0]
 
 
 def _each_task(suite: str, split: str, task_ids: Sequence[str], policies: tuple[str, ...], settings: Settings,
@@ -169,10 +198,11 @@ def _each_task(suite: str, split: str, task_ids: Sequence[str], policies: tuple[
     out: list[TaskRuns] = []
     if pool is None or len(task_ids) <= 1:
         for number, task_id in enumerate(task_ids):
-            out.append(run_task_policies(suite, split, task_id, policies, settings.seed))
+            out.append(run_task_policies(suite, split, task_id, policies, settings.seed, settings.agent))
             heard(number, out[-1])
         return out
-    futures = [pool.submit(run_task_policies, suite, split, task_id, policies, settings.seed) for task_id in task_ids]
+    futures = [pool.submit(run_task_policies, suite, split, task_id, policies, settings.seed, settings.agent)
+               for task_id in task_ids]
     for number, future in enumerate(futures):
         out.append(future.result())
         heard(number, out[-1])
@@ -207,7 +237,7 @@ def _built_suite(suite: str, seed: int) -> Any:
 
 def verdicts(columns: Mapping[str, Column], settings: Settings) -> dict[str, dict[str, Any]]:
     """The champion rule against the expert: the deployable policies together, the oracle alone."""
-    from sandbox.stats import DEFAULT_MARGIN, champion_rule
+    from akv_stats.champion import DEFAULT_MARGIN, champion_rule
 
     margin = DEFAULT_MARGIN if settings.margin is None else settings.margin
     options = {"margin": margin, "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed}
@@ -278,6 +308,8 @@ def targets(group: Mapping[str, Any], handwritten: Sequence[str]) -> dict[str, b
 def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, Any]:
     """Every split of every suite under every policy and the oracle; all figures in one dict."""
     say = progress or (lambda text: None)
+    if settings.agent not in AGENTS:
+        raise ValueError(f"--agent: expected {' or '.join(AGENTS)}, got {settings.agent!r}")
     started = time.perf_counter()
     suites, notes = present_suites(settings.suites)
     chosen: dict[str, list[str]] = {}
@@ -297,7 +329,8 @@ def measure(settings: Settings = Settings(), progress: Any = None) -> dict[str, 
     return {"settings": {"suites": suites, "splits": list(settings.splits), "limit": settings.limit,
                          "swe_limit": settings.swe_limit, "policies": chosen, "margin": settings.margin,
                          "alpha": settings.alpha, "resamples": settings.resamples, "seed": settings.seed,
-                         "workers": settings.workers, "notes": notes},
+                         "workers": settings.workers, "agent": settings.agent,
+                         "backend": AGENTS[settings.agent], "notes": notes},
             "groups": groups, "wall_s": round(time.perf_counter() - started, 1),
             # CPU seconds of this process, its workers and their commands (test runs): the wall time
             # of an idle machine is about this divided by the cores kept busy
@@ -313,7 +346,7 @@ def _cpu_s() -> float:
 def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the policies to run, the default built-ins this checkout lacks); ValueError for a bad one asked for."""
     from policy_dsl import builtin_names
-    from sandbox.harness import resolve_policy
+    from sandbox.runs.harness import resolve_policy
 
     known = set(builtin_names())
     defaults = {name for names_of_suite in HANDWRITTEN.values() for name in names_of_suite}
@@ -329,7 +362,8 @@ def _present_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def render(figures: Mapping[str, Any]) -> str:
     s = figures["settings"]
-    lines = [f"headroom: scripted agent on {', '.join(s['suites'])} ({', '.join(s['splits'])}), replay backend; "
+    lines = [f"headroom: {s.get('agent', 'scripted')} agent on {', '.join(s['suites'])} ({', '.join(s['splits'])}), "
+             f"{s.get('backend', 'replay')} backend; "
              f"champion rule against {AKV} (alpha {s['alpha']}); {figures['wall_s']:.0f} s in all"
              + (f", {figures['cpu_s']:.0f} CPU s, {s['workers']} workers" if "cpu_s" in figures else "")]
     for name, group in figures["groups"].items():
@@ -395,13 +429,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
                         help="the suites' build seed (another seed: other bugs and documents, fresh splits)")
     parser.add_argument("--workers", type=int, default=Settings.workers,
                         help="processes running tasks (each task's policies in one of them)")
+    parser.add_argument("--agent", default=Settings.agent, choices=tuple(AGENTS),
+                        help="scripted (replay backend) or llm (the embedded model, tools mode)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.workers < 1:
         raise SystemExit(f"--workers expects a positive number of processes, got {args.workers}")
     names = None if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
     settings = Settings(_names(args.suites, "--suites"), _names(args.splits, "--splits"), args.limit or None,
-                        args.swe_limit or None, names, seed=args.seed, workers=args.workers)
+                        args.swe_limit or None, names, seed=args.seed, workers=args.workers, agent=args.agent)
     return settings, args.json
 
 

@@ -1,41 +1,34 @@
 """A backend for any OpenAI-compatible endpoint (our `akv serve`, upstream AKV, a hosted API).
 
-AKV fields go through `extra_body`; the key comes from AKV_API_KEY or OPENAI_API_KEY.
+Requests go through the chat client (`akv_core.client`): AKV fields through `extra_body`, the key
+from AKV_API_KEY or OPENAI_API_KEY, an unreachable endpoint or an HTTP 5xx as `ServerUnavailable`.
+A request that asks for `attribution` sends `return_attribution: true` and reads the choice's
+`attribution` (the llm agent's attention use records); `score_reply` scores a recorded reply with
+`continue_final_message` and `prompt_logprobs` (a trace set's likelihood fidelity). `lacks` says
+whether the server lists such an AKV feature in its model card, so a run can refuse before it starts.
 """
 from __future__ import annotations
 
-import os
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, Mapping
 
-import openai
+from akv_core.attribution import Attribution
+from akv_core.client import TIMEOUT_S, ChatClient, ChatError
 
-from sandbox.backends import BackendError, BackendReply, BackendRequest, Message, ServerUnavailable
-from sandbox.cost import Usage
+from sandbox.backends.base import BackendError, BackendReply, BackendRequest
+from sandbox.runs.cost import ReportedUsage
 
-_TIMEOUT_S = 600.0  # a CPU server may take minutes for a long prefill
-
-
-def base_url(url: str) -> str:
-    """The client's base URL: the endpoint's `/v1` root, added when the user gave the bare host."""
-    url = url.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        if url.endswith(suffix):
-            url = url[: -len(suffix)]
-    return url if urlparse(url).path.endswith("/v1") else url + "/v1"
+USE_RECORDS_FIELD = "evaluation.use_records"  # the setting that asks for attribution
 
 
 class HttpBackend:
     generates = True
     parallel = "threads"  # the client is thread-safe; the server batches what the lanes send at once
+    attributes = True  # sends return_attribution; `lacks("return_attribution")` says whether the server has it
 
-    def __init__(self, url: str, model: str | None = None, timeout_s: float = _TIMEOUT_S, max_retries: int = 1) -> None:
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = TIMEOUT_S, max_retries: int = 1) -> None:
         self.name = url
-        self._model = model
-        key = os.environ.get("AKV_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
-        # One retry only: an unreachable endpoint should fail its task quickly, not stall the run.
-        self._client = openai.OpenAI(base_url=base_url(url), api_key=key, timeout=timeout_s,
-                                     max_retries=max_retries)
+        self.client = ChatClient(url, model, timeout_s, max_retries)
+        self._features: dict[str, Any] | None = None
 
     def start_task(self) -> None:
         """Nothing to reset: the server's cache is shared across tasks, as in production."""
@@ -45,74 +38,50 @@ class HttpBackend:
         return self
 
     def complete(self, request: BackendRequest) -> BackendReply:
-        kwargs: dict[str, Any] = {
-            "model": self._model_name(),
-            "messages": list(request.messages),
-            "max_tokens": request.max_tokens,
-            "temperature": request.temperature,
-            "extra_body": request.api_fields(),
-        }
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        if request.seed is not None:
-            kwargs["seed"] = request.seed
-        try:
-            response = self._client.chat.completions.create(**kwargs)
-        except openai.APIConnectionError as err:  # refused, reset or timed out
-            raise ServerUnavailable(f"cannot reach {self.name}: {err}") from err
-        except openai.APIStatusError as err:
-            kind = ServerUnavailable if err.status_code >= 500 else BackendError
-            raise kind(f"{self.name} answered HTTP {err.status_code}: {_error_text(err)}") from err
-        choice = response.choices[0]
-        return BackendReply(_assistant_message(choice.message), _usage(response.usage), choice.finish_reason)
+        fields, asked = request.api_fields(), request.asks_attribution()
+        if asked:
+            fields["return_attribution"] = True
+        reply = self.client.complete(request.messages, request.max_tokens, request.temperature, request.tools,
+                                     request.tool_choice, request.seed, fields)
+        return BackendReply(reply.message, ReportedUsage.from_fields(reply.usage), reply.finish_reason,
+                            attribution=self._attribution(reply.attribution) if asked else None)
 
-    def _model_name(self) -> str:
-        """The model given by the user, else the endpoint's first listed model."""
-        if self._model is None:
+    def score_reply(self, request: BackendRequest, reply: Mapping[str, Any]) -> tuple[float, ...]:
+        """Each token's natural-log probability in the recorded assistant message `reply` after the request's
+        history under its cache fields (the server's teacher-forced `prompt_logprobs`), end-of-turn token left
+        out; ReplyTooLong past the server's context. A keep_text_drop's full history gets the reply too."""
+        fields = request.api_fields()
+        rule = fields.get("drop_rule")
+        if rule is not None and rule.get("type") == "keep_text_drop":
+            fields["drop_rule"] = {**rule, "full_messages": [*rule["full_messages"], dict(reply)]}
+        return self.client.score_final_message([*request.messages, dict(reply)], request.tools, fields)
+
+    def _attribution(self, found: Mapping[str, Any] | None) -> Attribution:
+        """The reply's attribution object read back; BackendError naming the setting that asked for it."""
+        if found is None:
+            raise BackendError(f"{USE_RECORDS_FIELD}: {self.name} returned no `attribution` for "
+                               "return_attribution: true; attention use records need a server that computes it "
+                               "(akv serve): use references")
+        try:
+            return Attribution.from_dict(found)
+        except (KeyError, TypeError, ValueError) as err:
+            raise BackendError(f"{USE_RECORDS_FIELD}: {self.name} returned an `attribution` in an unknown shape "
+                               f"({err!r}); expected {{messages, generation_header, reply, tokens}}") from None
+
+    def lacks(self, feature: str) -> str | None:
+        """None when the server's model card lists the AKV feature `feature` (`return_attribution`,
+        `prompt_logprobs`; docs/server.md, Endpoints) as true; else why not, one phrase naming the server.
+        The card is read once."""
+        if self._features is None:
             try:
-                models = self._client.models.list().data
-            except openai.APIConnectionError as err:
-                raise ServerUnavailable(f"cannot reach {self.name}: {err}") from err
-            except openai.APIStatusError as err:
-                raise BackendError(f"{self.name} cannot list models (HTTP {err.status_code}); "
-                                   "pass --model NAME") from err
-            if not models:
-                raise BackendError(f"{self.name} lists no models; pass --model NAME")
-            self._model = models[0].id
-        return self._model
+                self._features = self.client.features()
+            except ChatError as err:
+                return f"cannot read the model card of {self.name}: {err}"
+        if self._features.get(feature) is True:
+            return None
+        if not self._features:
+            return f"{self.name} lists no AKV features in its model card (an `akv serve` lists them)"
+        return f"{self.name} does not list {feature} among the AKV features of its model card"
 
     def close(self) -> None:
-        self._client.close()
-
-
-def _error_text(err: openai.APIStatusError) -> str:
-    body = err.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return str(err.message)
-
-
-def _assistant_message(message: Any) -> Message:
-    out: Message = {"role": "assistant", "content": message.content or ""}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}
-            for call in message.tool_calls
-        ]
-    return out
-
-
-def _usage(usage: Any) -> Usage:
-    """Flatten the OpenAI usage object, AKV's extension fields included."""
-    if usage is None:
-        raise BackendError("the endpoint returned no usage; AKV accounting needs it")
-    details = usage.prompt_tokens_details
-    fields: dict[str, Any] = {"prompt_tokens": usage.prompt_tokens,
-                              "completion_tokens": usage.completion_tokens}
-    fields.update({k: v for k, v in (usage.model_extra or {}).items() if isinstance(v, int)})
-    if details is not None:
-        fields.update(details.model_dump())
-    return Usage.from_fields(fields)
+        self.client.close()

@@ -24,9 +24,9 @@ from akv_core.cache.ops import OperationError
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.chat import ChatTokenizer, Rendered
 
-from sandbox.backends import BackendError, BackendReply, BackendRequest, CacheOperations
+from sandbox.backends.base import BackendError, BackendReply, BackendRequest, CacheOperations
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.cost import Usage
+from sandbox.runs.cost import ReportedUsage
 
 # A pool no suite task fills, so a policy's cost is not a pool's evictions. To compare with an engine
 # or a server request for request, give it the same pool (`EmbeddedBackend.kv_tokens`).
@@ -38,10 +38,10 @@ class TaskPrefixMemo:
 
     def __init__(self, capacity: int = 500_000) -> None:
         self._capacity = capacity
-        self._usage: dict[bytes, Usage] = {}
+        self._usage: dict[bytes, ReportedUsage] = {}
         self.hits = self.misses = 0
 
-    def get(self, key: bytes) -> Usage | None:
+    def get(self, key: bytes) -> ReportedUsage | None:
         usage = self._usage.get(key)
         if usage is None:
             self.misses += 1
@@ -49,7 +49,7 @@ class TaskPrefixMemo:
             self.hits += 1
         return usage
 
-    def put(self, key: bytes, usage: Usage) -> None:
+    def put(self, key: bytes, usage: ReportedUsage) -> None:
         if len(self._usage) >= self._capacity:
             self._usage.clear()  # bounded memory; a cleared memo only costs recomputation
         self._usage[key] = usage
@@ -108,14 +108,14 @@ class ReplayBackend:
             self._account(rendered, operations)
         self._pending = []
 
-    def _account(self, rendered: Rendered, operations: _Operations) -> Usage:
+    def _account(self, rendered: Rendered, operations: _Operations) -> ReportedUsage:
         fields, max_tokens = operations
         try:
             usage = self._simulator.request(rendered, fields.drop_message, fields.reposition, max_tokens=max_tokens,
                                             thinking_drop=fields.thinking_drop, text_drop=fields.text_drop)
         except (OperationError, KVCapacityError) as err:  # what the server would answer with HTTP 400
             raise BackendError(f"the request was rejected: {err}") from err
-        return Usage.from_fields(usage)
+        return ReportedUsage.from_fields(usage)
 
     def reopen(self) -> Callable[[], ReplayBackend]:
         """A maker of an equal backend for a process lane (its own simulator and prefix memo)."""

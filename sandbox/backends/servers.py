@@ -23,8 +23,10 @@ from urllib.parse import urlparse
 
 import httpx
 
-from sandbox.backends import BackendError, BackendReply, BackendRequest, ServerMove, ServerUnavailable
-from sandbox.backends.http import HttpBackend, base_url
+from akv_core.client import base_url
+
+from sandbox.backends.base import BackendError, BackendReply, BackendRequest, ServerMove, ServerUnavailable
+from sandbox.backends.http import HttpBackend
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -80,6 +82,7 @@ class ServerPool:
 
     parallel = "threads"
     generates = True
+    attributes = True  # each server's HttpBackend asks for it; `lacks` checks that every server has it
 
     def __init__(self, urls: list[str], model: str | None = None, recheck_s: float = 30.0) -> None:
         self.name = ",".join(urls)
@@ -121,6 +124,10 @@ class ServerPool:
         with self._lock:
             server.up, server.checked_at = up, time.monotonic()
 
+    def lacks(self, feature: str) -> str | None:
+        """None when every server lists the AKV feature `feature` (`HttpBackend.lacks`), else the first reason."""
+        return next((why for s in self.servers if (why := s.backend.lacks(feature)) is not None), None)
+
     # ---- one lane of its own, for a run without concurrency --------------------------------
     def start_task(self) -> None:
         self._own_lane.start_task()
@@ -138,7 +145,7 @@ class ServerLane:
 
     def __init__(self, pool: ServerPool) -> None:
         self.pool = pool
-        self.name, self.generates, self.parallel = pool.name, True, "threads"
+        self.name, self.generates, self.parallel, self.attributes = pool.name, True, "threads", True
         self.server: _Server | None = None
 
     def start_task(self) -> None:
@@ -152,7 +159,8 @@ class ServerLane:
         while True:
             try:
                 reply = self.server.backend.complete(request)
-                return BackendReply(reply.message, reply.usage, reply.finish_reason, self.server.url, tuple(moves))
+                return BackendReply(reply.message, reply.usage, reply.finish_reason, self.server.url, tuple(moves),
+                                    reply.attribution)
             except ServerUnavailable as err:
                 failed = self.server
                 self.pool.mark(failed, healthy(failed.url))

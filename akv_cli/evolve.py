@@ -7,9 +7,9 @@ from typing import Optional
 import typer
 
 from akv_cli.errors import fail
+from akv_cli.options import DB_HELP, apply_unsafe_no_sandbox, unsafe_no_sandbox_option
 from akv_cli.serve import Precision
-
-DB_HELP = "Database URL (default: $AKV_DB, then the SQLite file in the data folder)."
+from akv_cli.tasks import AGENT_MODE_HELP, AgentMode
 
 
 def register(app: typer.Typer) -> None:
@@ -20,9 +20,12 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (see docs/evolve.md; "
                                                 "default: none, the defaults below)."),
         proposer: Optional[str] = typer.Option(None, "--proposer", help="reflect, optuna, llm, mutate or random, or several "
-                                               "asked in turn, comma-separated (default: mutate,optuna)."),
+                                               "comma-separated, asked as --schedule says (default: mutate,optuna)."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="lead (the first proposer until it is "
+                                               "spent, then the others in turn) or round-robin (default lead)."),
         suite: Optional[str] = typer.Option(None, "--suite", help="Task suite (default localcomp)."),
         agent: Optional[str] = typer.Option(None, "--agent", help="scripted or llm (default scripted)."),
+        agent_mode: Optional[AgentMode] = typer.Option(None, "--agent-mode", help=AGENT_MODE_HELP + " Default tools."),
         backend: Optional[str] = typer.Option(None, "--backend", help="replay, embedded or a server URL "
                                                "(default replay)."),
         precision: Optional[Precision] = typer.Option(None, "--precision", help="The embedded model's weight "
@@ -44,20 +47,16 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of proposers and statistics (default 0)."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Tasks run at once "
                                                   "(evaluation.concurrency; default 1)."),
-        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
-                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
-                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap)."),
+        unsafe_no_sandbox: bool = unsafe_no_sandbox_option(),
     ) -> None:
         """Evolve cache policies on the train split, validate the best on held-out, export and compare."""
         from evolve.command import EvolveError, run_command
 
-        if unsafe_no_sandbox:  # inherited by task worker processes
-            from sandbox.isolation import set_unsafe_no_sandbox
-
-            set_unsafe_no_sandbox()
+        apply_unsafe_no_sandbox(unsafe_no_sandbox)
 
         proposers = [name.strip() for name in proposer.split(",") if name.strip()] if proposer else None
-        overrides = {"proposers": proposers or None, "suite": suite, "agent": agent,
+        overrides = {"proposers": proposers or None, "schedule": schedule, "suite": suite, "agent": agent,
+                     "agent_mode": agent_mode.value if agent_mode else None,
                      "backend": backend, "precision": precision.value if precision else None,
                      "max_candidates": max_candidates, "db": db, "run_name": run_name,
                      "llm.endpoint": proposer_endpoint, "llm.model": proposer_model, "seed": seed,

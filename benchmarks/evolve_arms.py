@@ -14,7 +14,7 @@ proposals count toward it, as the loop counts them). The arms:
 Per run: the held-out cost change against the expert (%, negative = cheaper) and score change
 (points) of the champion, or without one of the best validated candidate (what `akv export
 --best` writes), whether a champion was crowned, and each proposer's proposals by fate. Per arm:
-the mean over seeds with a 95% percentile-bootstrap interval over seeds (sandbox/stats.py). Then
+the mean over seeds with a 95% percentile-bootstrap interval over seeds (akv_stats/paired.py). Then
 `mix` against `random` and against `reflect`, paired by seed: the mean difference, its bootstrap
 interval and a two-sided paired sign-flip p-value (each comparison on its own; without `mix`,
 every arm against `random`). With n seeds the smallest such p is 2 / 2^n: 5 seeds cannot show any
@@ -54,15 +54,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from akv_stats.paired import bootstrap_ci, compare_paired
 from benchmarks.common import format_table
-from sandbox.stats import bootstrap_ci, compare_paired
 
 ARMS: Mapping[str, tuple[str, ...]] = {
     "mix": ("reflect", "optuna", "mutate"),  # evolve.yaml's [reflect, optuna, llm, mutate] without llm
     "random": ("random",), "reflect": ("reflect",), "optuna": ("optuna",), "mutate": ("mutate",),
 }
 PAIRED = (("mix", "random"), ("mix", "reflect"))  # (arm, against): the questions the verdict answers
-FATES = ("proposed", "rejected", "duplicate", "pruned", "evaluated")
+FATES = ("pending", "rejected", "duplicate", "pruned", "evaluated")  # a policy's status ("proposed": pending)
 TRAIN_LIMIT, SUBSET_SIZE, HELDOUT_LIMIT = 20, 6, 60  # the loop's defaults (evolve/config.py)
 ALPHA, RESAMPLES = 0.05, 2000
 
@@ -233,8 +233,8 @@ def render(figures: Mapping[str, Any]) -> str:
                               [[arm, *(_pct(r["cost_change_pct"]) + ("*" if r["champion"] else "")
                                        for r in figures["rows"] if r["arm"] == arm)] for arm in arms]))
     lines += ["", "proposals by fate, all seeds"]
-    lines.append(format_table(["arm", "proposer", *FATES],
-                              [[arm, proposer, *(counts.get(f, 0) for f in FATES)]
+    lines.append(format_table(["arm", "proposer", "proposed", *FATES[1:]],
+                              [[arm, proposer, sum(counts.values()), *(counts.get(f, 0) for f in FATES[1:])]
                                for arm, a in arms.items() for proposer, counts in a["fates"].items()]))
     if figures["paired"]:
         lines += ["", "paired by seed (same tasks): mean difference of cost %, 95% bootstrap CI, two-sided "

@@ -90,7 +90,8 @@ def outcome(store: Any, run_id: int) -> dict[str, Any]:
     for policy in store.policies(run_id):
         if policy.proposer in PROPOSED_BY:
             counts = fates.setdefault(policy.proposer, dict.fromkeys(FATES, 0))
-            counts[policy.status] = counts.get(policy.status, 0) + 1
+            fate = "pending" if policy.status == "proposed" else policy.status
+            counts[fate] = counts.get(fate, 0) + 1
     row: dict[str, Any] = {"champion": False, "chosen": None, "cost_change_pct": 0.0, "score_change_points": 0.0,
                            "champion_cost_change_pct": 0.0, "cost_usd": None, "expert_cost_usd": None,
                            "fates": fates}

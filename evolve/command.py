@@ -11,8 +11,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from rich.console import Console
 
-from evolve.config import ConfigError, EvolveConfig, LLMProposerConfig, ValidationConfig, load_config
+from evolve.config import (ConfigError, EvolveConfig, LLMProposerConfig, ValidationConfig, load_config,
+                           stored_config)
 from evolve.export import export_run
+from evolve.fidelity import FidelityUnavailable, check_fidelity, describe_fidelity
 from evolve.library import UnknownPolicy, library_texts, load_checked
 from evolve.loop import Evolution, EvolutionResult
 from evolve.pareto import Point
@@ -20,8 +22,8 @@ from evolve.proposers.base import Proposer, ProposerUnavailable
 from evolve.report import comparison_rows, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
 from evolve.validation import describe_heldout
-from sandbox.cost import cents
-from sandbox.progress import TaskDisplay
+from sandbox.runs.cost import cents
+from sandbox.runs.progress import TaskDisplay
 from sandbox.tables import Column, fitted_table
 from store.database import normalize_url
 from store import DuplicateRunName, RunInfo, Store, StoreError
@@ -57,7 +59,7 @@ def find_resumable(store: Store, name: str | None, include_finished: bool = Fals
 
 def resumed_config(run: RunInfo, overrides: Mapping[str, Any], console: Console) -> EvolveConfig:
     """The run's stored settings; only the budget and the proposer endpoint/model may change."""
-    data = EvolveConfig.model_validate(run.config).model_dump(mode="json")
+    data = stored_config(run.config).model_dump(mode="json")
     for key, value in overrides.items():
         if value is None or key in ("run_name", "db"):
             continue
@@ -242,19 +244,7 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             raise EvolveError(f"{field}: {err}") from None
     check_proposers(config)
     display = TaskDisplay(console, task_lines=False)
-    if config.backend == "embedded":
-        display.phase("loading the model smollm2 (embedded backend)")
-    try:
-        evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
-                                     recorded_version=run.suite_version if run is not None else None,
-                                     concurrency=config.evaluation.concurrency, precision=config.precision,
-                                     heldout_seed=config.validation.heldout_seed,
-                                     heldout_range=config.validation.heldout_range)
-    except ValueError as err:
-        display.close()
-        message = str(err)
-        named = run is not None or message.startswith(("--", "validation."))
-        raise EvolveError(message if named else f"--suite/--backend: {err}") from None
+    evaluator = open_evaluator(config, run, display, console)
     try:
         if run is None:
             run, config = new_run(store, config, evaluator.suite_version)
@@ -268,9 +258,10 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
                 proposers = make_proposers(config, store, run, llm)
                 result = Evolution(store, run, config, evaluator, proposers, _printer(console, store, run),
                                    display).run_all()
-        except ProposerUnavailable as err:
+        except (ProposerUnavailable, FidelityUnavailable) as err:
             store.set_run_status(run.id, "stopped", str(err))
-            raise EvolveError(f"{err}; resume with: akv evolve --resume --run-name {run.name}", 3) from None
+            again = "--revalidate " if isinstance(err, FidelityUnavailable) else ""
+            raise EvolveError(f"{err}; resume with: akv evolve --resume {again}--run-name {run.name}", 3) from None
         except KeyboardInterrupt:
             store.set_run_status(run.id, "stopped", "interrupted")
             raise EvolveError(f"interrupted; resume with: akv evolve --resume --run-name {run.name}", 130) from None
@@ -279,6 +270,35 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
         display.close()
     finish(store, store.run(run.id), result, console)
     return result
+
+
+def open_evaluator(config: EvolveConfig, run: RunInfo | None, display: TaskDisplay,
+                   console: Console) -> HarnessEvaluator:
+    """The run's evaluator (suite, backend, lanes), and what validation will need of them checked before a
+    run is made: `validation.fidelity` (a trace set; a scoring server that can score), EvolveError otherwise."""
+    if config.backend == "embedded":
+        display.phase("loading the model smollm2 (embedded backend)")
+    try:
+        evaluator = HarnessEvaluator(config.suite, config.agent, config.backend, config.seed,
+                                     recorded_version=run.suite_version if run is not None else None,
+                                     concurrency=config.evaluation.concurrency, precision=config.precision,
+                                     heldout_seed=config.validation.heldout_seed,
+                                     heldout_range=config.validation.heldout_range, agent_mode=config.agent_mode,
+                                     use_records=config.evaluation.use_records)
+    except ValueError as err:
+        display.close()
+        message = str(err)
+        named = run is not None or message.startswith(("--", "validation.", "evaluation."))
+        raise EvolveError(message if named else f"--suite/--backend: {err}") from None
+    try:
+        note = check_fidelity(config.validation, evaluator.suite, config.backend)
+    except FidelityUnavailable as err:
+        evaluator.close()
+        display.close()
+        raise EvolveError(str(err)) from None
+    if note:
+        console.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
+    return evaluator
 
 
 def _printer(console: Console, store: Store, run: RunInfo):
@@ -317,6 +337,9 @@ def print_comparison(console: Console, validations) -> None:
     source = next((v.stats["heldout"] for v in validations if isinstance(v.stats.get("heldout"), dict)), None)
     if source is not None:
         console.print(f"held-out: {describe_heldout(source)}", soft_wrap=True, markup=False, highlight=False)
+    judged = describe_fidelity(validations)
+    if judged is not None:
+        console.print(judged, soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_table(console: Console, validations) -> None:

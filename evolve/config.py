@@ -13,6 +13,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from akv_core.model.precisions import PRECISIONS
+from sandbox.agents.llm import AGENT_MODES, USE_RECORDS
 
 
 class Strict(BaseModel):
@@ -79,6 +80,9 @@ class CascadeConfig(Strict):
 
 class ValidationConfig(Strict):
     top_k: int = Field(2, ge=1, description="Front policies validated on the held-out split.")
+    parents: bool = Field(True, description="Validate each finalist's parents too (those scored on the whole "
+                          "train split): a child chosen over its parent on the train tasks may only fit them, "
+                          "and the held-out split then chooses between them.")
     heldout_limit: Optional[int] = Field(60, ge=2, description="Use only the first N held-out tasks (60 keeps "
                                          "`make evolve` within minutes; the paper used 100); null for all. "
                                          "With heldout_range and no heldout_limit of its own: null.")
@@ -91,9 +95,21 @@ class ValidationConfig(Strict):
         "build.")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Significance level of the champion rule: of the "
                          "one-sided cost test (after Holm-Bonferroni) and of the score's non-inferiority bound.")
-    margin: float = Field(0.02, ge=0.0, le=1.0, description="Non-inferiority margin of the score (0..1 scale; "
-                          "0.02 = 2 points): the lower bound of the score difference vs the expert must exceed "
-                          "-margin.")
+    margin: float = Field(0.02, ge=0.0, le=1.0, description="Non-inferiority margin of the score, in the unit of "
+                          "`fidelity`: points of the 0..1 score (0.02 = 2 points) with references, nats per reply "
+                          "token with likelihood (0.02: replies up to 2% less likely per token, exp(0.02) = 1.02). "
+                          "The lower bound of the score difference vs the expert must exceed -margin.")
+    fidelity: Literal["references", "likelihood"] = Field(
+        "references", description="The score the champion rule judges: references, the suite's own score (on a "
+        "trace set the model-free fidelity, 1 - lost/at-risk reuses); likelihood (trace sets only), the mean change "
+        "in log-likelihood per reply token of the recorded assistant replies under the policy against full, scored "
+        "teacher-forced by the model of `likelihood_backend` (nats/token; 0 for full).")
+    fidelity_fallback: Optional[Literal["references"]] = Field(
+        None, description="With fidelity likelihood: when the scoring server lacks teacher-forced scoring, judge on "
+        "the model-free fidelity instead and say so in the round's records; null: stop with an error.")
+    likelihood_backend: Optional[str] = Field(
+        None, description="The model that scores likelihood fidelity: embedded or one server URL (akv serve); null: "
+        "the run's backend when it has a model (the first server of a list), else embedded.")
     resamples: int = Field(2000, ge=100, description="Bootstrap resamples per confidence interval.")
     permutations: int = Field(10000, ge=100, description="Sign flips drawn when the sample is too large "
                               "to enumerate.")
@@ -105,6 +121,15 @@ class ValidationConfig(Strict):
         if isinstance(data, dict) and data.get("heldout_range") is not None and "heldout_limit" not in data:
             return {**data, "heldout_limit": None}
         return data
+
+    @field_validator("likelihood_backend")
+    @classmethod
+    def _a_model_that_scores(cls, spec: str | None) -> str | None:
+        if spec is None or spec == "embedded":
+            return spec
+        if not spec.startswith(("http://", "https://")) or "," in spec:
+            raise ValueError(f"expected embedded or one http(s):// server URL (akv serve), got {spec!r}")
+        return spec
 
     @field_validator("heldout_range")
     @classmethod
@@ -124,6 +149,10 @@ class EvaluationConfig(Strict):
                              "(threads against a server URL, processes on replay; the embedded backend: 1).")
     lease_s: float = Field(60.0, ge=1.0, description="A task taken by a worker of a shared run (PostgreSQL) "
                            "returns to the queue if the worker has not renewed it for this long (it died).")
+    use_records: Literal[USE_RECORDS] = Field(
+        "references", description="Where the use records of an agent that keeps none (the llm agent) come from: "
+        "the strings its messages reuse (references), the model's attention mass per message (attention: a "
+        "backend with attribution), or both.")
 
 
 class BaselineConfig(Strict):
@@ -138,13 +167,21 @@ class EvolveConfig(Strict):
     seed: int = Field(0, description="Seed of proposers, task order and statistics.")
     suite: str = Field("localcomp", description="Task suite.")
     agent: str = Field("scripted", description="Agent that runs each task (scripted or llm).")
+    agent_mode: Literal[AGENT_MODES] = Field(
+        "tools", description="The llm agent's steps: tools (each step a tool call under tool_choice required, "
+        "final_answer ends the task) or free (a reply without tool calls is the answer).")
     backend: str = Field("replay", description="Backend: replay, embedded or an AKV server URL.")
     precision: Optional[Literal[PRECISIONS]] = Field(
         None, description="The embedded backend's weight precision: float32 (the default, exact), fp16, mixed, "
         "int8 or int4 (docs/engine-model.md); only with backend: embedded.")
     proposers: list[Literal["llm", "optuna", "mutate", "reflect", "random"]] = Field(
         default_factory=lambda: ["mutate", "optuna"], min_length=1,
-        description="Proposers asked in turn for new candidates.")
+        description="Proposers asked for new candidates, in the order `schedule` says.")
+    schedule: Literal["lead", "round-robin"] = Field(
+        "lead", description="lead: the first proposer is asked until it is spent (`lead_patience` proposals in a "
+        "row that did not reach the whole train split), then the others in turn; round-robin: all in turn.")
+    lead_patience: int = Field(3, ge=1, description="Failed proposals in a row after which the lead proposer "
+                               "hands over (lead schedule only).")
     seed_policies: list[str] = Field(
         default_factory=lambda: ["expert-8k"], min_length=1,
         description="Built-in policies (or .akvp files) that start the population.")
@@ -168,6 +205,19 @@ class EvolveConfig(Strict):
             raise ValueError(f"applies to backend: embedded only, not {backend!r} (replay has no model; a "
                              "server's precision is `akv serve --precision`)")
         return precision
+
+
+def stored_config(data: dict[str, Any]) -> EvolveConfig:
+    """A run's stored settings, validated. A run stored before a setting existed keeps the behaviour it had:
+    the llm agent free (a reply without tool calls was the answer) before `agent_mode`, the proposers in
+    turn before `schedule`, no parents validated before `validation.parents`."""
+    if data.get("agent") == "llm" and "agent_mode" not in data:
+        data = {**data, "agent_mode": "free"}
+    if "schedule" not in data:   # stored before schedules: its proposers were asked in turn
+        data = {**data, "schedule": "round-robin"}
+    if "parents" not in data.get("validation", {"parents": True}):   # ... and only the top_k were validated
+        data = {**data, "validation": {**data["validation"], "parents": False}}
+    return EvolveConfig.model_validate(data)
 
 
 class ConfigError(Exception):

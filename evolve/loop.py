@@ -18,14 +18,16 @@ from evolve.cascade import Cascade
 from evolve.config import EvolveConfig
 from evolve.context import TRAIN, ProposerContext, build_context
 from evolve.dedup import FINGERPRINT_TASKS, Fingerprints, Identity
+from evolve.fidelity import open_judge
 from evolve.library import load_checked
 from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
+from evolve.schedule import next_proposer
 from evolve.scoring import Evaluator, code_version
-from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate
+from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate, with_parents
 from evolve.workers import SharedEvaluation, Worker
-from sandbox.cost import cents
-from sandbox.progress import TaskDisplay
+from sandbox.runs.cost import cents
+from sandbox.runs.progress import TaskDisplay
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
 PROPOSED_BY = ("llm", "optuna", "mutate", "reflect", "random")
@@ -87,19 +89,34 @@ class Evolution:
         points, excluded = self.cascade.train_points(), set(baselines.values())
         behaviours = outcome_digests(self.store, self.run.id, TRAIN, self.train_ids)
         finalists = pick_finalists(points, excluded, self.config.validation.top_k, behaviours)
+        if self.config.validation.parents:
+            candidates_only = [p for p in points if p.policy_id not in excluded]
+            parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}
+            finalists = with_parents(finalists, candidates_only, parents, behaviours)
         candidates = sorted(p.policy_id for p in points if p.policy_id not in excluded)
-        records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
-                           self.config.validation, self.config.seed, code_version(), self.evaluator.suite_version,
-                           twins(finalists, candidates, behaviours))
+        config = self.config
+        judge = open_judge(config.validation, self.evaluator, config.backend,
+                           load_checked(config.baselines.full).text, config.seed, config.precision)
+        try:
+            records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
+                               config.validation, config.seed, code_version(), self.evaluator.suite_version,
+                               twins(finalists, candidates, behaviours), judge)
+        finally:
+            if judge is not None:
+                judge.close()
+        if judge is not None and judge.note:
+            self.progress(f"note: {judge.note}", self.cascade.front())
         self.store.set_run_status(self.run.id, "finished", stop_reason)
         return EvolutionResult(records, stop_reason)
 
     def propose(self) -> str | None:
-        """Finish pending candidates, then ask the proposers in turn until the run's candidate budget is
-        reached; returns why proposing stopped early (a proposer's budget), or None."""
+        """Finish pending candidates, then ask the proposers (`evolve.schedule`: the first until it is spent,
+        or in turn) until the run's candidate budget is reached; returns why proposing stopped early (a
+        proposer's budget), or None."""
         self.finish_pending()
         while (n := self.n_proposed()) < self.config.max_candidates:
-            name = self.config.proposers[n % len(self.config.proposers)]
+            history = [(p.proposer, p.status) for p in self.store.policies(self.run.id) if p.proposer in PROPOSED_BY]
+            name = next_proposer(self.config.proposers, history, self.config.schedule, self.config.lead_patience)
             try:
                 self.step(self.proposers[name], n)
             except BudgetExhausted as err:

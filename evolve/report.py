@@ -10,14 +10,16 @@ from dataclasses import asdict, dataclass, fields
 from html import escape
 from typing import Any, Mapping, Sequence
 
+from akv_stats.champion import NATS_PER_TOKEN
+from akv_stats.paired import gap_closed
 from evolve.cascade import train_points
 from evolve.context import TRAIN
 from evolve.export import chosen_validation, lineage_of
 from evolve.loop import PROPOSED_BY
 from evolve.pareto import Point, pareto_front
+from evolve.scoring import build_of
 from evolve.validation import HELDOUT, REFERENCE
-from sandbox.cost import cents
-from sandbox.stats import gap_closed
+from sandbox.runs.cost import cents
 from store import PolicyInfo, RunInfo, Store, ValidationRecord
 
 
@@ -75,6 +77,9 @@ def _versus_cell(row: Row, role: str) -> str:
     the Holm-adjusted one-sided p of the cost and the score difference's lower bound."""
     if role == "expert" and row.rule:
         r = row.rule
+        if r.get("score_unit") == NATS_PER_TOKEN:   # validation.fidelity: likelihood
+            return (f"{r['cost_percent']:+.1f}% {_p(r['cost_p_holm'])}\n"
+                    f"{r['score_delta']:+.3f}nat ≥{r['score_low']:+.3f}")
         return (f"{r['cost_percent']:+.1f}% {_p(r['cost_p_holm'])}\n"
                 f"{100 * r['score_delta']:+.1f}pt ≥{100 * r['score_low']:+.1f}")
     v = row.versus.get(role)
@@ -308,9 +313,9 @@ def oracle_gap(store: Store, run: RunInfo) -> OracleGap:
     """The champion's (else the best validated candidate's) share of the expert-to-oracle cost gap.
 
     (expert - candidate) / (expert - oracle), mean costs on the held-out tasks both ran, with a
-    percentile bootstrap interval over the tasks (`sandbox.stats.gap_closed`). The expert's and the
+    percentile bootstrap interval over the tasks (`akv_stats.paired.gap_closed`). The expert's and the
     candidate's costs are the run's own; the oracle's come from the hindsight oracle
-    (`sandbox/oracle.py`) run on each of those tasks with the run's suite build and seed on the
+    (`sandbox/runs/oracle.py`) run on each of those tasks with the run's suite build and seed on the
     replay backend. It replays the scripted agent's use records, so a run of another agent, or a
     suite whose agent records no uses, raises ValueError (one line) instead of a meaningless share.
     """
@@ -323,7 +328,8 @@ def oracle_gap(store: Store, run: RunInfo) -> OracleGap:
     if chosen is None or expert_id is None:
         raise ValueError(f"run {run.name!r} has no validated candidate and expert to compare")
     expert, candidate = (_held_out_costs(store, run.id, pid) for pid in (expert_id, chosen.policy_id))
-    oracle = _oracle_costs(run, [t for t in expert if t in candidate])
+    build = (chosen.stats.get("heldout") or {}).get("seed")   # a fresh round's build, None for the run's own
+    oracle = _oracle_costs(run, [t for t in expert if t in candidate and build_of(t)[1] == build])
     if not oracle:
         raise ValueError(f"run {run.name!r}: the expert and {chosen.label} ran no held-out task in common")
     ids = list(oracle)
@@ -343,8 +349,8 @@ def _oracle_costs(run: RunInfo, task_ids: Sequence[str]) -> dict[str, tuple[floa
     """Per task, in split order: the oracle's cost and whether it took the recorded actions."""
     from evolve.scoring import HarnessEvaluator
     from sandbox.backends.replay import ReplayBackend
-    from sandbox.harness import select_tasks
-    from sandbox.oracle import run_oracle
+    from sandbox.runs.harness import select_tasks
+    from sandbox.runs.oracle import run_oracle
 
     suite = run.config.get("suite")
     if not suite:
@@ -352,11 +358,17 @@ def _oracle_costs(run: RunInfo, task_ids: Sequence[str]) -> dict[str, tuple[floa
     # The evaluator checks that the data folder holds the build the run was scored on.
     evaluator = HarnessEvaluator(suite, "scripted", "replay", run.seed, recorded_version=run.suite_version)
     try:
-        out = {}
-        for task in select_tasks(evaluator.suite, HELDOUT, list(task_ids)):
-            done = run_oracle(task, evaluator.suite, ReplayBackend, seed=run.seed)
-            out[task.id] = (done.oracle.cost_usd, done.same_actions)
-        return out
+        by_build: dict[int | None, dict[str, str]] = {}   # a fresh round's ids are tagged with their build's seed
+        for task_id in task_ids:
+            own, build = build_of(task_id)
+            by_build.setdefault(build, {})[own] = task_id
+        found: dict[str, tuple[float, bool]] = {}
+        for build, ids in by_build.items():
+            suite = evaluator.suite if build is None else evaluator.fresh_suite(build)
+            for task in select_tasks(suite, HELDOUT, list(ids)):
+                done = run_oracle(task, suite, ReplayBackend, seed=run.seed)
+                found[ids[task.id]] = (done.oracle.cost_usd, done.same_actions)
+        return {t: found[t] for t in task_ids if t in found}
     finally:
         evaluator.close()
 

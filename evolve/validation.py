@@ -2,7 +2,7 @@
 
 The finalists (the top-k of the train front) and the baselines run the held-out split with the
 same agent, backend and seed. The reference is the strongest baseline, the expert: every finalist
-is judged against it on the same tasks by `sandbox.stats.champion_rule` (a one-sided paired test
+is judged against it on the same tasks by `akv_stats.champion.champion_rule` (a one-sided paired test
 that it is cheaper, Holm-Bonferroni across all finalists of the round, and non-inferiority of its
 score within `margin`). Every policy is also compared, task by task, with each baseline (Standard,
 Text Engineering, the expert and `full`) for the table and the report. Each validation is a new
@@ -14,10 +14,12 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
+from akv_stats.champion import champion_rule
+from akv_stats.paired import bootstrap_ci, compare_paired
 from evolve.cascade import Cascade, summarize
 from evolve.config import ValidationConfig
+from evolve.fidelity import Judged, LikelihoodJudge, judged_scores
 from evolve.pareto import Point, pareto_front, rank_by_fronts
-from sandbox.stats import bootstrap_ci, champion_rule, compare_paired
 from store import PolicyInfo, Store, TaskResult, ValidationRecord
 
 HELDOUT = "heldout"
@@ -41,6 +43,27 @@ def pick_finalists(train_points: Sequence[Point], exclude: set[int], top_k: int,
             seen.add(key)
             finalists.append(min(q for q in ranked if (behaviours or {}).get(q, str(q)) == key))
     return finalists
+
+
+def with_parents(finalists: Sequence[int], train_points: Sequence[Point], parents: Mapping[int, Sequence[int]],
+                 behaviours: Mapping[int, str] | None = None) -> list[int]:
+    """`finalists` followed by each one's parents that were scored on the whole train split and behave
+    differently from every policy already chosen (baselines are never in `train_points`' candidates).
+
+    A child that beats its parent on 20 train tasks may only fit those tasks (a tweak of a good policy
+    is most often chosen for noise); validating the parent too lets the held-out split, where the
+    champion is the cheapest eligible finalist, choose between them.
+    """
+    scored = {p.policy_id for p in train_points}
+    chosen = list(finalists)
+    seen = {(behaviours or {}).get(pid, str(pid)) for pid in chosen}
+    for pid in finalists:
+        for parent in parents.get(pid, ()):
+            key = (behaviours or {}).get(parent, str(parent))
+            if parent in scored and parent not in chosen and key not in seen:
+                chosen.append(parent)
+                seen.add(key)
+    return chosen
 
 
 def twins(finalists: Sequence[int], candidates: Sequence[int], behaviours: Mapping[int, str]) -> dict[int, list[int]]:
@@ -83,13 +106,16 @@ def versus(rows: Sequence[TaskResult], base: Sequence[TaskResult], config: Valid
 
 def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[str], finalists: Sequence[int],
              baselines: Mapping[str, int], config: ValidationConfig, seed: int, code_version: str,
-             suite_version: str, train_twins: Mapping[int, Sequence[int]] | None = None) -> list[ValidationRecord]:
+             suite_version: str, train_twins: Mapping[int, Sequence[int]] | None = None,
+             likelihood: LikelihoodJudge | None = None) -> list[ValidationRecord]:
     """Run the held-out split for baselines and finalists, judge, store a new round and return it.
 
     `train_twins` (`twins`): per finalist, the later policies that behaved as it did on train. They
     run the held-out split too; one that behaves the same there as well is stored as the
     finalist's duplicate and counts once (in the Holm correction too), one that does not is a
-    finalist of its own.
+    finalist of its own. `likelihood` (`validation.fidelity: likelihood`, a trace set): the rule
+    judges the finalists' and the expert's likelihood fidelity instead of their scores
+    (`evolve/fidelity.py`).
     """
     if REFERENCE not in baselines:
         raise ValueError("validation needs an expert baseline (baselines.expert)")
@@ -109,10 +135,9 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
     finalists = [*finalists, *(t for t in later if t not in duplicates)]
     means = {pid: summarize(rows) for pid, rows in runs.items()}
     front = {p.policy_id for p in pareto_front([Point(pid, m.score, m.cost) for pid, m in means.items()])}
-    expert = runs[baselines[REFERENCE]]
-    verdicts = champion_rule({str(pid): [(r.score, r.cost_usd) for r in runs[pid]] for pid in finalists},
-                             [(r.score, r.cost_usd) for r in expert], config.margin, config.alpha,
-                             config.resamples, config.permutations, seed)
+    ruled = [info for info, role, label in entries if role == "candidate" or label in (REFERENCE, "full")]
+    judged = judged_scores(ruled, runs, heldout_ids, likelihood, config.resamples, seed)
+    verdicts = _verdicts(judged, runs, finalists, baselines[REFERENCE], config, seed)
     records = []
     for info, role, label in entries:
         rows = runs[info.id]
@@ -122,6 +147,7 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
             "score_ci": bootstrap_ci([r.score for r in rows], config.resamples, seed=seed),
             "cost_ci": bootstrap_ci([r.cost_usd for r in rows], config.resamples, seed=seed),
             "alpha": config.alpha, "margin": config.margin, "policy_name": info.name, "heldout": source,
+            "fidelity": judged.stats[info.id],
         }
         if role == "candidate":
             verdict = verdicts[str(info.id)]
@@ -134,6 +160,16 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
                                         info.id in front, champion, text))
     store.save_validations(run_id, records, code_version, source["suite_version"], config.model_dump(mode="json"))
     return records
+
+
+def _verdicts(judged: Judged, runs: Mapping[int, Sequence[TaskResult]], finalists: Sequence[int], expert: int,
+              config: ValidationConfig, seed: int) -> dict[str, Any]:
+    """The champion rule over the judged figures (scores, or likelihood changes) and the held-out costs."""
+    def rows(pid: int) -> list[tuple[float, float]]:
+        return [(score, r.cost_usd) for score, r in zip(judged.scores[pid], runs[pid], strict=True)]
+
+    return champion_rule({str(pid): rows(pid) for pid in finalists}, rows(expert), config.margin, config.alpha,
+                         config.resamples, config.permutations, seed, score_unit=judged.unit)
 
 
 def heldout_source(cascade: Cascade, suite_version: str, config: ValidationConfig,

@@ -44,7 +44,7 @@ def test_mix_is_paired_with_random_and_reflect_by_seed():
     mix = figures["arms"]["mix"]
     assert mix["cost_change_pct"] == pytest.approx(sum(changes["mix"]) / 6)
     assert mix["ci_low"] <= mix["cost_change_pct"] <= mix["ci_high"] and mix["champions"] == 6
-    assert mix["fates"]["optuna"] == {"proposed": 0, "rejected": 0, "duplicate": 0, "pruned": 12, "evaluated": 6}
+    assert mix["fates"]["optuna"] == {"pending": 0, "rejected": 0, "duplicate": 0, "pruned": 12, "evaluated": 6}
     assert figures["arms"]["random"]["champion_cost_change_pct"] == 0.0  # no champion: the expert stays
     versus_random = figures["paired"]["mix-random"]["cost_change_pct"]
     assert versus_random["mean_delta"] == pytest.approx((sum(changes["mix"]) - sum(changes["random"])) / 6)

@@ -126,6 +126,9 @@ def test_a_fresh_seed_runs_another_build_and_records_its_version(ranged):
     assert f"a fresh build with seed 1 ({fresh})" in again.stdout
     shown = akv("runs", "show", name, "--db", f"sqlite:///{db}")
     assert f"the first 4 tasks of a fresh build with seed 1 ({fresh})" in shown.stdout
+    gap = akv("compare", name, "--db", f"sqlite:///{db}", "--oracle", "--json", "--out", str(folder / "o.html"))
+    assert gap.returncode == 0, gap.stdout + gap.stderr   # the oracle runs the tagged tasks on their fresh build
+    assert json.loads(gap.stdout)["oracle_gap"]["n_tasks"] == 4
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -173,7 +176,7 @@ def test_a_tagged_task_runs_on_its_fresh_build_without_settings_and_on_process_l
     from evolve.scoring import HarnessEvaluator, fresh_folder
     from policy_dsl import compile_policy, parse
     from sandbox.backends import open_backend
-    from sandbox.harness import run_task
+    from sandbox.runs.harness import run_task
     from sandbox.suites import get_suite
 
     text, own_ids = load_checked("expert-8k").text, [f"localcomp-heldout-{i:03d}" for i in range(3)]

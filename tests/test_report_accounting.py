@@ -27,8 +27,8 @@ def quick_run(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("accounting")
     url, name = f"sqlite:///{folder / 'akv.db'}", f"quick-{os.getpid()}"
     done = subprocess.run([*AKV, "evolve", "--config", str(QUICK), "--proposer", "mutate,random,optuna",
-                           "--db", url, "--run-name", name], env=akv_env(), capture_output=True, text=True,
-                          timeout=600)
+                           "--schedule", "round-robin", "--db", url, "--run-name", name], env=akv_env(),
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return {"url": url, "name": name, "db": folder / "akv.db", "folder": folder}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -19,6 +18,7 @@ import httpx
 import typer
 
 from akv_cli.errors import VERDICT, fail
+from sandbox.tables import plain_table
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "not supported"
 DETAIL_KEYS = ("cached_tokens", "drop_skipped_tokens", "repos_tokens")
@@ -383,16 +383,12 @@ def _run(name: str, check: Callable[[Probe], str], probe: Probe) -> Result:
 
 
 def format_table(results: list[Result], width: int = 80) -> str:
-    """One row per check; a long detail wraps under its own column, so no line passes `width`."""
-    name_width = max(len(r.name) for r in results)
-    indent = name_width + 2 + 13 + 2
-    lines = [f"{'check':<{name_width}}  {'result':<13}  detail", f"{'-' * name_width}  {'-' * 13}  ------"]
-    for r in results:
-        detail = textwrap.wrap(r.detail, max(width - indent, 20), break_on_hyphens=False) or [""]
-        lines.append(f"{r.name:<{name_width}}  {r.status:<13}  {detail[0]}")
-        lines += [" " * indent + more for more in detail[1:]]
-    lines.append(summary_line(results))
-    return "\n".join(lines)
+    """One row per check; a long detail wraps under its own column, so no line passes `width`.
+    The result column is as wide as the longest result there can be, whichever occur."""
+    table = plain_table(["check", "result", "detail"], [[r.name, r.status, r.detail] for r in results],
+                        right=[False, False, False], min_widths=[0, max(map(len, (PASS, FAIL, UNSUPPORTED)))],
+                        width=width)
+    return f"{table}\n{summary_line(results)}"
 
 
 def summary_line(results: list[Result]) -> str:

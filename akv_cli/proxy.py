@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 
 from akv_cli.errors import fail
-from akv_cli.runs import DB_HELP
+from akv_cli.options import DB_HELP
 
 if TYPE_CHECKING:
     from akv_proxy.access import ProxyAccess
@@ -57,9 +57,9 @@ def proxy(
         compiled = compile_policy(parse(text, filename=filename), name=_name(policy, filename))
     except PolicyError as error:  # the proxy never starts with a policy it cannot run
         fail_located(error, text if text is not None else raw_text(policy))
+    from akv_core.chat import shared_tokenizer
     from akv_proxy import create_proxy_app
     from akv_proxy.upstream import upstream_root
-    from sandbox.backends.tokens import shared_tokenizer
 
     try:
         upstream_root(upstream)
@@ -115,6 +115,7 @@ def _recorder(name: str, db: str | None) -> TraceRecorder:
     store that cannot be used stops the proxy before it serves."""
     from akv_proxy.recorder import TraceRecorder
     from sandbox.suites import SuiteLoadError, suite_entries
+    from sandbox.traces.recording import TraceSetRecording
     from sandbox.traces.records import check_set_name
     from store.errors import StoreError
 
@@ -126,7 +127,7 @@ def _recorder(name: str, db: str | None) -> TraceRecorder:
     except ValueError as err:
         refuse(err)
     try:
-        recorder = TraceRecorder(db, name)
+        recorder = TraceRecorder(TraceSetRecording(db, name))
     except StoreError as err:
         fail(str(err))
     try:  # after the store: a bad --db is reported as such, not as suites that cannot be listed

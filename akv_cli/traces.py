@@ -8,7 +8,8 @@ from typing import Any, Optional
 import typer
 
 from akv_cli.errors import fail
-from akv_cli.runs import DB_HELP, _with_store
+from akv_cli.options import DB_HELP
+from akv_cli.runs import _with_store
 
 traces_app = typer.Typer(help="Recorded agent runs (traces): import, list, show, export.", no_args_is_help=True)
 FORMAT_HELP = ("openai (chat JSON Lines), swe-agent (.traj), mini-swe-agent (.traj.json), akv (this "

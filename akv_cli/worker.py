@@ -6,8 +6,10 @@ from typing import Optional
 import typer
 
 from akv_cli.errors import fail
+from akv_cli.options import apply_unsafe_no_sandbox, unsafe_no_sandbox_option
 
-DB_HELP = "Database URL of the shared run: postgresql://USER@HOST/DB (default: $AKV_DB)."
+# Not options.DB_HELP: a worker joins a run shared through PostgreSQL, never the local SQLite file.
+SHARED_DB_HELP = "Database URL of the shared run: postgresql://USER@HOST/DB (default: $AKV_DB)."
 
 
 def register(app: typer.Typer) -> None:
@@ -16,23 +18,18 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def worker(
         run: str = typer.Option(..., "--run", help="Name or id of the run to join."),
-        db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
+        db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=SHARED_DB_HELP),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Tasks run at once "
                                                   "(default: the run's evaluation.concurrency)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="This worker's backend, e.g. the URL of a "
                                               "server on its machine (default: the run's)."),
-        unsafe_no_sandbox: bool = typer.Option(False, "--unsafe-no-sandbox", help="Run task commands without the "
-                                       "sandbox (AKV_UNSAFE_NO_SANDBOX=1): only inside a container of your own "
-                                       "(docs/localswe.md, Isolation; default: refuse without bubblewrap)."),
+        unsafe_no_sandbox: bool = unsafe_no_sandbox_option(),
     ) -> None:
         """Evaluate the queued tasks of a shared run until it finishes (docs/evolve.md, several machines)."""
         from evolve.command import EvolveError
         from evolve.join import join_run
 
-        if unsafe_no_sandbox:  # inherited by task worker processes
-            from sandbox.isolation import set_unsafe_no_sandbox
-
-            set_unsafe_no_sandbox()
+        apply_unsafe_no_sandbox(unsafe_no_sandbox)
 
         try:
             join_run(db, run, concurrency, backend)

@@ -29,7 +29,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -377,6 +377,14 @@ class ChatTokenizer:
         extra: dict[str, Any] = {"tools": tools} if self.native_tools and tools else {}
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self._bos, **extra)
+
+
+@lru_cache(maxsize=4)
+def shared_tokenizer(model: str = EMBEDDED_NAME) -> ChatTokenizer:
+    """The one chat tokenizer of `model` for the whole process: its per-message memo is what makes
+    repeated rendering cheap. The harness counts and renders with it on every backend, and the proxy
+    counts with it, so a policy decides the same wherever it runs."""
+    return ChatTokenizer.from_model(model)
 
 
 class InvalidText(ValueError):

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn
 
+from akv_core.client import ChatError
 from akv_core.server.guard import check_api_key, is_loopback
-from sandbox.backends import BackendError
 
 # Twice the body `akv serve` takes at its longest context (32,768 tokens, 32 MiB): the proxy does
 # not know the upstream's context, and a text-mode policy exists to shrink histories past it.
@@ -39,14 +39,14 @@ def summaries_allowed(host: str, api_key: str | None, allow_unauthenticated: boo
     return allow_unauthenticated or api_key is not None or is_loopback(host)
 
 
-class SummariesRefused(BackendError):
+class SummariesRefused(ChatError):
     """A text-mode policy needed a summary, and this proxy does not write them for anyone."""
 
 
 class RefusedSummaries:
-    """The summary backend of a proxy that refuses them: any summary request raises."""
+    """The summary client of a proxy that refuses them: any summary request raises."""
 
-    def complete(self, request: object) -> NoReturn:
+    def complete(self, messages: object, max_tokens: int) -> NoReturn:
         raise SummariesRefused(
             "this proxy is reachable beyond loopback without an API key, so it does not spend the upstream's "
             f"tokens on the summaries its text-mode policy writes; the operator can set --api-key, or allow "

@@ -24,15 +24,15 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
+from akv_core.client import ChatClient, ChatError
 from akv_core.server.errors import APIError
 from akv_core.server.guard import Guard
 from policy_dsl import CachePolicy
-from sandbox.backends import Backend, BackendError
 
 from akv_proxy.access import ProxyAccess, RefusedSummaries, SummariesRefused
 from akv_proxy.metrics import ProxyMetrics
 from akv_proxy.recorder import StreamedReply, TraceRecorder
-from akv_proxy.step import Applied, PolicyStep, RequestError
+from akv_proxy.step import Applied, PolicyStep, RequestError, SummaryClient
 from akv_proxy.upstream import Upstream, UpstreamError, error_body, response_headers
 
 CHAT_PATH = "/v1/chat/completions"
@@ -40,33 +40,27 @@ CHAT_PATH = "/v1/chat/completions"
 
 class Summarizers:
     """One client of the upstream per model name, for the summaries text-mode policies request,
-    each with the proxy's upstream key (or a backend that refuses them all, when not `allowed`)."""
+    each with the proxy's upstream key (or one that refuses them all, when not `allowed`)."""
 
     def __init__(self, upstream_url: str, timeout_s: float, api_key: str | None, allowed: bool) -> None:
         self.url, self.timeout_s, self.api_key, self.allowed = upstream_url, timeout_s, api_key, allowed
-        self._backends: dict[str, Backend] = {}
+        self._clients: dict[str, ChatClient] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, model: str) -> Backend:
+    def __call__(self, model: str) -> SummaryClient:
         if not self.allowed:
             return RefusedSummaries()
         with self._lock:
-            if model not in self._backends:
-                self._backends[model] = self._backend(model)
-            return self._backends[model]
-
-    def _backend(self, model: str) -> Backend:
-        from sandbox.backends.http import HttpBackend
-
-        backend = HttpBackend(self.url, model, timeout_s=self.timeout_s)
-        # HttpBackend reads its key from the environment (AKV_API_KEY, OPENAI_API_KEY): a key the
-        # operator may hold for something else. The proxy's summaries use its upstream key only.
-        backend._client = backend._client.with_options(api_key=self.api_key or "none")
-        return backend
+            if model not in self._clients:
+                # Never a key from the environment (AKV_API_KEY, OPENAI_API_KEY: the operator may hold
+                # one for something else): the proxy's summaries use its upstream key only.
+                self._clients[model] = ChatClient(self.url, model, timeout_s=self.timeout_s,
+                                                  api_key=self.api_key or "none")
+            return self._clients[model]
 
     def close(self) -> None:
-        for backend in self._backends.values():
-            backend.close()
+        for client in self._clients.values():
+            client.close()
 
 
 def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeout_s: float = 600.0,
@@ -143,7 +137,7 @@ class Proxy:
         except (RequestError, RecursionError, SummariesRefused) as err:
             self.metrics.requests["rejected"] += 1
             return _refusal(err).response()
-        except BackendError as err:  # a summary the upstream could not write
+        except ChatError as err:  # a summary the upstream could not write
             return self.failure(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}"))
         self.metrics.decided(applied)
         content = raw if applied.passthrough else json.dumps(applied.body).encode()

@@ -1,34 +1,44 @@
-"""`akv proxy --record NAME`: the proxy's traffic recorded as a trace set, one trace per conversation.
+"""`akv proxy --record NAME`: the proxy's answered chat requests, handed to a trace log.
 
 Each answered chat request is recorded with the history as the agent sent it (before the policy
-edited anything), the reply that came back, the upstream's `usage` and the latency. An agent
-resends its whole history each turn, so a request continues a trace when the trace's history
-before its last reply is a prefix of the new history and the new history has an assistant
-message right there (the agent's copy of that reply): the trace then becomes the new history
-plus the new reply, since what the agent sent is the truth. Any other request starts a trace
-`<set>-<NNNNN>`. The set is loaded at start, so a restarted proxy continues its conversations.
+edited anything), the reply that came back (a JSON completion, or a stream assembled as it
+passes), the upstream's `usage` and the latency. The log makes traces of them: for `--record`,
+the trace set recorded in the store (`sandbox/traces/recording.py`: one trace per conversation),
+which the command hands in, so the proxy itself imports neither the sandbox nor the store.
 
 Recording runs after the agent has its reply, one request at a time (writes keep the order of
-replies), each write one transaction on a worker thread. A failed write is logged and counted
-and never reaches the agent; the trace stays in memory and the next write of it carries it whole.
+replies), each write on a worker thread. A failed write is logged and counted and never reaches
+the agent.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping, Sequence
-
-from sandbox.traces.formats import OPENAI_KEYS, extends
-from sandbox.traces.model import Message, Trace, TraceRequest
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from akv_proxy.metrics import _counter
 
-FORMAT = "akv-proxy"
+Message = dict[str, Any]  # an OpenAI-format chat message
 log = logging.getLogger("akv.proxy")
+
+
+class TraceLog(Protocol):
+    """Where answered requests go (`sandbox.traces.recording.TraceSetRecording` for `--record`); called
+    one request at a time, on a worker thread."""
+
+    name: str  # the trace set
+
+    def serving(self, policy: str, upstream: str) -> None:
+        """What the recorded traffic passes through (the provenance of new traces)."""
+
+    def add(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], reply: Mapping[str, Any],
+            usage: Mapping[str, Any] | None, latency_s: float, model: str | None = None) -> None:
+        """Record one answered request; any exception is a failed recording."""
+
+    def close(self) -> None:
+        """Release what the log holds (the store)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ def exchange_of(request_body: bytes, reply: bytes | StreamedReply) -> Exchange |
 
 
 def _completion(data: Any) -> tuple[Message | None, Any]:
-    """choices[0].message of a chat completion (OpenAI's keys, nulls left out) and its usage."""
+    """choices[0].message of a chat completion and its usage (the log keeps the message's OpenAI keys)."""
     if not isinstance(data, dict):
         return None, None
     choices = data.get("choices")
@@ -137,49 +147,21 @@ def _completion(data: Any) -> tuple[Message | None, Any]:
         isinstance(choices[0], dict) else None
     if not isinstance(message, dict):
         return None, data.get("usage")
-    kept: Message = {"role": "assistant", "content": message.get("content")}
-    kept.update({k: v for k, v in message.items() if k in OPENAI_KEYS and k not in kept and v is not None})
-    return kept, data.get("usage")
+    return message, data.get("usage")
 
 
 class TraceRecorder:
-    """Records answered chat requests into the trace set `set_name` of the store at `store_url`.
+    """Records answered chat requests into `traces` (a TraceLog: the set is opened, and loaded, by then)."""
 
-    Opening it opens the store and loads the set (StoreError when the store cannot be opened or
-    read), so a proxy that cannot record never starts serving.
-    """
-
-    def __init__(self, store_url: str | None, set_name: str) -> None:
-        from store.repository import Store
-
-        self.set_name = set_name
-        self.store = Store.open(store_url)
-        try:
-            self.traces: dict[str, Trace] = {t.id: t for t in self._load()}
-        except BaseException:
-            self.store.close()
-            raise
-        self.source: dict[str, str] = {}   # policy and upstream, for the provenance
+    def __init__(self, traces: TraceLog) -> None:
+        self.traces = traces
+        self.set_name = traces.name
         self.recorded = self.errors = 0    # updated on the event loop only, like ProxyMetrics
         self._lock = asyncio.Lock()
 
-    def _load(self) -> list[Trace]:
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from sandbox.traces.records import trace_of
-        from store.errors import StoreError, TraceSetNotFound
-
-        try:
-            return [trace_of(t) for t in self.store.traces.get(self.set_name)]
-        except TraceSetNotFound:
-            return []
-        except SQLAlchemyError as err:
-            raise StoreError(f"--db: cannot read trace set {self.set_name!r} in {self.store.display_url}: "
-                             f"{_first_line(err)}") from None
-
     def serving(self, policy: str, upstream: str) -> None:
         """Name what the recorded traffic passes through (the provenance of new traces)."""
-        self.source = {"policy": policy, "upstream": upstream}
+        self.traces.serving(policy, upstream)
 
     async def record(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                      reply: Message, usage: Mapping[str, Any] | None, latency_s: float,
@@ -208,46 +190,8 @@ class TraceRecorder:
         self.recorded += written
 
     def _write(self, exchange: Exchange, latency_s: float) -> bool:
-        """The exchange into its trace, kept in memory first, then the whole trace written."""
-        from sandbox.traces.records import stored_of
-
-        trace = self._next(exchange, latency_s)
-        self.traces[trace.id] = trace
-        self.store.traces.put(self.set_name, stored_of(trace))
+        self.traces.add(exchange.messages, exchange.tools, exchange.reply, exchange.usage, latency_s, exchange.model)
         return True
-
-    def _next(self, exchange: Exchange, latency_s: float) -> Trace:
-        history = exchange.messages
-        request = TraceRequest(len(history), exchange.usage, latency_s)
-        earlier = self._continued(history)
-        if earlier is None:
-            started = datetime.now(timezone.utc) - timedelta(seconds=latency_s)
-            provenance = {"format": FORMAT, **self.source, "model": exchange.model,
-                          "recorded_at": started.isoformat(timespec="seconds")}
-            return Trace(self._new_id(), (*history, exchange.reply), tuple(exchange.tools), (request,),
-                         "tools", provenance)
-        return Trace(earlier.id, (*history, exchange.reply), tuple(exchange.tools or earlier.tools),
-                     (*earlier.requests, request), earlier.actions, earlier.provenance)
-
-    def _continued(self, history: Sequence[Message]) -> Trace | None:
-        """The trace this history continues: the longest one whose history before its last reply
-        starts the new history, with an assistant message right after it (the newest one on ties)."""
-        best: Trace | None = None
-        best_length = 0
-        for trace in self.traces.values():
-            if not trace.requests:
-                continue
-            before = trace.messages[:trace.requests[-1].index]
-            n = len(before)
-            if best_length <= n < len(history) and n > 0 and history[n].get("role") == "assistant" \
-                    and extends(before, history):
-                best, best_length = trace, n
-        return best
-
-    def _new_id(self) -> str:
-        pattern = re.compile(re.escape(self.set_name) + r"-(\d+)")
-        numbers = [int(m.group(1)) for m in map(pattern.fullmatch, self.traces) if m]
-        return f"{self.set_name}-{max(numbers, default=0) + 1:05d}"
 
     def render_metrics(self) -> str:
         """The recording's counters in the Prometheus text format, after the proxy's own."""
@@ -259,7 +203,7 @@ class TraceRecorder:
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
-        self.store.close()
+        self.traces.close()
 
 
 def _first_line(err: BaseException) -> str:

@@ -2,25 +2,23 @@
 
 The policy counts tokens with the embedded model's chat tokenizer, as in the harness, so an
 evolved policy decides behind the proxy exactly as it did when it was scored. Text mode applies
-the edits with the harness's own editor (`sandbox.summarize.TextEditor`), which asks the
+the edits with the harness's own editor (`policy_dsl.editor.TextEditor`), the proxy asking the
 upstream model for each summary.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
+from akv_core.client import ChatReply
 from policy_dsl import CachePolicy, HistoryError
 from policy_dsl.counter import message_text
-from sandbox.backends import Backend
-from sandbox.harness import RunLimits
-from sandbox.summarize import TextEditor
+from policy_dsl.editor import TEXT_PASSES, TextEditor
 
 from akv_proxy.edits import EditedHistories, Message, prefix_digests
 
 AKV_FIELDS = ("drop_message", "drop_rule", "reposition")
-TEXT_PASSES = RunLimits().text_passes  # edit-then-decide-again passes, as in the harness
 
 
 class RequestError(ValueError):
@@ -67,13 +65,20 @@ class SerializedCounter:
         return locked
 
 
+class SummaryClient(Protocol):
+    """Writes summaries: the upstream's chat client (`akv_core.client.ChatClient`), or one that refuses."""
+
+    def complete(self, messages: Sequence[Mapping[str, Any]], max_tokens: int) -> ChatReply:
+        """The upstream's reply; ChatError when it could not write it."""
+
+
 class PolicyStep:
-    """Applies one compiled policy to chat request bodies; `summarizer(model)` is the upstream backend."""
+    """Applies one compiled policy to chat request bodies; `summarizer(model)` is the upstream's client."""
 
     def __init__(self, policy: CachePolicy, counter: Any, summarizer: Any) -> None:
         self.policy = policy
         self.counter = SerializedCounter(counter)
-        self.summarizer = summarizer  # model name -> Backend that writes summaries
+        self.summarizer = summarizer  # model name -> SummaryClient that writes summaries
         self.histories = EditedHistories()
 
     def apply(self, body: Mapping[str, Any]) -> Applied:
@@ -104,12 +109,15 @@ class PolicyStep:
         digests = prefix_digests(raw)
         history = self.histories.continue_from(raw, digests)
         summaries = 0
+        client = self._client(body)
 
-        def bill(_step: int, _request: Any, _reply: Any, _usage: Any) -> None:
+        def write(_messages: Sequence[Message], prompt: list[Message], room: int, _step: int) -> str:
             nonlocal summaries
+            reply = client.complete(prompt, room)
             summaries += 1
+            return str(reply.message.get("content") or "").strip()
 
-        editor = TextEditor(_task_prompt(raw), self._backend(body), self.counter, bill)
+        editor = TextEditor(_task_prompt(raw), write, self.counter)
         effects: list[str] = []
         decision = self.policy.decide(history, self.counter)
         for _ in range(TEXT_PASSES):
@@ -124,7 +132,7 @@ class PolicyStep:
         return Applied({**body, "messages": history, **decision.api_fields()}, False, tuple(effects),
                        max(removed, 0), summaries)
 
-    def _backend(self, body: Mapping[str, Any]) -> Backend:
+    def _client(self, body: Mapping[str, Any]) -> SummaryClient:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise RequestError("model: a text-mode policy asks the upstream model for summaries; name it",

@@ -1,4 +1,4 @@
-"""What the benchmarks share: recorded scripted-agent runs, ratios and a text table (statistics: sandbox.stats)."""
+"""What the benchmarks share: recorded scripted-agent runs, ratios and a text table (statistics: akv_stats)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from sandbox.tables import plain_table
 
 # The paper's baselines and our policy, at the 8K-context scale of the embedded model.
 AKV, STANDARD, TEXT_ENGINEERING = "expert-8k", "standard-8k", "text-engineering-8k"
@@ -34,16 +34,11 @@ def present_suites(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
 def run_split(suite: str, split: str, policy: str, *, limit: int | None = None, max_steps: int | None = None,
               out_dir: Path | None = None) -> Any:
     """The harness's RunReport for the scripted agent on the replay backend (no model)."""
-    from sandbox.harness import RunLimits, run_tasks
+    from sandbox.runs.harness import RunLimits, run_tasks
 
     limits = RunLimits() if max_steps is None else RunLimits(max_steps=max_steps)
     return run_tasks(suite, split, policy, agent="scripted", backend="replay", limit=limit,
                      out_dir=out_dir, limits=limits)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (linear interpolation); 0.0 for no values."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else 0.0
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -52,15 +47,9 @@ def ratio(numerator: float, denominator: float) -> float | None:
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain fixed-width table: first column left-aligned, the others right-aligned."""
-    cells = [[str(c) for c in header]] + [[_cell(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+    """A plain fixed-width table (sandbox.tables.plain_table): first column left-aligned, the others
+    right-aligned, figures formatted by `_cell`."""
+    return plain_table([str(c) for c in header], [[_cell(c) for c in row] for row in rows])
 
 
 def _cell(value: Any) -> str:

@@ -7,7 +7,7 @@ and mean cost per task with 95% bootstrap intervals, then AKV (expert-8k) agains
 Engineering and `full` (doing nothing) on the same tasks: the relative cost change (paired
 bootstrap interval) and the score difference (paired bootstrap interval and a paired sign-flip
 permutation test); and every other policy judged against the expert by the champion rule of
-evolution (`sandbox.stats.champion_rule`). The statistics are sandbox/stats.py's, the only copy.
+evolution (`akv_stats.champion.champion_rule`). The statistics are those of `akv_stats`, the only copy.
 
 Target (the paper, vs Standard): at least 27.7% cheaper with no significant score loss.
 
@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from akv_stats.champion import DEFAULT_MARGIN, champion_rule
+from akv_stats.paired import bootstrap_ci, compare_paired, relative_change_ci
 from benchmarks.common import AKV, STANDARD, SUITES, TEXT_ENGINEERING, format_table, present_suites, run_split
-from sandbox.stats import DEFAULT_MARGIN, bootstrap_ci, champion_rule, compare_paired, relative_change_ci
 
 FULL = "full"
 POLICIES = (AKV, STANDARD, TEXT_ENGINEERING, FULL)

@@ -35,8 +35,8 @@ TARGET_PER_S = 10_000
 
 def record(out_dir: Path, tasks: int) -> list[list[Any]]:
     """Run the scripted agent on replay under each policy; read back each trajectory's requests."""
-    from sandbox.harness import run_tasks
-    from sandbox.trajectory import read_trajectory
+    from sandbox.runs.harness import run_tasks
+    from sandbox.runs.trajectory import read_trajectory
 
     for policy in POLICIES:
         run_tasks("localcomp", "train", policy, limit=tasks, out_dir=out_dir / policy)

@@ -37,7 +37,7 @@ def _isodate_tree() -> tuple[Any, Path]:
 
 
 def measure(runs: int = 20) -> dict[str, Any]:
-    from sandbox.isolation import Sandbox, containment, containments, unsafe_no_sandbox
+    from sandbox.isolation.sandbox import Sandbox, containment, containments, unsafe_no_sandbox
     from sandbox.suites.localswe.testrun import run_pytest
 
     host, tree = _isodate_tree()

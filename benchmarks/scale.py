@@ -222,7 +222,7 @@ def _wait(done: Callable[[], bool], processes: Sequence[subprocess.Popen], logs:
 
 def measure_llm(settings: Settings, say: Say) -> list[dict[str, Any]]:
     """The llm agent: the embedded model's replies are its actions."""
-    from sandbox.harness import RunLimits
+    from sandbox.runs.harness import RunLimits
 
     limits = RunLimits(max_steps=settings.llm_steps, max_tokens=settings.llm_max_tokens)
     return _concurrency_levels(settings, "llm", settings.llm_tasks, limits, say)
@@ -231,7 +231,7 @@ def measure_llm(settings: Settings, say: Say) -> list[dict[str, Any]]:
 def measure_multistep(settings: Settings, say: Say) -> list[dict[str, Any]]:
     """Multi-step tasks with real replies: the scripted agent's trajectories (the same requests at every
     level, whatever the model writes) while the server decodes `reply_tokens` tokens for each request."""
-    from sandbox.harness import RunLimits
+    from sandbox.runs.harness import RunLimits
 
     limits = RunLimits(max_steps=settings.multistep_steps, scripted_max_tokens=settings.reply_tokens)
     return _concurrency_levels(settings, "scripted", settings.multistep_tasks, limits, say)
@@ -257,7 +257,7 @@ def _concurrency_levels(settings: Settings, agent: str, n_tasks: int, limits: An
 def _warm_up(settings: Settings, n_tasks: int) -> None:
     """Load what this process loads once (the suite's tasks, the tokenizer, the harness) before any level is
     timed, so that the first level measured does not pay for it: the same tasks on the replay backend."""
-    from sandbox.harness import run_tasks
+    from sandbox.runs.harness import run_tasks
 
     run_tasks(settings.suite, "train", "expert-8k", agent="scripted", backend="replay", limit=n_tasks)
 
@@ -265,7 +265,7 @@ def _warm_up(settings: Settings, n_tasks: int) -> None:
 def _concurrency_level(settings: Settings, agent: str, n_tasks: int, limits: Any, level: int,
                        say: Say) -> dict[str, Any]:
     from benchmarks.serving import akv_server
-    from sandbox.harness import run_tasks
+    from sandbox.runs.harness import run_tasks
 
     with tempfile.TemporaryDirectory(prefix="akv-scale-") as folder:
         with akv_server(settings.kv_tokens, max(settings.concurrency), Path(folder)) as url:

@@ -41,8 +41,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from benchmarks.common import (AKV, STANDARD, SUITES, TEXT_ENGINEERING, at_once, format_table, percentile,
-                               present_suites, ratio, run_split, verdict)
+from akv_stats.paired import percentile
+from benchmarks.common import (AKV, STANDARD, SUITES, TEXT_ENGINEERING, at_once, format_table, present_suites,
+                               ratio, run_split, verdict)
 
 POLICIES = (AKV, STANDARD, TEXT_ENGINEERING)
 # Longer contexts the embedded model is served at (RoPE stretched by YaRN, docs/server.md), with the
@@ -110,7 +111,7 @@ def record_streams(settings: Settings, out_dir: Path) -> tuple[dict[str, list[St
 
     Returns (streams per policy, suites used, notes on suites left out).
     """
-    from sandbox.trajectory import read_trajectory
+    from sandbox.runs.trajectory import read_trajectory
 
     suites, notes = present_suites(settings.suites)
     per_suite = -(-settings.streams // len(suites))

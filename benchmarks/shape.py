@@ -25,7 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.common import format_table, percentile
+from akv_stats.paired import percentile
+from benchmarks.common import format_table
 
 LONG_RANGE = 10  # steps between arrival and last use that make a use long-range
 
@@ -60,7 +61,7 @@ class _Recorder:
 def outputs_of_task(suite: Any, task: Any) -> list[Output]:
     from sandbox.backends import open_backend
     from sandbox.backends.tokens import shared_tokenizer
-    from sandbox.harness import resolve_policy, run_task
+    from sandbox.runs.harness import resolve_policy, run_task
 
     recorder = _Recorder(suite.scripted_agent(task))
     _, trajectory = run_task(task, suite, resolve_policy("full"), recorder, open_backend("replay"))
@@ -121,7 +122,7 @@ def summarize(outputs: list[Output], n_tasks: int) -> dict[str, Any]:
 
 def run(suite_name: str, split: str, limit: int | None) -> dict[str, Any]:
     from akv_core.home import akv_home
-    from sandbox.harness import select_tasks
+    from sandbox.runs.harness import select_tasks
     from sandbox.suites import get_suite
 
     suite = get_suite(suite_name)

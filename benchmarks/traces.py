@@ -62,7 +62,7 @@ def measure(settings: Settings, progress: Any = print) -> dict[str, Any]:
 
 
 def _measure(settings: Settings, progress: Any) -> dict[str, Any]:
-    from sandbox.harness import select_tasks
+    from sandbox.runs.harness import select_tasks
 
     if settings.split not in ("all", *SPLITS):
         raise ValueError(f"--split: expected all, train or heldout, got {settings.split!r}")

@@ -17,7 +17,7 @@ from evolve.context import TRAIN
 from evolve.pareto import Point, pareto_front
 from evolve.scoring import Evaluator
 from evolve.workers import SharedEvaluation
-from sandbox.cost import cents
+from sandbox.runs.cost import cents
 from store import Store, TaskResult
 
 

@@ -29,7 +29,7 @@ from evolve.candidate import structure_hash
 from policy_dsl import CachePolicy, Decision, canonical_hash, compile_policy, parse
 from sandbox.backends import Message
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.harness import reads_drop_context
+from sandbox.runs.harness import reads_drop_context
 
 FINGERPRINT_TASKS = 4  # train tasks whose histories fingerprint a policy's behaviour
 

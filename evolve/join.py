@@ -13,10 +13,10 @@ import os
 from rich.console import Console
 
 from evolve.command import EvolveError
-from evolve.config import EvolveConfig
+from evolve.config import stored_config
 from evolve.scoring import HarnessEvaluator
 from evolve.workers import Worker
-from sandbox.progress import TaskDisplay
+from sandbox.runs.progress import TaskDisplay
 from store import Store, StoreError
 
 
@@ -48,14 +48,15 @@ def join_run(db: str | None, run_ref: str, concurrency: int | None = None, backe
 
 
 def _work(store: Store, run, concurrency: int | None, backend: str | None, console: Console) -> int:
-    config = EvolveConfig.model_validate(run.config)
+    config = stored_config(run.config)
     concurrency = concurrency or config.evaluation.concurrency
     backend = backend or config.backend
     display = TaskDisplay(console, labelled=True)  # one line per task (the evaluator says when a model loads)
     try:
         evaluator = HarnessEvaluator(config.suite, config.agent, backend, config.seed,
                                      recorded_version=run.suite_version, concurrency=concurrency, display=display,
-                                     precision=config.precision)
+                                     precision=config.precision, agent_mode=config.agent_mode,
+                                     use_records=config.evaluation.use_records)
     except ValueError as err:
         display.close()
         raise EvolveError(str(err)) from None

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from sandbox.trajectory import Trajectory
+from sandbox.runs.trajectory import Trajectory, step_ranges
 
 Timeline = dict[str, Any]  # JSON-ready: see timeline_of
 NEXT_TURN_CHARS = 100  # of the agent's next message, kept for a tool result read at most once
@@ -175,7 +175,8 @@ def _refetch_lines(t: Timeline) -> list[str]:
     lines = []
     for first, fetches in sorted(chains.items(), key=lambda c: -sum(m["tokens"] for m in c[1][1:])):
         drops = [m["dropped"] for m in fetches[:-1] if m["dropped"] is not None]
-        why = f"dropped at steps {_steps(drops)} then needed again" if drops else "fetched again while visible"
+        why = (f"dropped at steps {step_ranges(drops, ',')} then needed again" if drops
+               else "fetched again while visible")
         lines.append(f" re-fetch: {fetches[0]['tool']} answered {len(fetches)} times "
                      f"({', '.join('#' + str(m['i']) for m in fetches)}); {why}: "
                      f"{sum(m['tokens'] for m in fetches[1:])} tokens paid again")
@@ -227,22 +228,11 @@ def _message_lines(t: Timeline) -> list[str]:
 
 def _message_line(m: Mapping[str, Any], uses_recorded: bool) -> str:
     tool = f" [{m['tool']}]" if m["tool"] else ""
-    reads = (f" reads {_steps(m['uses'])}" if m["uses"] else " never read") if uses_recorded else ""
+    reads = (f" reads {step_ranges(m['uses'], ',')}" if m["uses"] else " never read") if uses_recorded else ""
     drop = f" -{m['dropped']}" if m["dropped"] is not None else " kept"
     idle = f" idle {m['idle']}" if uses_recorded else ""
     again = f" (re-fetch of #{m['refetch_of']})" if m["refetch_of"] is not None else ""
     return f"  #{m['i']} {m['role']}{tool} {m['tokens']}t +{m['arrived']}{reads}{drop}{idle}{again}"
-
-
-def _steps(steps: Sequence[int]) -> str:
-    """'3-5,9' for [3, 4, 5, 9]."""
-    parts, start = [], None
-    for a, b in zip(steps, list(steps[1:]) + [None]):
-        start = a if start is None else start
-        if b != a + 1:
-            parts.append(str(a) if start == a else f"{start}-{a}")
-            start = None
-    return ",".join(parts)
 
 
 def pick_tasks(timelines: Mapping[str, Timeline], worst: int, expensive: int) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from evolve.context import TRAIN
 from evolve.reflection import timeline_of
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.progress import TaskDisplay
+from sandbox.runs.progress import TaskDisplay
 from store.records import TaskResult
 
 OnResult = Callable[[TaskResult], None]
@@ -83,15 +83,18 @@ class HarnessEvaluator:
 
     def __init__(self, suite: str, agent: str, backend: str, seed: int, recorded_version: str | None = None,
                  concurrency: int = 1, display: TaskDisplay | None = None, precision: str | None = None,
-                 heldout_seed: int | None = None, heldout_range: tuple[int, int] | None = None) -> None:
+                 heldout_seed: int | None = None, heldout_range: tuple[int, int] | None = None,
+                 agent_mode: str = "tools", use_records: str = "references") -> None:
         from akv_core.home import akv_home
         from sandbox.backends import check_backend_spec, open_backend
-        from sandbox.lanes import Lanes
-        from sandbox.suite_version import check_recorded
+        from sandbox.runs.harness import check_use_records
+        from sandbox.runs.lanes import Lanes
         from sandbox.suites import get_suite
+        from sandbox.suites.version import check_recorded
 
         check_backend_spec(backend, concurrency)  # a malformed server list stops us before the suite is built
         self.agent, self.seed = agent, seed
+        self.agent_mode, self.use_records = agent_mode, use_records
         self.suite = get_suite(suite)  # ValueError names the known suites
         self.home = home = akv_home()
         if recorded_version is None or recorded_version.endswith("@unversioned"):
@@ -111,6 +114,10 @@ class HarnessEvaluator:
             display.phase("loading the model smollm2 (embedded backend)")
         self.backend = open_backend(backend, None, precision)
         try:
+            try:
+                check_use_records(use_records, self.backend, agent)
+            except ValueError as err:
+                raise ValueError(f"evaluation.{err}") from None
             self.lanes = Lanes(self.backend, concurrency)
         except ValueError:
             self.backend.close()
@@ -118,7 +125,7 @@ class HarnessEvaluator:
         self.counter = shared_tokenizer()  # the timelines' token sizes
 
     def _built_version(self, home: Path) -> str | None:
-        from sandbox.suite_version import SuiteNotBuilt
+        from sandbox.suites.version import SuiteNotBuilt
 
         try:
             return self.suite.version(home)
@@ -178,7 +185,7 @@ class HarnessEvaluator:
 
     def _run_on(self, seed: int | None, policy: Any, split: str, ids: list[str], on_result: OnResult) -> None:
         """Run `ids` of the run's own build (seed None) or of the fresh build with `seed`, ids tagged back."""
-        from sandbox.harness import run_tasks
+        from sandbox.runs.harness import run_tasks
 
         suite, lanes = (self.suite, self.lanes) if seed is None else (self.fresh_suite(seed), self._lanes_for_fresh())
 
@@ -188,12 +195,13 @@ class HarnessEvaluator:
             task_id = result.task_id if seed is None else fresh_task_id(result.task_id, seed)
             on_result(from_harness(result, timeline, task_id))
         run_tasks(suite, split, policy, agent=self.agent, task_ids=ids, seed=self.seed, build=False,
-                  traced=heard, lanes=lanes, display=self.display)
+                  traced=heard, lanes=lanes, display=self.display, agent_mode=self.agent_mode,
+                  use_records=self.use_records)
 
     def _lanes_for_fresh(self) -> Any:
         """Process lanes open suites by name, from the data folder's own build: a fresh build's tasks run in
         this process instead (threads and a single lane use the suite object they are given)."""
-        from sandbox.lanes import Lanes
+        from sandbox.runs.lanes import Lanes
 
         if self.lanes.kind != "processes":
             return self.lanes
@@ -204,7 +212,7 @@ class HarnessEvaluator:
     def request_histories(self, policy_text: str, split: str, task_ids: Sequence[str]) -> list[History]:
         from policy_dsl import compile_policy, parse
         from sandbox.backends import open_backend
-        from sandbox.harness import run_task, select_tasks
+        from sandbox.runs.harness import run_task, select_tasks
 
         policy = compile_policy(parse(policy_text), name="recorded")
         replay = open_backend("replay", None)  # deterministic and model-free, whatever the run's backend

@@ -11,7 +11,7 @@ from evolve.cascade import train_points
 from evolve.pareto import pareto_front
 from evolve.report import (Accounting, chosen_title, edit_note, lineage_table, run_train_ids, summary_line,
                            tally_table)
-from sandbox.cost import cents
+from sandbox.runs.cost import cents
 from sandbox.tables import Column, fitted_table
 from store import PolicyInfo, Store
 

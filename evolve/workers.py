@@ -15,7 +15,7 @@ from itertools import groupby
 from typing import Callable, Sequence
 
 from evolve.scoring import Evaluator
-from sandbox.progress import TaskDisplay
+from sandbox.runs.progress import TaskDisplay
 from store import Lease, RunInfo, Store, TaskResult
 
 POLL_S = 0.2  # how often a process with nothing to run asks the queue again

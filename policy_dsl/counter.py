@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-CHARS_PER_TOKEN = 4
+# Estimates for where no tokenizer is at hand, shared by every layer that counts approximately (this
+# counter, the sandbox's fallbacks, the llm proposer's spend when a reply has no usage). They are
+# typical figures, not bounds: code that must be sure a text fits a budget keeps a bound of its own.
+CHARS_PER_TOKEN = 4  # English prose and JSON under a BPE tokenizer
 MESSAGE_OVERHEAD_TOKENS = 4  # role header and end-of-turn marker of a typical chat template
 
 

@@ -75,7 +75,7 @@ class PolicyInfo:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """One task's outcome, as the harness reports it."""
+    """One task's outcome as the store keeps it, from the harness's `sandbox.runs.harness.TaskOutcome`."""
 
     task_id: str
     split: str

@@ -52,7 +52,7 @@ class Store:
     @property
     def traces(self) -> TraceStore:
         """Trace sets: recorded agent runs (`store/traces.py`)."""
-        return TraceStore(self)
+        return TraceStore(self._tx, self.display_url)
 
     @property
     def work(self) -> WorkQueue:

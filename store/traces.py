@@ -5,7 +5,8 @@ recorded request replaces its conversation's trace atomically.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from contextlib import AbstractContextManager
+from typing import Callable, Sequence
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -14,15 +15,13 @@ from store.errors import TraceConflict, TraceSetNotFound
 from store.records import StoredTrace, TraceSetInfo
 from store.schema import TraceRow, TraceSet, utcnow
 
-if TYPE_CHECKING:
-    from store.repository import Store
-
 
 class TraceStore:
-    """The store's door to trace sets (`Store.traces`)."""
+    """The store's door to trace sets (`Store.traces`): `tx()` opens one transaction of the store at
+    `display_url`."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, tx: Callable[[], AbstractContextManager[Session]], display_url: str) -> None:
+        self._tx, self._display_url = tx, display_url
 
     def add(self, name: str, traces: Sequence[StoredTrace]) -> tuple[int, int]:
         """Add traces to the set `name` (created if new): (added, unchanged), all in one transaction.
@@ -31,7 +30,7 @@ class TraceStore:
         whole import is refused (TraceConflict), so nothing is half-imported.
         """
         added = unchanged = 0
-        with self._store._tx() as s:
+        with self._tx() as s:
             trace_set = self._set(s, name, create=True)
             known = dict(s.execute(select(TraceRow.trace_id, TraceRow.digest)
                                    .where(TraceRow.set_id == trace_set.id)).all())
@@ -50,7 +49,7 @@ class TraceStore:
 
     def put(self, name: str, trace: StoredTrace) -> None:
         """Insert the trace, or replace the set's trace of the same id (a conversation that went on)."""
-        with self._store._tx() as s:
+        with self._tx() as s:
             trace_set = self._set(s, name, create=True)
             row = s.scalar(select(TraceRow).where(TraceRow.set_id == trace_set.id,
                                                   TraceRow.trace_id == trace.trace_id))
@@ -64,18 +63,18 @@ class TraceStore:
 
     def get(self, name: str) -> list[StoredTrace]:
         """The set's traces in the order they were added."""
-        with self._store._tx() as s:
+        with self._tx() as s:
             trace_set = self._set(s, name)
             rows = s.scalars(select(TraceRow).where(TraceRow.set_id == trace_set.id).order_by(TraceRow.id))
             return [_stored(r) for r in rows]
 
     def names(self) -> list[str]:
-        with self._store._tx() as s:
+        with self._tx() as s:
             return list(s.scalars(select(TraceSet.name).order_by(TraceSet.name)))
 
     def sets(self) -> list[TraceSetInfo]:
         """Every set with its counts (messages and requests summed over its traces)."""
-        with self._store._tx() as s:
+        with self._tx() as s:
             out = []
             for trace_set in s.scalars(select(TraceSet).order_by(TraceSet.name)):
                 rows = s.execute(select(TraceRow.messages, TraceRow.requests)
@@ -86,7 +85,7 @@ class TraceStore:
 
     def delete(self, name: str) -> int:
         """Remove the set and its traces; returns how many traces went."""
-        with self._store._tx() as s:
+        with self._tx() as s:
             trace_set = self._set(s, name)
             n = s.scalar(select(func.count(TraceRow.id)).where(TraceRow.set_id == trace_set.id)) or 0
             s.execute(delete(TraceRow).where(TraceRow.set_id == trace_set.id))
@@ -101,7 +100,7 @@ class TraceStore:
             s.flush()
         if trace_set is None:
             known = ", ".join(s.scalars(select(TraceSet.name).order_by(TraceSet.name))) or "none yet"
-            raise TraceSetNotFound(f"NAME: no trace set named {name!r} in {self._store.display_url} "
+            raise TraceSetNotFound(f"NAME: no trace set named {name!r} in {self._display_url} "
                                    f"(known: {known}; `akv traces import` adds one)")
         return trace_set
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from akv_cli.main import app
 from sandbox.tables import Column, fitted_table
-from sandbox.cost import cents
+from sandbox.runs.cost import cents
 
 
 def rendered(table, width: int) -> list[str]:

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from sandbox.cost import PRICES_FILE, TokenTotals, Usage, price_table, table_names
+from sandbox.runs.cost import PRICES_FILE, TokenTotals, ReportedUsage, price_table, table_names
 
 
-def _usage(prefilled: int = 0, cached: int = 0, repos: int = 0, dropped: int = 0, output: int = 0) -> Usage:
-    return Usage(prefilled + cached + repos + dropped, output, cached, dropped, repos, prefilled)
+def _usage(prefilled: int = 0, cached: int = 0, repos: int = 0, dropped: int = 0, output: int = 0) -> ReportedUsage:
+    return ReportedUsage(prefilled + cached + repos + dropped, output, cached, dropped, repos, prefilled)
 
 
 def test_price_file_names_its_source_date_and_the_required_tables() -> None:
@@ -45,7 +45,7 @@ def test_unknown_table_names_the_known_ones() -> None:
 
 
 def test_usage_from_server_fields_derives_prefilled_and_keeps_the_partition() -> None:
-    usage = Usage.from_fields({"prompt_tokens": 100, "completion_tokens": 7, "cached_tokens": 60,
+    usage = ReportedUsage.from_fields({"prompt_tokens": 100, "completion_tokens": 7, "cached_tokens": 60,
                                "drop_skipped_tokens": 15, "repos_tokens": 5})
     assert usage.prefilled_tokens == 20
     assert usage.prompt_tokens == (usage.prefilled_tokens + usage.cached_tokens + usage.repos_tokens

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from akv_cli.main import app
 from evolve.config import EvolveConfig
-from sandbox.suite_version import SuiteNotBuilt, check_recorded, rebuild_command
 from sandbox.suites import get_suite
+from sandbox.suites.version import SuiteNotBuilt, check_recorded, rebuild_command
 from store import Store
 
 

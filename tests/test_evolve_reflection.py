@@ -13,9 +13,9 @@ from evolve.proposers.prompt import PromptTooLong, extract_diagnosis, fit_prompt
 from evolve.reflection import digest, pick_tasks, timeline_of
 from sandbox.backends.replay import ReplayBackend
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.harness import resolve_policy, run_task
-from sandbox.suite import AgentAction, AgentView
+from sandbox.runs.harness import resolve_policy, run_task
 from sandbox.suites import get_suite
+from sandbox.suites.base import AgentAction, AgentView
 from store import TaskResult, TimelineRecord
 from test_sandbox_support import Reader
 

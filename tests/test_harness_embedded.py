@@ -9,7 +9,7 @@ import pytest
 from sandbox.backends import open_backend
 from sandbox.backends.embedded import EmbeddedBackend
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import RunLimits, resolve_policy, run_task, run_tasks
+from sandbox.runs.harness import RunLimits, resolve_policy, run_task, run_tasks
 from sandbox.suites import get_suite
 
 pytestmark = pytest.mark.model

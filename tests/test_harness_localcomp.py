@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import RESULT_FIELDS, RunLimits, resolve_policy, run_task, run_tasks
-from sandbox.suite import AgentAction, AgentView
+from sandbox.runs.harness import RESULT_FIELDS, RunLimits, resolve_policy, run_task, run_tasks
+from sandbox.runs.trajectory import read_trajectory
 from sandbox.suites import get_suite
-from sandbox.trajectory import read_trajectory
+from sandbox.suites.base import AgentAction, AgentView
 from test_sandbox_support import Reader
 
 

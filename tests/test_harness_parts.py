@@ -10,10 +10,10 @@ import pytest
 from sandbox.agents.llm import AgentSetupError, LLMAgent
 from sandbox.backends import BackendError, BackendRequest, CacheOperations
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.cost import Usage
-from sandbox.suite import AgentView, Task
-from sandbox.summarize import extractive_summary
-from sandbox.trajectory import Exchange, Trajectory, read_trajectory
+from sandbox.runs.cost import ReportedUsage
+from sandbox.runs.summarize import extractive_summary
+from sandbox.runs.trajectory import Exchange, Trajectory, read_trajectory
+from sandbox.suites.base import AgentView, Task
 
 TASK = Task(id="t1", suite="none", split="train", system="You research.", prompt="Find the capital.", tools=())
 
@@ -52,7 +52,7 @@ def test_llm_agent_refuses_a_backend_without_a_model() -> None:
 def test_trajectory_file_rebuilds_every_full_request(tmp_path: Path) -> None:
     trajectory = Trajectory({"task_id": "t1"})
     history = TASK.initial_messages()
-    usage = Usage(10, 1, 4, 0, 0, 6)
+    usage = ReportedUsage(10, 1, 4, 0, 0, 6)
     for step in range(3):
         request = BackendRequest(messages=tuple(history), drop_message={"2": [1]} if step == 2 else {},
                                  reposition=(2,) if step == 2 else (), max_tokens=5)
@@ -92,7 +92,7 @@ def test_extractive_summary_keeps_facts_within_the_budget_deterministically() ->
 
 
 def test_fact_summary_keeps_the_best_facts_whole_under_their_source_within_the_budget() -> None:
-    from sandbox.summarize import Fact, fact_summary
+    from sandbox.runs.summarize import Fact, fact_summary
 
     count = lambda text: len(text.split())  # noqa: E731
     facts = [Fact(1.0, 0, "| Founded | 1312 |", head="[d-1] Avaland"), Fact(3.0, 1, "Found X: Avaland"),
@@ -118,7 +118,7 @@ def _tool_history(n_calls: int) -> list[dict]:
 def test_text_editor_summarizes_on_replay_bills_the_call_and_keeps_calls_paired() -> None:
     from policy_dsl import SUMMARY_PREFIX, TextEdit
     from sandbox.backends.replay import ReplayBackend
-    from sandbox.summarize import TextEditor
+    from sandbox.runs.summarize import TextEditor
 
     billed = []
     editor = TextEditor(TASK.prompt, ReplayBackend(), shared_tokenizer(),
@@ -140,7 +140,7 @@ def test_text_editor_summarizes_on_replay_bills_the_call_and_keeps_calls_paired(
 def test_text_editor_omits_with_the_policy_placeholder() -> None:
     from policy_dsl import TextEdit
     from sandbox.backends.replay import ReplayBackend
-    from sandbox.summarize import TextEditor
+    from sandbox.runs.summarize import TextEditor
 
     editor = TextEditor(TASK.prompt, ReplayBackend(), shared_tokenizer(), lambda *a: None)
     history = _tool_history(2)
@@ -156,7 +156,7 @@ def test_text_editor_omits_with_the_policy_placeholder() -> None:
     ("https://api.example.com/v1/chat/completions", "https://api.example.com/v1"),
 ])
 def test_endpoint_urls_are_normalized_to_the_v1_root(given: str, expected: str) -> None:
-    from sandbox.backends.http import base_url
+    from akv_core.client import base_url
 
     assert base_url(given) == expected
 
@@ -199,7 +199,7 @@ def test_request_cache_operations_resolve_the_drop_rule() -> None:
 
 def test_text_drops_resolve_against_the_history_and_hide_the_cut_text_from_the_agent() -> None:
     from akv_core.cache.text_drop import TextCut, TextDrop
-    from sandbox.harness import agent_view
+    from sandbox.runs.harness import agent_view
 
     history = THINKING_HISTORY
     cut = [None, {"role": "user", "content": " the capital"}, {"role": "assistant", "content": "Canberra."}, None]
@@ -238,17 +238,17 @@ def test_replay_accounts_thinking_drop_as_the_simulator_does_memo_or_not() -> No
                 BackendRequest(messages=THINKING_HISTORY, drop_rule={"type": "message_drop",
                                                                      "drop_messages": {"3": [2]}})]
     simulator = CacheSimulator(1 << 20)
-    expected = [Usage.from_fields(simulator.request(rendered, None, None, max_tokens=64, thinking_drop=True)),
-                Usage.from_fields(simulator.request(rendered, None, [3], max_tokens=64, thinking_drop=True)),
-                Usage.from_fields(simulator.request(rendered, {"3": [2]}, None, max_tokens=64))]
+    expected = [ReportedUsage.from_fields(simulator.request(rendered, None, None, max_tokens=64, thinking_drop=True)),
+                ReportedUsage.from_fields(simulator.request(rendered, None, [3], max_tokens=64, thinking_drop=True)),
+                ReportedUsage.from_fields(simulator.request(rendered, {"3": [2]}, None, max_tokens=64))]
     assert expected[1].drop_skipped_tokens == end - start > 0
-    # The thinking requests freed the reasoning's KV, and the repositioned one read the rest of
-    # message 2 and message 3 through copies, which freed their birth slots too. Keeping the
-    # reasoning visible until message 3 recomputes it and what follows it; the head of message 2
-    # before the reasoning is reused (and hidden at the end).
-    message_start, _ = rendered.spans[2]
-    assert expected[2].drop_skipped_tokens == start - message_start > 0
-    assert expected[2].prefilled_tokens == len(rendered.token_ids) - start
+    # The thinking requests retained the reasoning's KV, and the repositioned one read the rest of
+    # message 2 and message 3 through copies, which retained their birth slots too. Keeping the
+    # reasoning visible until message 3 revives them: message 2 is reused whole (and hidden at the
+    # end), and only what follows it is computed.
+    message_start, message_end = rendered.spans[2]
+    assert expected[2].drop_skipped_tokens == message_end - message_start > 0
+    assert expected[2].prefilled_tokens == len(rendered.token_ids) - message_end
     replay = ReplayBackend(memo=TaskPrefixMemo())
     for task in range(2):   # the second task is served from the memo
         replay.start_task()
@@ -265,7 +265,7 @@ def test_replay_accounts_thinking_drop_as_the_simulator_does_memo_or_not() -> No
 
 
 def test_the_cache_tool_is_offered_only_under_policies_that_act_on_it() -> None:
-    from sandbox.harness import reads_drop_context, resolve_policy
+    from sandbox.runs.harness import reads_drop_context, resolve_policy
 
     assert reads_drop_context(resolve_policy("model-based"))
     assert not any(reads_drop_context(resolve_policy(p)) for p in ("expert", "full", "standard-8k"))

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import isolation
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import resolve_policy, run_task
-from sandbox.hostview import interpreter_paths
-from sandbox.isolation import UNSAFE_ENV, Limits, Sandbox, SandboxUnavailable, bwrap_failure, containments
-from sandbox.suite import Task
+from sandbox.isolation import sandbox as isolation
+from sandbox.isolation.hostview import interpreter_paths
+from sandbox.isolation.sandbox import UNSAFE_ENV, Limits, Sandbox, SandboxUnavailable, bwrap_failure, containments
+from sandbox.runs.harness import resolve_policy, run_task
+from sandbox.suites.base import Task
 
 LIMITS = Limits(cpu_s=10, wall_s=30.0, processes=16)
 NAMESPACE_ERROR = ("bwrap: No permissions to create new namespace, likely because the kernel does not allow "
@@ -115,7 +115,7 @@ def test_the_opt_out_runs_commands_on_the_host_with_one_warning(tools: Path, sou
             for _ in range(2):
                 result = box.run(PRINT_OK)
                 assert result.returncode == 0 and result.output.strip() == "ran"
-    warnings = [r.getMessage() for r in caplog.records if r.name == "sandbox.isolation"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sandbox.isolation.sandbox"]
     assert len(warnings) == 1
     assert warnings[0].startswith(f"sandbox: task commands are not isolated from the host: {UNSAFE_ENV}=1 "
                                   "turns the sandbox off; they ")
@@ -149,7 +149,7 @@ def test_a_bubblewrap_that_cannot_start_is_named_with_its_own_words(tools: Path,
 
 def test_a_fresh_process_refuses_without_the_opt_out_and_warns_once_with_it(tools: Path, source: Path) -> None:
     """In a fresh interpreter: refused without the opt-out (no warning); with it, one line on stderr."""
-    code = ("import sys\nfrom pathlib import Path\nfrom sandbox.isolation import Sandbox, SandboxUnavailable\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom sandbox.isolation.sandbox import Sandbox, SandboxUnavailable\n"
             "for _ in range(2):\n"
             "    try:\n        box = Sandbox.copy_of(Path(sys.argv[1]))\n"
             "    except SandboxUnavailable as refused:\n        print('refused:', refused)\n        continue\n"

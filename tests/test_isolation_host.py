@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.hostview import HostView, bwrap_argv, interpreter_paths
-from sandbox.isolation import UNSAFE_ENV, Limits, Sandbox, bwrap_failure
+from sandbox.isolation.hostview import HostView, bwrap_argv, interpreter_paths
+from sandbox.isolation.sandbox import UNSAFE_ENV, Limits, Sandbox, bwrap_failure
 
 LIMITS = Limits(cpu_s=10, wall_s=20.0, processes=16)
 needs_bwrap = pytest.mark.skipif(bwrap_failure() is not None,

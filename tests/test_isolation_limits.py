@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.isolation import UNSAFE_ENV, Containment, Limits, Sandbox, _processes_of, containments
+from sandbox.isolation.sandbox import UNSAFE_ENV, Containment, Limits, Sandbox, _processes_of, containments
 
 TIGHT = Limits(cpu_s=5, wall_s=5.0, memory_bytes=1 << 30, file_bytes=1 << 20, processes=16,
                output_bytes=4096)

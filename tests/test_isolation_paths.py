@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.isolation import UNSAFE_ENV, PathEscape, Sandbox
+from sandbox.isolation.sandbox import UNSAFE_ENV, PathEscape, Sandbox
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Concurrent tasks (sandbox/lanes.py): the results, their stored order and an evolution's lineage equal
+"""Concurrent tasks (sandbox/runs/lanes.py): the results, their stored order and an evolution's lineage equal
 a serial run's; backends that cannot run tasks side by side are refused before anything opens."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from sandbox.backends import check_backend_spec
-from sandbox.harness import run_tasks
+from sandbox.runs.harness import run_tasks
 from store import Store
 
 TASKS = 5

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sandbox.suite import AgentAction, AgentView, Message
+from sandbox.suites.base import AgentAction, AgentView, Message
 from sandbox.suites.localcomp import EDITIONS, LocalComp
 from sandbox.suites.localcomp.walkthrough import trajectory_tokens, walk
 from test_sandbox_support import small_localcomp
@@ -175,7 +175,7 @@ def test_answer_comes_from_the_documents_it_read(suite: LocalComp) -> None:
 
 def test_after_a_summary_it_keeps_its_notes_and_rereads_documents(suite: LocalComp) -> None:
     from policy_dsl.decision import SUMMARY_PREFIX
-    from sandbox.summarize import extractive_summary
+    from sandbox.runs.summarize import extractive_summary
 
     task = suite.tasks("train")[3]
 
@@ -194,7 +194,7 @@ def test_after_a_summary_it_keeps_its_notes_and_rereads_documents(suite: LocalCo
 
 def test_a_summary_that_keeps_the_facts_saves_the_rereads_and_stray_rows_are_not_read(suite: LocalComp) -> None:
     from policy_dsl.decision import SUMMARY_PREFIX
-    from sandbox.summarize import extractive_summary, fact_summary
+    from sandbox.runs.summarize import extractive_summary, fact_summary
     from sandbox.suites.localcomp.context import read_context
 
     task = suite.tasks("train")[3]

@@ -7,7 +7,7 @@ import pytest
 
 from policy_dsl import builtin_names, compile_policy, parse
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import run_tasks
+from sandbox.runs.harness import run_tasks
 from test_sandbox_support import small_localcomp
 
 # Every message that may be dropped is dropped, at every boundary.

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sandbox.suite import ToolError
+from sandbox.suites.base import ToolError
 from sandbox.suites.localcomp import LocalComp
 from sandbox.suites.localcomp.context import read_search_page
 from sandbox.suites.localcomp.grading import first_number, grade_answer, normalize

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandbox.suite import AgentView, ToolError
+from sandbox.suites.base import AgentView, ToolError
 from sandbox.suites.localswe import LocalSWE
 from sandbox.suites.localswe.agent import ScriptedRepairAgent
 from sandbox.suites.localswe.bugs import validate

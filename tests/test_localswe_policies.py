@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from policy_dsl import builtin_names, compile_policy, parse
-from sandbox.harness import run_tasks
+from sandbox.runs.harness import run_tasks
 from sandbox.suites.localswe import LocalSWE
 
 from test_localswe_suite import built_home

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from akv_core.home import akv_home
-from sandbox.isolation import Limits, WallClockExpired, bwrap_failure, containment, containments
-from sandbox.suite import ToolError
+from sandbox.isolation.sandbox import Limits, WallClockExpired, bwrap_failure, containment, containments
 from sandbox.suites import get_suite
+from sandbox.suites.base import ToolError
 from sandbox.suites.localswe import LocalSWE
 from sandbox.suites.localswe.bugs import VALIDATION_VERSION
 from sandbox.suites.localswe.hosts import fetch, load_hosts
@@ -158,7 +158,7 @@ _ONE_RUN = r"""
 import json, sys
 from pathlib import Path
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import RunLimits, resolve_policy, run_task
+from sandbox.runs.harness import RunLimits, resolve_policy, run_task
 from sandbox.suites.localswe import LocalSWE
 suite = LocalSWE(hosts=["isodate"], bugs_per_host=3, max_tries=12)
 suite.build(Path(sys.argv[1]), seed=0)
@@ -321,7 +321,7 @@ def test_code_that_hangs_past_the_wall_clock_backstop_ends_the_task_as_an_error(
 
 def test_a_run_whose_tool_outlives_the_backstop_is_an_error_naming_it(suite: LocalSWE, task, monkeypatch) -> None:
     from sandbox.backends.replay import ReplayBackend
-    from sandbox.harness import resolve_policy, run_task
+    from sandbox.runs.harness import resolve_policy, run_task
     from sandbox.suites.localswe import environment
 
     # Outputs memoized by earlier tests of this process would answer without a test run.

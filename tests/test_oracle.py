@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import resolve_policy, run_task
-from sandbox.oracle import PROTECTED, AgentStep, HindsightOracle, OracleError, drop_schedule
-from sandbox.suite import AgentAction, AgentView
+from sandbox.runs.harness import resolve_policy, run_task
+from sandbox.runs.oracle import PROTECTED, AgentStep, HindsightOracle, OracleError, drop_schedule
+from sandbox.runs.trajectory import step_ranges
 from sandbox.suites import get_suite
+from sandbox.suites.base import AgentAction, AgentView
 from test_sandbox_support import Reader
 
 
@@ -114,8 +115,8 @@ def test_a_trajectory_under_another_policy_is_refused(localcomp) -> None:
 
 def test_on_localcomp_tasks_the_oracle_of_the_scripted_agent_keeps_its_actions_and_undercuts_the_expert(
         localcomp, tmp_path: Path) -> None:
-    from sandbox.harness import run_tasks
-    from sandbox.oracle import run_oracle
+    from sandbox.runs.harness import run_tasks
+    from sandbox.runs.oracle import run_oracle
 
     report = run_tasks(localcomp, "train", "full", limit=2, out_dir=tmp_path)
     for full in report.results:
@@ -133,8 +134,8 @@ def test_on_localcomp_tasks_the_oracle_of_the_scripted_agent_keeps_its_actions_a
 @pytest.mark.slow
 def test_on_a_localswe_task_the_oracle_of_the_scripted_agent_scores_as_full_for_less(tmp_path_factory) -> None:
     # slow: the task's own tests run in the sandbox under `full` and under the oracle (its first 8 steps)
-    from sandbox.harness import RunLimits
-    from sandbox.oracle import run_oracle
+    from sandbox.runs.harness import RunLimits
+    from sandbox.runs.oracle import run_oracle
     from sandbox.suites.localswe import LocalSWE
     from test_localswe_suite import built_home
 
@@ -145,3 +146,8 @@ def test_on_a_localswe_task_the_oracle_of_the_scripted_agent_scores_as_full_for_
     assert run.same_actions and run.full.status == run.oracle.status
     assert run.oracle.score == run.full.score and run.oracle.cost_usd < run.full.cost_usd
     assert run.oracle.tokens.drop_skipped > 0
+
+
+def test_step_ranges_joins_each_run_of_consecutive_steps() -> None:
+    assert step_ranges([0, 1, 2, 3, 5]) == "0-3, 5" and step_ranges([3, 4, 5, 9], ",") == "3-5,9"
+    assert step_ranges([7]) == "7" and step_ranges([]) == ""

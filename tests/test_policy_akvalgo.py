@@ -63,7 +63,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, An
     """Histories the harness recorded: localcomp's scripted agent under full attention, replay backend.
     Edition 1's agent, which batches the independent calls of a leg (edition 2 makes one per step)."""
     from sandbox.backends import open_backend
-    from sandbox.harness import run_task, select_tasks
+    from sandbox.runs.harness import run_task, select_tasks
     from test_sandbox_support import small_localcomp
 
     suite, replay = small_localcomp(tmp_path_factory.getbasetemp() / "localcomp-e1", edition=1), open_backend("replay")

@@ -26,6 +26,7 @@ from akv_proxy.recorder import StreamedReply, TraceRecorder
 from policy_dsl import load_policy
 from sandbox.backends.tokens import shared_tokenizer
 from sandbox.traces.model import Trace
+from sandbox.traces.recording import TraceSetRecording
 from sandbox.traces.records import trace_of
 from store.repository import Store
 from test_proxy import metric
@@ -52,7 +53,7 @@ def db_url(tmp_path: Path) -> str:
 @contextmanager
 def recording_proxy(upstream: str, db_url: str) -> Iterator[str]:
     app = create_proxy_app(load_policy("rolling-3"), upstream, shared_tokenizer(), timeout_s=120.0,
-                           recorder=TraceRecorder(db_url, "mytraffic"))
+                           recorder=TraceRecorder(TraceSetRecording(db_url, "mytraffic")))
     with serve_in_thread(app) as url:
         yield url
 
@@ -252,7 +253,7 @@ def test_a_stream_s_tool_call_deltas_merge_by_index_and_an_unfinished_stream_is_
 
 
 def test_a_history_continues_the_longest_trace_it_extends_with_an_assistant_message_after_it(db_url) -> None:
-    recorder = TraceRecorder(db_url, "mytraffic")
+    recorder = TraceRecorder(TraceSetRecording(db_url, "mytraffic"))
     ask_, again = task("Which clerk?"), task("Which port?")
     reply = {"role": "assistant", "content": "I will look.", "reasoning_content": "Think."}
     resent = {"role": "assistant", "content": [{"type": "text", "text": "I will look."}]}  # the agent's own form

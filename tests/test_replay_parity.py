@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -21,10 +22,10 @@ import pytest
 from sandbox.backends import BackendRequest
 from sandbox.backends.http import HttpBackend
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import resolve_policy, run_task
-from sandbox.suite import Task
+from sandbox.runs.harness import resolve_policy, run_task
+from sandbox.runs.trajectory import read_trajectory
 from sandbox.suites import get_suite
-from sandbox.trajectory import read_trajectory
+from sandbox.suites.base import Task
 from test_sandbox_support import Reader
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
@@ -51,7 +52,7 @@ def server_url():
             line = lines.get(timeout=READY_TIMEOUT_S)
             seen.append(line)
             if "ready at" in line:
-                yield line.rsplit(" ", 1)[-1].strip()
+                yield re.search(r"ready at (http://\S+)", line)[1]   # the line goes on: "(prefill: ...)"
                 break
             if process.poll() is not None:
                 pytest.fail("akv serve exited:\n" + "".join(seen))

@@ -79,7 +79,7 @@ def test_an_imported_suite_is_listed_and_runs_under_policies(home, tmp_path) -> 
 
 def test_the_scripted_agent_reads_only_visible_evidence_and_records_it(home, tmp_path) -> None:
     from sandbox.backends import open_backend
-    from sandbox.harness import run_task
+    from sandbox.runs.harness import run_task
     from sandbox.suites import get_suite
     from policy_dsl import load_policy
 

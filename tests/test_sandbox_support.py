@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sandbox.suite import AgentAction, AgentView
+from sandbox.suites.base import AgentAction, AgentView
 from sandbox.suites.localcomp import LocalComp
 
 # The full build (48 / 170 tasks) takes too long for a test; the agent and tool tests share this.

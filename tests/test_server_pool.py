@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from sandbox.harness import RunLimits, run_tasks
-from sandbox.progress import TaskDisplay
+from sandbox.runs.harness import RunLimits, run_tasks
+from sandbox.runs.progress import TaskDisplay
 from test_server_support import interrupt, ready_url
 
 pytestmark = [pytest.mark.model, pytest.mark.server, pytest.mark.slow]

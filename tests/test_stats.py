@@ -1,12 +1,13 @@
-"""Paired statistics (sandbox.stats), the champion rule, and the Pareto front."""
+"""Paired statistics (akv_stats.paired), the champion rule (akv_stats.champion), and the Pareto front."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from akv_stats.champion import champion_rule
+from akv_stats.paired import (bootstrap_ci, compare_paired, gap_closed, holm_bonferroni, non_inferiority_bound,
+                              percentile, relative_change_ci, sign_flip_p_value)
 from evolve.pareto import Point, dominates, pareto_front, rank_by_fronts
-from sandbox.stats import (bootstrap_ci, champion_rule, compare_paired, gap_closed, holm_bonferroni,
-                           non_inferiority_bound, relative_change_ci, sign_flip_p_value)
 
 
 def test_exact_sign_flip_p_value_for_all_positive_deltas():
@@ -172,3 +173,10 @@ def test_gap_closed_is_the_share_of_the_reference_to_bound_saving_with_a_paired_
     assert gap_closed(expert, noisy, expert * 1.1) is None  # the bound is no cheaper: no gap to close
     with pytest.raises(ValueError):
         gap_closed(expert, noisy[:3], oracle)
+
+
+def test_percentile_interpolates_or_takes_the_value_at_the_lower_rank() -> None:
+    values = [40, 10, 30, 20]
+    assert percentile(values, 50) == 25.0 and percentile(values, 90) == pytest.approx(37.0)
+    assert percentile(values, 50, nearest_below=True) == 20 and percentile(values, 90, nearest_below=True) == 30
+    assert percentile([], 90) == 0.0 and percentile([], 90, nearest_below=True) == 0.0

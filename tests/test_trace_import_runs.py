@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from sandbox.backends import BackendRequest, open_backend
-from sandbox.cost import Usage
-from sandbox.harness import TaskResult, resolve_policy, run_task
+from sandbox.runs.cost import ReportedUsage
+from sandbox.runs.harness import TaskOutcome, resolve_policy, run_task
+from sandbox.runs.trajectory import Exchange, Trajectory, read_trajectory
 from sandbox.traces.formats import detect_format, read_traces
 from sandbox.traces.model import Trace, TraceError
 from sandbox.traces.runs import openai_usage
 from sandbox.traces.suite import SPLITS, TraceSuite
-from sandbox.trajectory import Exchange, Trajectory, read_trajectory
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 KV_ONLY = "record under a kv policy (full) to import it"
@@ -58,7 +58,7 @@ def akv_run(home: Path, db: Path, *args: str) -> tuple[Path, dict[str, dict[str,
     return out_dir, rows
 
 
-def replayed(trace: Trace) -> TaskResult:
+def replayed(trace: Trace) -> TaskOutcome:
     """The trace scored under `full` on the replay backend, as `akv run` on its trace set would."""
     suite = TraceSuite("x", traces=[trace])
     task = next(t for split in SPLITS for t in suite.tasks(split))
@@ -173,7 +173,7 @@ def _written(path: Path, header: dict, steps: list[tuple[str, list, dict | None,
     """A trajectory as the harness writes it: steps of (purpose, messages, reply, drop_rule)."""
     trajectory = Trajectory(dict(header))
     for step, (purpose, messages, reply, rule) in enumerate(steps):
-        usage = Usage(100 * (step + 1), 7, 100 * step, 0, 0, 100)
+        usage = ReportedUsage(100 * (step + 1), 7, 100 * step, 0, 0, 100)
         trajectory.add(Exchange(step, purpose, BackendRequest(messages, drop_rule=rule), reply, usage, 0.0))
     trajectory.note("result", task_id=header["task_id"], status="ok" if answer is not None else "max_steps",
                     score=0.5, answer=answer)

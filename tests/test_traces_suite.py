@@ -6,8 +6,8 @@ import json
 import pytest
 
 from sandbox.backends.replay import ReplayBackend
-from sandbox.harness import resolve_policy, run_task
-from sandbox.oracle import run_oracle
+from sandbox.runs.harness import resolve_policy, run_task
+from sandbox.runs.oracle import run_oracle
 from sandbox.traces.model import Trace, with_requests
 from sandbox.traces.records import stored_of
 from sandbox.traces.suite import TraceSuite, split_of

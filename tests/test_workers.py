@@ -121,7 +121,7 @@ def test_a_worker_prints_one_line_per_task_naming_its_policy_and_split():
 
     from evolve.scoring import HarnessEvaluator
     from policy_dsl.library import builtin_source
-    from sandbox.progress import TaskDisplay
+    from sandbox.runs.progress import TaskDisplay
 
     out = io.StringIO()
     display = TaskDisplay(Console(file=out, width=80), labelled=True)  # as evolve/join.py makes it

@@ -38,10 +38,6 @@ class SlotAllocator:
     def free_count(self) -> int:
         return len(self._free) + self.total - self._fresh
 
-    @property
-    def used_count(self) -> int:
-        return self.total - self.free_count
-
     def can_allocate(self, n: int) -> bool:
         return 0 <= n <= self.free_count
 

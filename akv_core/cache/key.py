@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from akv_core.cache.ops import Operations
+from akv_core.cache.ranges import merge_ranges
 
 
 class RenderedPrompt(Protocol):
@@ -75,7 +76,8 @@ def build_key(rendered: RenderedPrompt, operations: Operations) -> CacheKey:
     spans = rendered.spans
     records: list[tuple[int, int, Record]] = []  # (offset, order, record); drops sort first
     for trigger, ranges in sorted(_hidden_by_trigger(rendered, operations).items()):
-        hidden = _merge(ranges)
+        # merged, empty ones left out: equal hidden token sets give equal records
+        hidden = merge_ranges((start, end) for start, end in ranges if start < end)
         if hidden:
             records.append((spans[trigger][1], 0, DropRecord(hidden)))
     for trigger in operations.repositions:
@@ -102,19 +104,6 @@ def _hidden_by_trigger(rendered: RenderedPrompt, operations: Operations) -> dict
             else:
                 cut.extend(rendered.content_tokens(part.message, part.chars))
     return hidden
-
-
-def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Sorted, non-empty, adjacent ranges joined: equal hidden token sets give equal records."""
-    merged: list[list[int]] = []
-    for start, end in sorted(ranges):
-        if end <= start:
-            continue
-        if merged and merged[-1][1] >= start:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return tuple((start, end) for start, end in merged)
 
 
 def shared_prefix(a: CacheKey, b: CacheKey) -> int:

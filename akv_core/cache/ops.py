@@ -5,17 +5,15 @@ its history (`thinking_drop` applies to every earlier message with reasoning).
 Checking happens once, here, so the server (400 naming the field), the engine
 and the replay simulator reject exactly the same inputs. The drop rules that cut
 parts of messages (`text_drop`, `keep_text_drop`) are read in `akv_core.cache.text_drop`
-and join the operations as a `TextDrop`.
+and join the operations as a `TextDrop` (defined here, with the other operations, so that
+`text_drop` imports this module and not the other way round).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from akv_core.cache.text_drop import TextDrop
+from typing import Any
 
 _DECIMAL = re.compile(r"-?[0-9]+")   # fullmatch, so no surrounding whitespace either
 
@@ -27,6 +25,24 @@ class OperationError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+@dataclass(frozen=True)
+class TextCut:
+    """Characters [start, end) of message `message`'s content to drop, or (`whole`) the message."""
+
+    message: int
+    chars: tuple[tuple[int, int], ...]
+    whole: bool = False
+
+
+@dataclass(frozen=True)
+class TextDrop:
+    """Right after message `trigger`, the cut parts leave attention (positions unchanged); read from
+    the API by `akv_core.cache.text_drop`."""
+
+    trigger: int
+    cuts: tuple[TextCut, ...]
 
 
 @dataclass(frozen=True)

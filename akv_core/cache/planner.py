@@ -11,20 +11,23 @@ continue from r. A reused key token is `cached` if visible at the end and not
 moved by a reposition record this request adds, `repos` if visible and moved,
 `drop_skipped` if hidden at the end; every computed token is `prefilled`.
 
-Freed KV on the reused path (`HOLE`s left by dropped keys, superseded copies,
-and birth slots of keys read through a copy) costs nothing unless this request
-reads it. What it reads is restored alone, not everything after it: a freed
-birth slot is recomputed (with the holes its own computation reads,
+`HOLE`s on the reused path (dropped keys, superseded copies, and birth slots of
+keys read through a copy) cost nothing unless this request reads them. A hole
+whose KV the tree retained is made live again (the plan's `Revive`: no work).
+What it reads of the freed ones is restored alone, not everything after it: a
+freed birth slot is recomputed (with the holes its own computation reads,
 transitively), a freed re-rotated copy is re-rotated again from its birth slot
 (recomputed first if it was freed too). That set is the plan's `Restore`.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from akv_core.cache.key import CacheKey, DropRecord
 from akv_core.cache.radix import HOLE, Match, Node, RadixCache
+from akv_core.cache.ranges import merge_ranges
 from akv_core.cache.usage import Usage
 
 
@@ -40,6 +43,25 @@ class Restore:
 
 
 NO_RESTORE = Restore()
+
+
+@dataclass(frozen=True)
+class Revive:
+    """Retained KV on the reused path that the request reads: made live again at admission, not recomputed."""
+
+    token_offsets: tuple[int, ...] = ()                # key offsets whose retained birth slot is read, sorted
+    copies: tuple[tuple[int, int], ...] = ()           # (record index, copy index) whose retained copy is read
+    tokens: int = 0   # distinct key offsets whose KV comes back this way (births and copies): `retained_tokens`
+
+    @property
+    def slots(self) -> int:
+        return len(self.token_offsets) + len(self.copies)
+
+    def __bool__(self) -> bool:
+        return bool(self.token_offsets or self.copies)
+
+
+NO_REVIVE = Revive()
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,7 @@ class Plan:
         return self.suffix_tokens + len(self.restore.token_holes)
 
     copy_slots: int = 0       # slots the new records' copies take: fewer than the copies when recycled
+    revive: Revive = NO_REVIVE   # retained KV on the reused path that this request reads
 
     @property
     def slots_needed(self) -> int:
@@ -83,13 +106,13 @@ def plan_request(tree: RadixCache, key: CacheKey, reuse: bool = True) -> Plan:
     if n == 0:
         raise ValueError("an empty prompt cannot be planned")
     match = tree.match(key, n - 1) if reuse else Match(tree.root, 0, 0)
-    restore = _restore(tree, key, match) if tree.holes and match.tokens else NO_RESTORE
+    restore, revive = _restore(tree, key, match) if tree.holes and match.tokens else (NO_RESTORE, NO_REVIVE)
     reused = match.tokens
     walk = _walk(key, n, len(key.records), reused, match.records)
     runs = walk.runs
     visible = sum(run[1] - run[0] for run in runs)
     visible_reused = sum(min(run[1], reused) - run[0] for run in runs if run[0] < reused)
-    moved = _merge(walk.moved)
+    moved = merge_ranges(walk.moved)
     repos = _overlap(runs, moved, reused)
     holes = restore.token_holes
     if holes:   # recomputed: prefilled, whatever they are at the end
@@ -97,12 +120,12 @@ def plan_request(tree: RadixCache, key: CacheKey, reuse: bool = True) -> Plan:
         visible_reused -= len(visible_holes)
         repos -= sum(1 for h in visible_holes if _inside(moved, h))
     usage = Usage.of_prompt(prefilled=n - reused + len(holes), cached=visible_reused - repos, repos=repos,
-                            drop_skipped=reused - len(holes) - visible_reused)
+                            drop_skipped=reused - len(holes) - visible_reused, retained=revive.tokens)
     copies = tuple(walk.copies)
     copy_ids, copy_slots = None, sum(copies)
     if copy_slots and _new_repositions(key, match.records) > 1:
         copy_ids, copy_slots = _recycled_copy_ids(key, match.records)
-    return Plan(key, match, copies, usage, walk.position, visible, walk, restore, copy_ids, copy_slots)
+    return Plan(key, match, copies, usage, walk.position, visible, walk, restore, copy_ids, copy_slots, revive)
 
 
 def end_position(key: CacheKey) -> int:
@@ -162,63 +185,98 @@ def _walk(key: CacheKey, tokens: int, records: int, reused: int, first_new: int)
     return walk
 
 
-def _restore(tree: RadixCache, key: CacheKey, match: Match) -> Restore:
+def _restore(tree: RadixCache, key: CacheKey, match: Match) -> tuple[Restore, Revive]:
     """The holes on the matched path that the request reads, closed under what recomputing them reads.
 
     Read at the match point: the birth slot of every visible key that no record moved,
     and the copy of each moved key in the record that moved it (a new reposition
     re-rotates a key from its birth slot, or from that copy once the birth slot was
-    freed). A recomputed hole reads what was visible where it sits, so the holes there
-    join in turn; a restored copy is re-rotated from its birth slot, which joins too.
+    freed). A retained hole is revived; a freed one is restored: a recomputed hole reads
+    what was visible where it sits, so the holes there join in turn; a restored copy is
+    re-rotated from its birth slot, which joins too (revived if retained).
     """
-    path = tree.path(match.node)
     token_nodes = tree.token_offsets(match.node)
-    record_nodes = [node for node in path if node.record is not None]
+    record_nodes = [node for node in tree.path(match.node) if node.record is not None]
     record_offsets = [offset for offset, _ in key.records]
-    token_holes: set[int] = set()
-    copy_holes: set[tuple[int, int]] = set()
+    found = _Holes(token_nodes)
     frontier = [(match.tokens, match.records)]
     seen_points: set[int] = set()
     while frontier:
         offset, records = frontier.pop()
         walk = _walk(key, offset, records, 0, records)
-        births = _holes_in(token_nodes, [run for run in walk.runs if run[3] < 0])
+        births = found.read_births([run for run in walk.runs if run[3] < 0])
         for index in sorted({run[3] for run in walk.runs if run[3] >= 0}):
-            copy_map, slots = walk.copy_maps[index], record_nodes[index].slots
-            if not record_nodes[index].holes:
-                continue
-            for lo, hi in walk.live_copies(index):
-                for copy in range(lo, hi):
-                    if slots[copy] == HOLE and (index, copy) not in copy_holes:
-                        copy_holes.add((index, copy))
-                        births.extend(h for h in [_copy_birth(copy_map, copy)] if _is_hole(token_nodes, h))
-        new = sorted(set(births) - token_holes)
-        token_holes.update(new)
+            if record_nodes[index].holes:
+                births += found.read_copies(index, record_nodes[index], walk)
+        new = sorted(set(births) - found.token_holes)
+        found.token_holes.update(new)
         for start in _segment_starts(new, record_offsets):   # each recomputed run reads what it saw
             if start not in seen_points:
                 seen_points.add(start)
                 frontier.append((start, bisect_right(record_offsets, start)))
-    return Restore(tuple(sorted(token_holes)), tuple(sorted(copy_holes)))
+    return found.restore(), found.revive()
 
 
-def _holes_in(token_nodes: list[tuple[int, Node]], runs: list[list[int]]) -> list[int]:
-    """Key offsets inside `runs` whose slot on the path is a hole."""
-    found = []
-    for start, node in token_nodes:
-        if not node.holes:
-            continue
-        end = start + len(node.tokens)
-        for run in runs:
-            lo, hi = max(start, run[0]) - start, min(end, run[1]) - start
-            if lo < hi and HOLE in node.slots[lo:hi]:
-                found.extend(start + i for i in range(lo, hi) if node.slots[i] == HOLE)
-    return found
+class _Holes:
+    """What a request reads among the holes of its path: retained entries to revive, freed ones to restore."""
 
+    def __init__(self, token_nodes: list[tuple[int, Node]]) -> None:
+        self.token_nodes = token_nodes
+        self.starts = [start for start, _ in token_nodes]
+        self.token_holes: set[int] = set()
+        self.copy_holes: set[tuple[int, int]] = set()
+        self.revived_tokens: set[int] = set()
+        self.revived_copies: set[tuple[int, int]] = set()
+        self.revived_offsets: set[int] = set()   # key offsets whose KV a revived entry holds
 
-def _is_hole(token_nodes: list[tuple[int, Node]], offset: int) -> bool:
-    starts = [start for start, _ in token_nodes]
-    start, node = token_nodes[bisect_right(starts, offset) - 1]
-    return node.slots[offset - start] == HOLE
+    def read_births(self, runs: list[list[int]]) -> list[int]:
+        """Key offsets inside `runs` whose birth slot is a hole: retained ones are revived, the freed returned."""
+        freed = []
+        for start, node in self.token_nodes:
+            if not node.holes:
+                continue
+            end = start + len(node.tokens)
+            for run in runs:
+                lo, hi = max(start, run[0]) - start, min(end, run[1]) - start
+                if lo < hi and HOLE in node.slots[lo:hi]:
+                    for i in range(lo, hi):
+                        if node.slots[i] == HOLE:
+                            self._read_hole(node, i, start + i, freed)
+        return freed
+
+    def read_copies(self, index: int, record_node: Node, walk: Walk) -> list[int]:
+        """The copies of the path's record `index` that `walk` reads: retained ones are revived, freed ones
+        restored; returns the freed birth slots those need."""
+        copy_map, slots, freed = walk.copy_maps[index], record_node.slots, []
+        for lo, hi in walk.live_copies(index):
+            for copy in range(lo, hi):
+                if slots[copy] != HOLE or (index, copy) in self.copy_holes:
+                    continue
+                birth = _copy_birth(copy_map, copy)
+                if record_node.is_retained(copy):
+                    self.revived_copies.add((index, copy))
+                    self.revived_offsets.add(birth)
+                    continue
+                self.copy_holes.add((index, copy))
+                node_start, node = self.token_nodes[bisect_right(self.starts, birth) - 1]
+                if node.slots[birth - node_start] == HOLE:
+                    self._read_hole(node, birth - node_start, birth, freed)
+        return freed
+
+    def _read_hole(self, node: Node, index: int, offset: int, freed: list[int]) -> None:
+        if node.is_retained(index):
+            self.revived_tokens.add(offset)
+            self.revived_offsets.add(offset)
+        else:
+            freed.append(offset)
+
+    def restore(self) -> Restore:
+        return Restore(tuple(sorted(self.token_holes)), tuple(sorted(self.copy_holes)))
+
+    def revive(self) -> Revive:
+        if not self.revived_tokens and not self.revived_copies:
+            return NO_REVIVE
+        return Revive(tuple(sorted(self.revived_tokens)), tuple(sorted(self.revived_copies)), len(self.revived_offsets))
 
 
 def _copy_birth(copy_map: list[tuple[int, int, int]], copy: int) -> int:
@@ -243,7 +301,7 @@ def _record_at(record_offsets: list[int], offset: int) -> bool:
     return i < len(record_offsets) and record_offsets[i] == offset
 
 
-def _inside(ranges: list, offset: int) -> bool:
+def _inside(ranges: Sequence[Sequence[int]], offset: int) -> bool:
     """Whether `offset` lies in one of `ranges` ([start, end, ...], sorted, disjoint)."""
     for run in ranges:
         if run[0] <= offset < run[1]:
@@ -388,17 +446,7 @@ def _reposition(runs: list[list[int]], record_index: int, reused: int, moved: li
     return changed, position
 
 
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[list[int]] = []
-    for start, end in sorted(ranges):
-        if merged and merged[-1][1] >= start:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-
-
-def _overlap(runs: list[list[int]], ranges: list[tuple[int, int]], limit: int) -> int:
+def _overlap(runs: list[list[int]], ranges: Sequence[tuple[int, int]], limit: int) -> int:
     """Tokens below `limit` that lie both in a run and in one of `ranges` (both sorted)."""
     total, j = 0, 0
     for start, end, *_ in runs:

@@ -28,29 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from akv_core.cache.ops import OperationError
+from akv_core.cache.ops import OperationError, TextCut, TextDrop
+from akv_core.cache.ranges import merge_ranges
 from akv_core.chat import InvalidText, content_text
 
 MAX_MESSAGES = 4096
 MAX_SELECTORS = 1024
 _ENTRY_KEYS = frozenset({"role", "content", "occurrence"})
-
-
-@dataclass(frozen=True)
-class TextCut:
-    """Characters [start, end) of message `message`'s content to drop, or (`whole`) the message."""
-
-    message: int
-    chars: tuple[tuple[int, int], ...]
-    whole: bool = False
-
-
-@dataclass(frozen=True)
-class TextDrop:
-    """Right after message `trigger`, the cut parts leave attention (positions unchanged)."""
-
-    trigger: int
-    cuts: tuple[TextCut, ...]
 
 
 @dataclass(frozen=True)
@@ -121,7 +105,7 @@ def _entry_cut(entry: Any, message: Mapping[str, Any], index: int, field: str) -
                                  f"messages[{index}].content; occurrence {occurrence} was asked for")
         start = starts[occurrence - 1]
         spans.append((start, start + len(selector)))
-    chars = _merged(spans)
+    chars = merge_ranges(spans)
     return TextCut(index, chars, whole=chars == ((0, len(content)),))
 
 
@@ -178,16 +162,6 @@ def _match_starts(text: str, pattern: str) -> list[int]:
         starts.append(at)
         at = text.find(pattern, at + 1)
     return starts
-
-
-def _merged(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    merged: list[list[int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return tuple((start, end) for start, end in merged)
 
 
 # ------------------------------------------------------------------ keep_text_drop

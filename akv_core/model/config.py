@@ -43,11 +43,6 @@ class ModelConfig:
     qk_norm: bool = False                 # Qwen3: RMSNorm per head on q and k before RoPE
     tie_embeddings: bool = False
 
-    @property
-    def rope_params(self) -> dict[str, Any]:
-        """RoPE settings as one dictionary (for reports and the engine's cache keys)."""
-        return {"theta": self.rope_theta, "rotary_dim": self.rotary_dim, "scaling": self.rope_scaling}
-
 
 SUPPORTED_HF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                 "MistralForCausalLM": "llama"}

@@ -28,8 +28,9 @@ from evolve.candidate import check_policy, rejection
 from evolve.config import LLMProposerConfig
 from evolve.context import ProposerContext
 from evolve.proposers.base import BudgetExhausted, Proposer, ProposerUnavailable
-from evolve.proposers.prompt import MESSAGE_OVERHEAD, PromptTooLong, extract_diagnosis, fit_prompt
+from evolve.proposers.prompt import MOST_MESSAGE_OVERHEAD, PromptTooLong, extract_diagnosis, fit_prompt
 from policy_dsl import PolicyError, constrained_grammar
+from policy_dsl.counter import CHARS_PER_TOKEN
 from sandbox.backends.tokens import shared_tokenizer
 from store.records import Proposal
 
@@ -55,14 +56,16 @@ Diagnosis: <what the parent's drops cost and lose, in one paragraph>
 
 
 POLICY_TOKENS = 128      # room a constrained policy block needs in the answer (sampled ones: about 40)
-CHARS_PER_TOKEN = 3      # a diagnosis's characters per token, on the safe side (English prose: about 4)
+# A bound, not policy_dsl's estimate (CHARS_PER_TOKEN, 4): a diagnosis of this many characters per
+# token of room surely fits before the policy block, whatever its words.
+FEWEST_CHARS_PER_TOKEN = 3
 MIN_DIAGNOSIS = 40       # the shortest diagnosis worth asking for (llm.diagnosis_chars' lower bound)
 
 
 def diagnosis_room(config: LLMProposerConfig) -> int:
     """Characters of diagnosis a constrained answer may hold: llm.diagnosis_chars, as far as
     max_tokens leaves room for it before the policy block; 0 (no diagnosis) when under MIN_DIAGNOSIS."""
-    room = min(config.diagnosis_chars, (config.max_tokens - POLICY_TOKENS) * CHARS_PER_TOKEN)
+    room = min(config.diagnosis_chars, (config.max_tokens - POLICY_TOKENS) * FEWEST_CHARS_PER_TOKEN)
     return room if room >= MIN_DIAGNOSIS else 0
 
 
@@ -151,7 +154,7 @@ class LLMProposer(Proposer):
             repair = [{"role": "assistant", "content": answer},
                       {"role": "user", "content": f"That policy is not valid: {reason}. "
                        "Reply with the corrected policy in one fenced block."}]
-            needed = prompt.tokens + sum(self.count(m["content"]) + MESSAGE_OVERHEAD for m in repair)
+            needed = prompt.tokens + sum(self.count(m["content"]) + MOST_MESSAGE_OVERHEAD for m in repair)
             if needed + config.max_tokens > config.context_tokens:
                 reason += " (no repair: it would not fit llm.context_tokens)"
             else:
@@ -195,8 +198,8 @@ class LLMProposer(Proposer):
             raise BudgetExhausted(f"llm USD budget spent (${self.spent_usd:.4f} >= ${self.config.max_usd})")
         reply = self._request(messages)
         usage = reply.usage
-        p_tok = usage.prompt_tokens if usage else sum(len(m["content"]) for m in messages) // 4
-        c_tok = usage.completion_tokens if usage else len(reply.choices[0].message.content or "") // 4
+        p_tok = usage.prompt_tokens if usage else sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN
+        c_tok = usage.completion_tokens if usage else len(reply.choices[0].message.content or "") // CHARS_PER_TOKEN
         usd = (p_tok * self.config.price_input_per_m + c_tok * self.config.price_output_per_m) / 1e6
         spend.prompt_tokens += p_tok
         spend.completion_tokens += c_tok

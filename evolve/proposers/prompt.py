@@ -18,7 +18,9 @@ from evolve.reflection import digests, pick_tasks
 
 Count = Callable[[str], int]
 MAX_RESULT_ROWS = 12  # the worst tasks first
-MESSAGE_OVERHEAD = 16  # tokens a chat template adds around one message (SmolLM2's adds 5)
+# A bound, not policy_dsl's typical MESSAGE_OVERHEAD_TOKENS (4): the most a chat template adds around one
+# message (SmolLM2's adds 5), so that a prompt fitted with it surely fits the model's context.
+MOST_MESSAGE_OVERHEAD = 16
 DIAGNOSIS = re.compile(r"^\W*diagnosis\W*", re.IGNORECASE)
 
 INSTRUCTION = ("First write a short diagnosis, one paragraph that starts with \"Diagnosis:\", of what the parent's "
@@ -66,7 +68,7 @@ def build_prompt(parent: Candidate, inspirations: Sequence[Candidate], digest_te
 def fit_prompt(system: str, parent: Candidate, inspirations: Sequence[Candidate], front: Sequence[Candidate],
                context_tokens: int, max_tokens: int, digest_tasks: int, count: Count) -> Prompt:
     """The richest prompt whose request, with `max_tokens` to answer, fits `context_tokens`."""
-    fixed = count(system) + 2 * MESSAGE_OVERHEAD + max_tokens
+    fixed = count(system) + 2 * MOST_MESSAGE_OVERHEAD + max_tokens
     for shown in (list(inspirations), []):
         bare = build_prompt(parent, shown, front=front)
         room = context_tokens - fixed - count(bare)

@@ -292,7 +292,7 @@ def _phrases(tasks: Sequence[Sequence[str]], support: int, line_starts: bool = F
 
 def prices_for(timelines: Iterable[Mapping[str, Any]]) -> Prices:
     """The default price table's ratios, with the context and reply sizes of `timelines` (the parent's)."""
-    from sandbox.cost import price_table
+    from sandbox.runs.cost import price_table
 
     table = price_table()
     contexts, replies = [], []

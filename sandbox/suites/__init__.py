@@ -17,7 +17,7 @@ from functools import partial
 from importlib import metadata
 from typing import Callable
 
-from sandbox.suite import Suite
+from sandbox.suites.base import Suite
 
 ENTRY_POINT_GROUP = "akv.suites"
 SUITE_METHODS = ("build", "version", "tasks", "open", "scripted_agent")

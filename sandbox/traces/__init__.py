@@ -8,6 +8,10 @@ recorded request (the history before each assistant message) the usage and laten
 - `formats.py`: reading OpenAI chat JSON Lines, SWE-agent `.traj`, mini-swe-agent trajectories
   and this project's own recordings; text actions offered as tool calls;
 - `runs.py`: `akv run` trajectories as traces (format akv-run);
+- `reading.py`: what the readers share with the recording: JSON Lines, OpenAI's keys, `extends`;
+- `recording.py`: `akv proxy --record`, the proxy's answered requests as a trace set (format akv-proxy);
 - `records.py`: traces to and from the store's records;
-- `suite.py`: a stored trace set as a suite, scored by fidelity (`docs/traces.md`).
+- `suite.py`: a stored trace set as a suite, scored by fidelity (`docs/traces.md`);
+- `likelihood.py`: the likelihood fidelity, the recorded replies scored by a model under a policy
+  against `full` (`validation.fidelity: likelihood`).
 """

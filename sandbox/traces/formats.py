@@ -51,12 +51,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from sandbox.traces.model import Message, Trace, TraceError, TraceRequest, check_trace, with_requests
+from sandbox.traces.reading import content_text, dig, extends, file_provenance, json_lines, openai_message
 
 FORMATS = ("openai", "swe-agent", "mini-swe-agent", "akv", "akv-run")
-OPENAI_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 BASH_TOOL: Mapping[str, Any] = {"type": "function", "function": {
     "name": "bash", "description": "Execute a bash command", "parameters": {
         "type": "object", "required": ["command"],
@@ -79,16 +79,6 @@ def read_traces(path: Path, format: str | None = None) -> list[Trace]:
     for line, trace in located:
         check_trace(trace, f"{path}:{line}")
     return [with_requests(trace) for _, trace in located]
-
-
-def extends(earlier: Sequence[Message], later: Sequence[Message]) -> bool:
-    """Whether `later` starts with all of `earlier`, as a client would resend it.
-
-    Messages compare by role, name, tool_call_id, content as text (null is "", text parts joined)
-    and tool calls by id, name and parsed arguments; keys a client drops when it resends a reply
-    (reasoning_content, refusal, annotations) do not count.
-    """
-    return len(earlier) <= len(later) and all(_normal(a) == _normal(b) for a, b in zip(earlier, later))
 
 
 def as_tool_calls(trace: Trace) -> Trace:
@@ -122,7 +112,7 @@ def as_tool_calls(trace: Trace) -> Trace:
 
 def _split_action(content: Any) -> tuple[str, str] | None:
     """(text outside the action block, command) of an assistant message, or None without an action."""
-    text = _content_text(content)
+    text = content_text(content)
     found = None
     for match in _FENCE.finditer(text):
         if match.group(1).lower() in _ACTION_LANGUAGES and match.group(2).strip():
@@ -131,37 +121,6 @@ def _split_action(content: Any) -> tuple[str, str] | None:
         return None
     outside = [part for part in (text[:found.start()].rstrip(), text[found.end():].strip()) if part]
     return "\n\n".join(outside), found.group(2).strip()
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part["text"] if isinstance(part, Mapping) and part.get("type") == "text" and "text" in part
-                       else json.dumps(part, sort_keys=True) for part in content)
-    return json.dumps(content, sort_keys=True)
-
-
-def _normal(message: Any) -> Any:
-    if not isinstance(message, Mapping):
-        return message
-    out = {key: message[key] for key in ("role", "name", "tool_call_id") if message.get(key) is not None}
-    out["content"] = _content_text(message.get("content"))
-    out["tool_calls"] = [[_dig(c, "id"), _dig(c, "function", "name"), _arguments(_dig(c, "function", "arguments"))]
-                         if isinstance(c, Mapping) else c for c in message.get("tool_calls") or ()]
-    return out
-
-
-def _arguments(arguments: Any) -> Any:
-    """Parsed JSON arguments, so that re-serialized arguments compare equal; other text as it is."""
-    if not isinstance(arguments, str):
-        return arguments
-    try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
-        return arguments
 
 
 def _read(path: Path) -> str:
@@ -176,9 +135,9 @@ def _read(path: Path) -> str:
 
 def _detect(path: Path, text: str) -> str:
     whole = path.name.endswith((".traj", ".json"))
-    line, record = (1, _load(path, text)) if whole else next(_lines(path, text))
+    line, record = (1, _load(path, text)) if whole else next(json_lines(path, text))
     kind = _classify(record)
-    if kind == "akv-run" and not any(_dig(r, "type") == "exchange" for _, r in _lines(path, text)):
+    if kind == "akv-run" and not any(dig(r, "type") == "exchange" for _, r in json_lines(path, text)):
         kind = None  # a task header alone: no run to import
     if kind is None or (whole and kind not in ("swe-agent", "mini-swe-agent")):
         raise TraceError(f'{path}:{line}: cannot tell the trace format: expected a trajectory object ("history", or '
@@ -210,40 +169,15 @@ def _load(path: Path, text: str) -> Any:
         raise TraceError(f"{path}:{error.lineno}: not JSON ({error.msg}): expected one JSON document") from error
 
 
-def _lines(path: Path, text: str) -> Iterator[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSON Lines text."""
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as error:
-            raise TraceError(f"{path}:{number}: not JSON ({error.msg}): expected one JSON value a line") from error
-
-
 def _stem(path: Path) -> str:
     """The file name without its format suffixes: `x.traj.json`, `x.traj`, `x.jsonl` give `x`."""
     name = path.name.removesuffix(".json").removesuffix(".traj")
     return name if name and name != path.name else path.stem
 
 
-def _openai_message(message: Any) -> Any:
-    """The message with OpenAI keys only (content kept even when null); not a mapping: as it is."""
-    if not isinstance(message, Mapping):
-        return message
-    return {key: value for key, value in message.items()
-            if key in OPENAI_KEYS and (value is not None or key == "content")}
-
-
-def _dig(value: Any, *keys: str) -> Any:
-    for key in keys:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return value
-
-
 def _read_openai(path: Path, text: str) -> list[tuple[int, Trace]]:
     traces: list[tuple[int, Trace]] = []
-    for number, record in _lines(path, text):
+    for number, record in json_lines(path, text):
         trace = _openai_line(path, number, record)
         check_trace(trace, f"{path}:{number}")
         continued = [i for i, (_, earlier) in enumerate(traces) if extends(earlier.messages, trace.messages)]
@@ -315,14 +249,14 @@ def _reply(where: str, record: Mapping[str, Any]) -> tuple[Message | None, Any]:
         record = reply
     if "choices" in record:
         choices = record["choices"]
-        reply = _dig(choices[0], "message") if isinstance(choices, list) and choices else None
+        reply = dig(choices[0], "message") if isinstance(choices, list) and choices else None
         if reply is None:
             raise TraceError(f'{where}: expected "choices": [{{"message": {{...}}}}] with the assistant reply')
     if reply is None:
         return None, usage
     if not isinstance(reply, Mapping) or reply.get("role", "assistant") != "assistant":
         raise TraceError(f"{where}: the reply is {reply!r:.80}: expected an assistant message")
-    return {**_openai_message(reply), "role": "assistant", "content": reply.get("content")}, usage
+    return {**openai_message(reply), "role": "assistant", "content": reply.get("content")}, usage
 
 
 def _latency(where: str, record: Mapping[str, Any]) -> float | None:
@@ -346,12 +280,7 @@ def _continue(earlier: Trace, later: Trace, number: int) -> Trace:
 
 
 def _uses_tools(messages: Sequence[Any]) -> bool:
-    return any(_dig(m, "tool_calls") or _dig(m, "role") == "tool" for m in messages)
-
-
-def _file_provenance(format: str, path: Path, **fields: Any) -> dict[str, Any]:
-    """Provenance of a whole-file trace: format, file name, line 1, and the fields the file has."""
-    return {"format": format, "file": path.name, "line": 1, **{k: v for k, v in fields.items() if v is not None}}
+    return any(dig(m, "tool_calls") or dig(m, "role") == "tool" for m in messages)
 
 
 def _read_swe_agent(path: Path, text: str) -> list[tuple[int, Trace]]:
@@ -359,23 +288,23 @@ def _read_swe_agent(path: Path, text: str) -> list[tuple[int, Trace]]:
     history = doc.get("history") if isinstance(doc, Mapping) else None
     if not isinstance(history, list):
         raise TraceError(f'{path}:1: expected a SWE-agent trajectory: a JSON object with a "history" list')
-    agent = _dig(history[0], "agent") if history else None
-    entries = [entry for entry in history if _dig(entry, "agent") in (None, agent)]
+    agent = dig(history[0], "agent") if history else None
+    entries = [entry for entry in history if dig(entry, "agent") in (None, agent)]
     messages = tuple(_swe_message(entry) for entry in entries)
-    demos = sum(1 for e in entries if _dig(e, "is_demo") or _dig(e, "message_type") == "demonstration")
+    demos = sum(1 for e in entries if dig(e, "is_demo") or dig(e, "message_type") == "demonstration")
     info = doc.get("info")
-    provenance = _file_provenance("swe-agent", path, environment=doc.get("environment"), model=_swe_model(doc),
-                                  exit_status=_dig(info, "exit_status"), model_stats=_dig(info, "model_stats"),
-                                  swe_agent_version=_dig(info, "swe_agent_version"), demonstration_messages=demos)
+    provenance = file_provenance("swe-agent", path, environment=doc.get("environment"), model=_swe_model(doc),
+                                  exit_status=dig(info, "exit_status"), model_stats=dig(info, "model_stats"),
+                                  swe_agent_version=dig(info, "swe_agent_version"), demonstration_messages=demos)
     actions = "tools" if _uses_tools(messages) else "text"
     return [(1, Trace(str(doc.get("instance_id") or _stem(path)), messages, (), (), actions, provenance))]
 
 
 def _swe_message(entry: Any) -> Any:
     """The OpenAI message of a SWE-agent history entry; a tool entry answers its `tool_call_ids[0]`."""
-    message = _openai_message(entry)
-    ids = _dig(entry, "tool_call_ids")
-    if _dig(message, "role") == "tool" and "tool_call_id" not in message and isinstance(ids, list) and ids:
+    message = openai_message(entry)
+    ids = dig(entry, "tool_call_ids")
+    if dig(message, "role") == "tool" and "tool_call_id" not in message and isinstance(ids, list) and ids:
         message["tool_call_id"] = ids[0]
     return message
 
@@ -388,7 +317,7 @@ def _swe_model(doc: Mapping[str, Any]) -> Any:
             config = json.loads(config)
         except json.JSONDecodeError:
             return None  # an unreadable replay config only costs the model name
-    return _dig(config, "agent", "model", "name")
+    return dig(config, "agent", "model", "name")
 
 
 def _read_mini_swe_agent(path: Path, text: str) -> list[tuple[int, Trace]]:
@@ -396,21 +325,21 @@ def _read_mini_swe_agent(path: Path, text: str) -> list[tuple[int, Trace]]:
     raw = doc.get("messages") if isinstance(doc, Mapping) else None
     if not isinstance(raw, list):
         raise TraceError(f'{path}:1: expected a mini-swe-agent trajectory: a JSON object with a "messages" list')
-    messages = tuple(_openai_message(m) for m in raw)
-    requests = tuple(TraceRequest(i, _dig(m, "extra", "response", "usage")) for i, m in enumerate(raw)
-                     if _dig(m, "role") == "assistant" and isinstance(_dig(m, "extra", "response", "usage"), Mapping))
+    messages = tuple(openai_message(m) for m in raw)
+    requests = tuple(TraceRequest(i, dig(m, "extra", "response", "usage")) for i, m in enumerate(raw)
+                     if dig(m, "role") == "assistant" and isinstance(dig(m, "extra", "response", "usage"), Mapping))
     info = doc.get("info")
-    provenance = _file_provenance("mini-swe-agent", path, trajectory_format=doc.get("trajectory_format"),
-                                  model=_dig(info, "config", "model", "model_name"),
-                                  mini_version=_dig(info, "mini_version"), exit_status=_dig(info, "exit_status"),
-                                  model_stats=_dig(info, "model_stats"))
+    provenance = file_provenance("mini-swe-agent", path, trajectory_format=doc.get("trajectory_format"),
+                                  model=dig(info, "config", "model", "model_name"),
+                                  mini_version=dig(info, "mini_version"), exit_status=dig(info, "exit_status"),
+                                  model_stats=dig(info, "model_stats"))
     actions = "tools" if _uses_tools(messages) else "text"
     tools = (BASH_TOOL,) if actions == "tools" else ()
     return [(1, Trace(str(doc.get("instance_id") or _stem(path)), messages, tools, requests, actions, provenance))]
 
 
 def _read_akv(path: Path, text: str) -> list[tuple[int, Trace]]:
-    return [(number, _akv_trace(f"{path}:{number}", record)) for number, record in _lines(path, text)]
+    return [(number, _akv_trace(f"{path}:{number}", record)) for number, record in json_lines(path, text)]
 
 
 def _akv_trace(where: str, record: Any) -> Trace:
@@ -433,7 +362,7 @@ def _akv_trace(where: str, record: Any) -> Trace:
 
 
 def _read_akv_run(path: Path, text: str) -> list[tuple[int, Trace]]:
-    from sandbox.traces.runs import read_run  # runs.py builds on this module's readers
+    from sandbox.traces.runs import read_run  # it loads the trajectory format: only for an akv-run file
 
     return read_run(path, text)
 

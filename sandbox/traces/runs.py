@@ -1,6 +1,6 @@
 """`akv run` trajectories as traces (format `akv-run`): this project's own agent runs as evaluation data.
 
-A trajectory (`sandbox/trajectory.py`) records every request a task run sent, so a run of the `llm`
+A trajectory (`sandbox/runs/trajectory.py`) records every request a task run sent, so a run of the `llm`
 agent on localcomp or localswe is a real model's trace. Only the agent's requests (purpose "agent")
 form it: summary calls are the harness's, not the agent's history. The trace's messages are the
 last agent request's messages followed by the final assistant message: the last exchange's reply
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from sandbox.cost import Usage
-from sandbox.traces.formats import _file_provenance, _lines, _openai_message, extends
+from sandbox.runs.cost import ReportedUsage
+from sandbox.runs.trajectory import RecordedRequest, read_trajectory
 from sandbox.traces.model import Message, Trace, TraceError, TraceRequest
-from sandbox.trajectory import RecordedRequest, read_trajectory
+from sandbox.traces.reading import extends, file_provenance, json_lines, openai_message
 
 RECORD_UNDER_KV = "record under a kv policy (full) to import it"
 _EXCHANGE = ('expected an exchange record: "purpose" (a string), "shared" (a count), "messages" (a list), '
@@ -56,7 +56,7 @@ def read_run(path: Path, text: str) -> list[tuple[int, Trace]]:
     messages = (*last, final) if final is not None else tuple(last)
     requests = tuple(TraceRequest(len(s.recorded.request.messages), openai_usage(s.recorded.usage)) for s in steps
                      if len(s.recorded.request.messages) < len(messages))
-    provenance = _file_provenance("akv-run", path, **{key: header.get(key) for key in (
+    provenance = file_provenance("akv-run", path, **{key: header.get(key) for key in (
         "suite", "split", "policy", "agent", "backend", "task_id")}, status=_get(result, "status"),
         score=_get(result, "score"))
     trace_id = str(header.get("task_id") or path.stem)
@@ -64,8 +64,8 @@ def read_run(path: Path, text: str) -> list[tuple[int, Trace]]:
                                 provenance))]
 
 
-def openai_usage(usage: Usage) -> dict[str, Any]:
-    """A request's usage as an OpenAI usage object, AKV's counters (`Usage.to_dict()`) in its details."""
+def openai_usage(usage: ReportedUsage) -> dict[str, Any]:
+    """A request's usage as an OpenAI usage object, AKV's counters (`ReportedUsage.to_dict()`) in its details."""
     details = usage.to_dict()
     prompt, completion = details.pop("prompt_tokens"), details.pop("completion_tokens")
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
@@ -78,7 +78,7 @@ def _scan(path: Path, text: str) -> tuple[int, Mapping[str, Any], Mapping[str, A
     so that `read_trajectory` meets only records it can rebuild."""
     header: tuple[int, Mapping[str, Any]] | None = None
     result, exchanges, expected_line = None, [], 1
-    for number, record in _lines(path, text):
+    for number, record in json_lines(path, text):
         if number != expected_line:
             raise TraceError(f"{path}:{expected_line}: a blank line: expected one JSON record a line")
         expected_line = number + 1
@@ -98,7 +98,7 @@ def _scan(path: Path, text: str) -> tuple[int, Mapping[str, Any], Mapping[str, A
             result = record
         elif not isinstance(kind, str):
             raise TraceError(f'{path}:{number}: expected a trajectory record: a JSON object with a "type"')
-    assert header is not None  # `_lines` yields at least one record of a non-blank text
+    assert header is not None  # `json_lines` yields at least one record of a non-blank text
     return header[0], header[1], result, exchanges
 
 
@@ -143,9 +143,9 @@ def _final_message(reply: Message | None, result: Mapping[str, Any] | None) -> M
     else the model's reply, else the answer the scripted agent gave."""
     written = _get(result, "final_message")
     if isinstance(written, Mapping):
-        return {**_openai_message(written), "role": "assistant", "content": written.get("content")}
+        return {**openai_message(written), "role": "assistant", "content": written.get("content")}
     if reply is not None:
-        return {**_openai_message(reply), "role": "assistant", "content": reply.get("content")}
+        return {**openai_message(reply), "role": "assistant", "content": reply.get("content")}
     answer = _get(result, "answer")
     return {"role": "assistant", "content": answer} if isinstance(answer, str) else None
 

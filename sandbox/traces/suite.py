@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from akv_core.chat import content_text
 from policy_dsl.reuse import Reuse, ReuseFinder, common_items, used_indices
 
-from sandbox.suite import AgentAction, AgentView, Grade, Message, Task
+from sandbox.suites.base import AgentAction, AgentView, Grade, Message, Task
 from sandbox.traces.formats import as_tool_calls
 from sandbox.traces.model import Trace
 from sandbox.traces.records import trace_of
@@ -93,13 +93,14 @@ class TraceSuite:
 
     def at_risk_reuses(self, trace_id: str) -> int:
         """How many reuses of the trace are at risk (the denominator of its score, whatever the policy)."""
-        trace = self._trace_by_id(trace_id)
+        trace = self.trace(trace_id)
         return sum(sum(r.at_risk for r in self.finder.reuses(trace.messages, i)) for i in trace.assistant_indices())
 
     def _trace(self, task: Task) -> Trace:
-        return self._trace_by_id(task.id)
+        return self.trace(task.id)
 
-    def _trace_by_id(self, trace_id: str) -> Trace:
+    def trace(self, trace_id: str) -> Trace:
+        """The trace with this id; ValueError when the set has none."""
         trace = next((t for t in self.traces() if t.id == trace_id), None)
         if trace is None:
             raise ValueError(f"trace {trace_id!r} is not in the trace set {self.name!r}")

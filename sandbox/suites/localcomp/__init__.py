@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from sandbox.suite import Task
-from sandbox.suite_version import content_version
+from sandbox.suites.base import Task
+from sandbox.suites.version import content_version
 from sandbox.suites.localcomp.agent import ScriptedAgent
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.corpus import Corpus, render_corpus, write_index
@@ -38,7 +38,6 @@ EDITIONS = {  # generator designs: 1 = the first one (kept reproducible), 2 = re
     2: Design(version=1, trajectory_tokens=(12_000, 40_000), min_dead_ends=2),
 }
 DEFAULT_EDITION = 2
-TRAJECTORY_TOKENS = EDITIONS[1].trajectory_tokens
 
 
 class LocalComp:

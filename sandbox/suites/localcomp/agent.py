@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sandbox.suite import AgentAction, AgentView, Task
+from sandbox.suites.base import AgentAction, AgentView, Task
 from sandbox.suites.localcomp.context import Hit, read_context
 from sandbox.suites.localcomp.planner import GiveUp, Need, Planner, RuledOut, ruled_out_plainly
 from sandbox.suites.localcomp.reading import Article
@@ -83,10 +83,9 @@ class ScriptedAgent:
                           self.voice.judge_at_once)
         prompt = next(i for i, m in enumerate(view.messages) if m.get("role") == "user")
         planner.used.add(prompt)  # the question itself
-        try:
-            outcome = planner.answer()
-        except GiveUp as stop:
-            return _give_up(f"I could not finish the research: {stop}.", planner.used)
+        outcome = planner.answer()
+        if isinstance(outcome, GiveUp):
+            return _give_up(f"I could not finish the research: {outcome.reason}.", planner.used)
         notes = list(dict.fromkeys(planner.notes))
         used = tuple(sorted(planner.used))
         if isinstance(outcome, list):

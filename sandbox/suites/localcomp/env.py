@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from sandbox.suite import Grade, Task, ToolError
+from sandbox.suites.base import Grade, Task, ToolError
 from sandbox.suites.localcomp.context import search_page
 from sandbox.suites.localcomp.corpus import Corpus
 from sandbox.suites.localcomp.grading import grade_answer

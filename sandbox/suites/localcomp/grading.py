@@ -5,7 +5,7 @@ import re
 import unicodedata
 from typing import Mapping
 
-from sandbox.suite import Grade
+from sandbox.suites.base import Grade
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")

@@ -1,7 +1,10 @@
 """The research plan walked against what is visible: the next tool calls, or the final answer.
 
 `Planner.answer` interprets a task's plan (`find`, `pick`, `cell` steps and a `payload` per
-leg, see questions.py) on one Context and settles what the visible evidence allows. Every
+leg, see questions.py) on one Context and settles what the visible evidence allows: the final
+answer, the tool calls that fetch what is missing (`Need`), or `GiveUp`. Inside, a lookup that
+finds its evidence out of view stops the step it serves (`_Missing`, `_Blocked`, `_Stuck`); each
+step and each leg's answer turns that back into a value at once, so no exception leaves. Every
 fact it takes is recorded in `used` (the indices of the messages it came from), so the agent
 can say exactly which messages its action depended on. A fact that decides nothing is not
 read: a finished leg is walked on its notes, and a leg's year document is read only when
@@ -18,20 +21,36 @@ from sandbox.suites.localcomp.documents import LIST_SEPARATOR
 from sandbox.suites.localcomp.reading import Article
 
 
-class Need(Exception):
+@dataclass(frozen=True)
+class Need:
     """Evidence the next step depends on is not visible: fetch it with this tool call."""
 
-    def __init__(self, tool: str, arguments: dict[str, str], why: str):
-        super().__init__(why)
-        self.tool, self.arguments, self.why = tool, arguments, why
+    tool: str
+    arguments: dict[str, str]
+    why: str
 
 
-class Blocked(Exception):
+@dataclass(frozen=True)
+class GiveUp:
+    """The research cannot go on: no visible document or row fits what the plan asks for."""
+
+    reason: str
+
+
+class _Missing(Exception):
+    """A lookup's evidence is not visible: the step it serves needs `need` first."""
+
+    def __init__(self, need: Need) -> None:
+        super().__init__(need.why)
+        self.need = need
+
+
+class _Blocked(Exception):
     """A step depends on a document or value this step of the agent has not settled yet."""
 
 
-class GiveUp(Exception):
-    pass
+class _Stuck(Exception):
+    """No document or row fits: the planner gives up (the message says what is missing)."""
 
 
 @dataclass
@@ -53,7 +72,7 @@ def ruled_out_plainly(var: str, hit: Hit, article: Article, kind: str, where: Ma
 class Planner:
     """Walks the plan against one Context.
 
-    `answer` returns the final answer, or raises GiveUp, or returns the tool calls to make next:
+    `answer` returns the final answer, GiveUp, or the tool calls to make next:
     every independent need of the first unfinished leg (`batch`), or only the first of them;
     once every leg is done, the year documents to read again. A leg's year is only needed for
     the final answer, so a lost one does not hold up later legs. With `judge_at_once`, the
@@ -71,8 +90,14 @@ class Planner:
         self.ruled: list[str] = []  # docids this step found to be dead ends
         self.used: set[int] = set()
 
-    def answer(self) -> tuple[str, str] | list[Need]:
-        """(final answer, explanation), or the tool calls to make next."""
+    def answer(self) -> tuple[str, str] | list[Need] | GiveUp:
+        """(final answer, explanation), the tool calls to make next, or GiveUp."""
+        try:
+            return self._answer()
+        except _Stuck as stuck:
+            return GiveUp(str(stuck))
+
+    def _answer(self) -> tuple[str, str] | list[Need]:
         for leg in self.plan["legs"]:
             needs = self._walk_steps(leg["steps"])
             if needs:
@@ -80,12 +105,13 @@ class Planner:
         years: list[tuple[int, str, str]] = []
         rereads: list[Need] = []
         for leg in self.plan["legs"]:
-            try:
-                years.append((int(self._payload(leg["payload"])), self._value(leg["entity"]), leg["label"]))
-            except Need as need:
-                rereads.append(need)
+            found = self._leg_year(leg)
+            if isinstance(found, Need):
+                rereads.append(found)
                 if not self.batch:
                     break
+            else:
+                years.append(found)
         if rereads:
             return distinct(rereads)
         said = "; ".join(f"{label} = {year} ({entity})" for year, entity, label in years)
@@ -93,18 +119,40 @@ class Planner:
             return min(years)[1], said
         return str(max(years)[0] - min(years)[0]), said
 
+    def _leg_year(self, leg: Mapping[str, Any]) -> tuple[int, str, str] | Need:
+        """(year, entity, label) of a leg whose steps are all settled, or the call that re-reads its evidence."""
+        try:
+            return int(self._payload(leg["payload"])), self._value(leg["entity"]), leg["label"]
+        except _Missing as missing:
+            return missing.need
+
     def _walk_steps(self, steps: list[Mapping[str, Any]]) -> list[Need]:
         needs = []
         for step in steps:
-            try:
-                getattr(self, "_" + step["op"])(step)
-            except Need as need:
+            need = self._step(step)
+            if need is not None:
                 needs.append(need)
                 if not self.batch:
                     break
-            except Blocked:
-                continue  # it waits for a step above
         return distinct(needs)
+
+    def _step(self, step: Mapping[str, Any]) -> Need | None:
+        """Settle one step of a leg: None when it is settled or waits for a step above, else its need."""
+        try:
+            match step["op"]:
+                case "find":
+                    self._find(step)
+                case "pick":
+                    self._pick(step)
+                case "cell":
+                    self._cell(step)
+                case op:
+                    raise ValueError(f"plan step op {op!r}: expected find, pick or cell")
+        except _Missing as missing:
+            return missing.need
+        except _Blocked:
+            return None  # it waits for a step above
+        return None
 
     def _use(self, *indices: int) -> None:
         self.used.update(i for i in indices if i >= 0)
@@ -115,11 +163,10 @@ class Planner:
 
     def doc(self, var: str) -> Article:
         if var not in self.bound:
-            raise Blocked(var)
+            raise _Blocked(var)
         b = self.bound[var]
         if b.docid not in self.ctx.docs:
-            raise Need("get_document", {"docid": b.docid},
-                       f"Re-reading {b.title} [{b.docid}]: it is no longer in view.")
+            raise _reread(b, "it is")
         self._use(*self.ctx.doc_src[b.docid])
         return self.ctx.docs[b.docid]
 
@@ -127,15 +174,14 @@ class Planner:
         var = ref["var"]
         if "field" not in ref:
             if var not in self.values:
-                raise Blocked(var)
+                raise _Blocked(var)
             return self.values[var]
         if ref["field"] == "Name" and var in self.bound:
             return self.bound[var].title
         article = self.doc(var)
         if ref["field"] not in article.fields:
             b = self.bound[var]
-            raise Need("get_document", {"docid": b.docid},
-                       f"Re-reading {b.title} [{b.docid}]: its {ref['field']} is no longer in view.")
+            raise _reread(b, f"its {ref['field']} is")
         value = article.fields[ref["field"]]
         return value.split(LIST_SEPARATOR)[ref["item"]] if "item" in ref else value
 
@@ -159,7 +205,7 @@ class Planner:
             self._judge_just_read(var, kind, where)
         for query in (self._fill(q, refs) for q in step["queries"]):
             if query not in self.ctx.searches:
-                raise Need("search", {"query": query}, f"Searching for {var}.")
+                raise _Missing(Need("search", {"query": query}, f"Searching for {var}."))
             self._use(*self.ctx.search_src[query])
             not_titles = {self._fill(t, refs) for t in step.get("not_titles", ())}
             for hit in self.ctx.searches[query]:
@@ -176,9 +222,9 @@ class Planner:
                     self.notes.append(self.ruled_out(var, hit, seen, kind, where, just_read))
                     self.ruled.append(hit["docid"])
                     continue
-                raise Need("get_document", {"docid": hit["docid"]},
-                           f"Checking whether {hit['title']} [{hit['docid']}] is {var}.")
-        raise GiveUp(f"no document found for {var}")
+                raise _Missing(Need("get_document", {"docid": hit["docid"]},
+                                    f"Checking whether {hit['title']} [{hit['docid']}] is {var}."))
+        raise _Stuck(f"no document found for {var}")
 
     def _judge_just_read(self, var: str, kind: str, where: Mapping[str, str]) -> None:
         """Rule out the document just read when it is opened for this hop and does not fit it."""
@@ -217,14 +263,13 @@ class Planner:
                 self.values[var] = row[step["column"]]
                 self.notes.append(f"Noted {var}: {self.values[var]}")
                 return
-        raise GiveUp(f"no row for {var}")
+        raise _Stuck(f"no row for {var}")
 
     def _table(self, var: str, table: str) -> list[dict[str, str]]:
         rows = self.doc(var).tables.get(table)
         if rows is None:
             b = self.bound[var]
-            raise Need("get_document", {"docid": b.docid},
-                       f"Re-reading {b.title} [{b.docid}]: its {table} table is no longer in view.")
+            raise _reread(b, f"its {table} table is")
         return rows
 
     def _payload(self, payload: Mapping[str, Any]) -> str:
@@ -235,7 +280,13 @@ class Planner:
         for row in self._table(payload["var"], payload["table"]):
             if all(row.get(k) == v for k, v in want.items()):
                 return row[payload["column"]]
-        raise GiveUp(f"no {payload['column']} for {want}")
+        raise _Stuck(f"no {payload['column']} for {want}")
+
+
+def _reread(b: Binding, what: str) -> _Missing:
+    """The document bound to a variable must be read again: `what` ("its X is") went out of view."""
+    return _Missing(Need("get_document", {"docid": b.docid},
+                         f"Re-reading {b.title} [{b.docid}]: {what} no longer in view."))
 
 
 def _judge(article: Article, kind: str, where: Mapping[str, str]) -> bool | None:

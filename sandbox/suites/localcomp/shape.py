@@ -18,6 +18,8 @@ import json
 import statistics
 from typing import Any
 
+from akv_stats.paired import percentile
+from policy_dsl.counter import CHARS_PER_TOKEN
 from sandbox.suites.localcomp.context import read_context
 from sandbox.suites.localcomp.walkthrough import chat_tokenizer, walk
 
@@ -52,7 +54,7 @@ def measure_shape(suite: Any, split: str, limit: int | None = None) -> dict[str,
         for i, message in enumerate(run.messages):
             if message["role"] != "tool":
                 continue
-            tokens = tokenizer.count(message) if tokenizer else len(message["content"]) // 4
+            tokens = tokenizer.count(message) if tokenizer else len(message["content"]) // CHARS_PER_TOKEN
             if message.get("name") == "search":
                 sizes["search page"].append(tokens)
             else:
@@ -86,7 +88,7 @@ def _spread(values: list[int]) -> dict[str, float]:
     if not values:
         return {"min": 0, "median": 0, "p90": 0, "max": 0}
     ordered = sorted(values)
-    return {"min": ordered[0], "median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
+    return {"min": ordered[0], "median": statistics.median(ordered), "p90": percentile(ordered, 90, nearest_below=True),
             "max": ordered[-1]}
 
 

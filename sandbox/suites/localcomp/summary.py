@@ -3,7 +3,7 @@
 A model asked to "keep every fact the agent found (names, numbers, dates, document ids) and what
 it was looking for" writes down the agent's findings and verdicts, and the facts of the documents
 it read, each under the document it comes from. This reader gives the extractive summarizer
-(`sandbox.summarize.fact_summary`) those facts, ranked as such a summary needs them:
+(`sandbox.runs.summarize.fact_summary`) those facts, ranked as such a summary needs them:
 
 1. the agent's conclusions (`Found ...`, `Noted ...`, its verdicts on dead ends of a hop still
    open); its plans ("Checking whether ...") and the verdicts of a hop whose document it has
@@ -23,7 +23,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from policy_dsl.decision import SUMMARY_PREFIX
-from sandbox.summarize import Fact
+from sandbox.runs.summarize import Fact
 from sandbox.suites.localcomp.context import _FOUND, _NOT_RELEVANT, _RULED_OUT, read_search_page
 from sandbox.suites.localcomp.reading import Article, read_articles
 

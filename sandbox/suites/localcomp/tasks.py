@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from sandbox.suite import Task
+from sandbox.suites.base import Task
 from sandbox.suites.localcomp.atlas import Atlas
 from sandbox.suites.localcomp.env import TOOLS
 from sandbox.suites.localcomp.questions import Leg, all_legs

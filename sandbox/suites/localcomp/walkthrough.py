@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
 
-from sandbox.suite import Agent, AgentView, Message, Task, TaskEnv, ToolError
+from policy_dsl.counter import CHARS_PER_TOKEN
+from sandbox.suites.base import Agent, AgentView, Message, Task, TaskEnv, ToolError
 
 Hidden = Callable[[int, list[Message]], set[int]]  # (step, history) -> indices the model cannot see
 Edit = Callable[[int, list[Message]], list[Message]]  # (step, history) -> the history as text mode edits it
@@ -61,9 +62,10 @@ def chat_tokenizer() -> Any:
 def trajectory_tokens(task: Task, messages: tuple[Message, ...]) -> int:
     """Prompt tokens of the last request of a trajectory (the whole history, rendered).
 
-    Counted with the smollm2 chat template; a rough chars/4 estimate where it is unavailable.
+    Counted with the smollm2 chat template; a rough estimate (policy_dsl's CHARS_PER_TOKEN)
+    where it is unavailable.
     """
     tokenizer = chat_tokenizer()
     if tokenizer is None:
-        return sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4
+        return sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // CHARS_PER_TOKEN
     return len(tokenizer.render(list(messages[:-1]), tools=list(task.tools)).token_ids)

@@ -2,7 +2,7 @@
 
 Build: fetch the pinned host archives (hosts.json), unpack them, inject single-line bugs and
 keep those the project's tests catch, split them, write a manifest. Run: each task opens in a
-fresh sandboxed copy (sandbox.isolation) with six tools; grading follows SWE-bench.
+fresh sandboxed copy (sandbox.isolation.sandbox) with six tools; grading follows SWE-bench.
 See docs/localswe.md.
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from akv_core.home import akv_home
-from sandbox.isolation import Limits
-from sandbox.suite import Agent, Task
-from sandbox.suite_version import content_version, manifest_data
+from sandbox.isolation.sandbox import Limits
+from sandbox.suites.base import Agent, Task
 from sandbox.suites.localswe.agent import ScriptedRepairAgent
 from sandbox.suites.localswe.bugs import VALIDATION_VERSION, Bug, validated_bugs
 from sandbox.suites.localswe.environment import TOOL_LIMITS, RepairEnv
 from sandbox.suites.localswe.hosts import BuildError, Host, fetch, load_hosts, unpack
 from sandbox.suites.localswe.tasks import SPLITS, make_task, split_of
+from sandbox.suites.version import content_version, manifest_data
 
 __all__ = ["LocalSWE", "BuildError"]
 
@@ -31,7 +31,7 @@ SIZES = {1: (8, 40), 2: (8, 40)}
 
 
 class LocalSWE:
-    """The localswe suite (see sandbox.suite.Suite).
+    """The localswe suite (see sandbox.suites.base.Suite).
 
     Editions (a build parameter, recorded in the manifest): 1 is the first design (quiet test
     output, short tracebacks); 2, the default, has the realism of a real session: long test

@@ -28,7 +28,7 @@ import re
 import shlex
 from typing import Any
 
-from sandbox.suite import AgentAction, AgentView, Message, Task
+from sandbox.suites.base import AgentAction, AgentView, Message, Task
 from sandbox.suites.localswe.notes import START, Cursor, Note
 from sandbox.suites.localswe.recall import Call, Recall, View
 from sandbox.suites.localswe.search import Attempt, Need, Search, tests_passed

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sandbox.isolation import Limits, Sandbox
+from sandbox.isolation.sandbox import Limits, Sandbox
 from sandbox.suites.localswe.hosts import BuildError, Host, source_files
 from sandbox.suites.localswe.mutate import Mutation, bugs_in
 from sandbox.suites.localswe.testrun import run_pytest

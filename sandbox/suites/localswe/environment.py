@@ -17,8 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sandbox.isolation import Limits, PathEscape, Sandbox
-from sandbox.suite import Grade, Task, ToolError
+from sandbox.isolation.sandbox import Limits, PathEscape, Sandbox
+from sandbox.suites.base import Grade, Task, ToolError
 from sandbox.suites.localswe.bugs import Bug
 from sandbox.suites.localswe.hosts import Host
 from sandbox.suites.localswe.testrun import COLUMNS, TEMP_FOLDER, run_pytest

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from policy_dsl.decision import SUMMARY_PREFIX
-from sandbox.suite import AgentView, Message
+from sandbox.suites.base import AgentView, Message
 from sandbox.suites.localswe.notes import Note, parse_note
 
 _VIEW_HEADER = re.compile(r"^(\S+) \(lines (\d+)-(\d+) of (\d+)\)\n")

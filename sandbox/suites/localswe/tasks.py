@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from sandbox.suite import Task
+from sandbox.suites.base import Task
 from sandbox.suites.localswe.bugs import Bug
 from sandbox.suites.localswe.environment import TOOLS
 from sandbox.suites.localswe.hosts import Host

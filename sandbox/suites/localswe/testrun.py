@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from sandbox.isolation import CommandResult, Sandbox
+from sandbox.isolation.sandbox import CommandResult, Sandbox
 from sandbox.suites.localswe.hosts import Host
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")

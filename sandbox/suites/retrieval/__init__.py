@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.suite import Grade, Task
-from sandbox.suite_version import content_version
+from sandbox.suites.base import Grade, Task
 from sandbox.suites.localcomp.corpus import Corpus, write_index
 from sandbox.suites.localcomp.documents import Document
 from sandbox.suites.localcomp.env import TOOLS, LocalCompEnv
 from sandbox.suites.retrieval.agent import EvidenceAgent
 from sandbox.suites.retrieval.grading import Judge, gold_of, grade
 from sandbox.suites.retrieval.importer import SPLITS, SourceDocument, SourceQuery, read_documents, read_queries
+from sandbox.suites.version import content_version
 
 KIND = "retrieval"
 FOLDER = "suites"  # imported suites live in the data folder under suites/NAME
@@ -113,7 +113,7 @@ def _swap_in(staging: Path, root: Path) -> None:
 
 
 class RetrievalSuite:
-    """An imported suite, by name (sandbox.suite.Suite)."""
+    """An imported suite, by name (sandbox.suites.base.Suite)."""
 
     def __init__(self, name: str, home: Path | None = None) -> None:
         from akv_core.home import akv_home

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sandbox.suite import AgentAction, AgentView, Message, Task
+from sandbox.suites.base import AgentAction, AgentView, Message, Task
 
 MAX_STEPS = 40  # its own budget: a policy that never lets the evidence be seen together makes it give up
 

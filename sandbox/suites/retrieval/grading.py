@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sandbox.backends import BackendRequest
-from sandbox.suite import Grade
+from sandbox.suites.base import Grade
 from sandbox.suites.localcomp.grading import final_part, grade_answer, normalize
 
 JUDGE_SYSTEM = ("You grade answers to research questions. Reply with exactly one word: yes if the response "

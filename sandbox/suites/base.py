@@ -123,7 +123,7 @@ class Agent(Protocol):
 
 
 class Suite(Protocol):
-    """A task suite. Optionally it also has `summary_facts(messages) -> list[sandbox.summarize.Fact]`:
+    """A task suite. Optionally it also has `summary_facts(messages) -> list[sandbox.runs.summarize.Fact]`:
     how the replay backend's extractive summarizer reads its messages, as a summarizing model that
     knows the suite's formats would (localcomp: `sandbox/suites/localcomp/summary.py`)."""
 
@@ -137,7 +137,7 @@ class Suite(Protocol):
 
     def version(self, home: Path) -> str:
         """A short stable id of the data built under `home` and its build parameters, e.g.
-        `localcomp@e1-3f9a1c2b7d10` (see sandbox.suite_version); SuiteNotBuilt when missing."""
+        `localcomp@e1-3f9a1c2b7d10` (see sandbox.suites.version); SuiteNotBuilt when missing."""
 
     def tasks(self, split: str) -> list[Task]:
         """The tasks of a split; raises ValueError naming the known splits for an unknown one."""

@@ -8,7 +8,7 @@ A `Sandbox` owns one fresh folder. Every command it runs gets:
   command runs as that uid, the limit then holds, the uid owns nothing else on the host
   (it can write only the sandbox folder, through the sandbox's group), and every process it
   leaves behind can be found and killed by uid, even ones that left the process group;
-- its own view of the host (`sandbox.hostview`, under bubblewrap): its own mount, pid, ipc
+- its own view of the host (`sandbox.isolation.hostview`, under bubblewrap): its own mount, pid, ipc
   and network namespaces, the host read-only, secrets hidden (home folders, `/etc/shadow`,
   the data folder, the other task copies), a private `/tmp` discarded when it ends, no
   capabilities at all (as root, bubblewrap sets the mounts up and `setpriv` then drops to
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from sandbox.hostview import bwrap_argv, host_view, trial_argv
+from sandbox.isolation.hostview import bwrap_argv, host_view, trial_argv
 
 _CLONE_NEWNET = 0x40000000
 _ADDR_NO_RANDOMIZE = 0x0040000
@@ -71,8 +71,8 @@ _NAMESPACES = ("Let it create namespaces: enable unprivileged user namespaces (`
                "and later `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile that "
                "allows bwrap), or start the container it runs in with the rights to create namespaces.")
 _VIEW = ("bubblewrap starts, but our interpreter does not run in the view of the host task commands get "
-         "(sandbox/hostview.py): install it and its packages where every user can read them, outside the home "
-         "folders, the data folder and the temporary folder.")
+         "(sandbox/isolation/hostview.py): install it and its packages where every user can read them, outside "
+         "the home folders, the data folder and the temporary folder.")
 _UID_RANGE = (300_000, 900_000)  # far above any real account; one uid per command, one gid per sandbox
 _NO_NET_SITE = '''\
 """Installed by the sandbox when no network namespace is available: no outbound sockets."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from sandbox.backends import BackendRequest, Message
-from sandbox.cost import Usage
+from sandbox.runs.cost import ReportedUsage
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Exchange:
     purpose: str  # "agent" or "summary"
     request: BackendRequest
     reply_message: Message | None
-    usage: Usage
+    usage: ReportedUsage
     cost_usd: float
     used: tuple[int, ...] | None = None  # the agent's use record (`AgentAction.used`); None if not recorded
 
@@ -87,7 +87,7 @@ class RecordedRequest:
 
     purpose: str
     request: BackendRequest
-    usage: Usage
+    usage: ReportedUsage
     step: int = 0
     used: tuple[int, ...] | None = None  # None: the file records no uses for this request
 
@@ -118,6 +118,17 @@ def read_trajectory(path: Path) -> tuple[dict[str, Any], list[RecordedRequest]]:
             max_tokens=record["max_tokens"],
         )
         used = record.get("used")
-        out.append(RecordedRequest(purpose, request, Usage.from_fields(record["usage"]), int(record.get("step", 0)),
-                                   None if used is None else tuple(int(i) for i in used)))
+        out.append(RecordedRequest(purpose, request, ReportedUsage.from_fields(record["usage"]),
+                                   int(record.get("step", 0)), None if used is None else tuple(int(i) for i in used)))
     return header, out
+
+
+def step_ranges(steps: Sequence[int], separator: str = ", ") -> str:
+    """Step numbers with each run of consecutive ones as a range: '0-3, 5' for [0, 1, 2, 3, 5]."""
+    parts, start = [], None
+    for a, b in zip(steps, list(steps[1:]) + [None]):
+        start = a if start is None else start
+        if b != a + 1:
+            parts.append(str(a) if start == a else f"{start}-{a}")
+            start = None
+    return separator.join(parts)

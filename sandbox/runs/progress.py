@@ -127,7 +127,7 @@ class TaskDisplay:
 
 
 def task_line(result: Any) -> str:
-    from sandbox.cost import cents
+    from sandbox.runs.cost import cents
 
     line = (f"{result.task_id}  {result.status:<9} score={result.score:.2f}  requests={result.n_requests}  "
             f"cost={cents(result.cost_usd)}¢  {result.wall_s:.1f}s")

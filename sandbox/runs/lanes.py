@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from sandbox.suite import Task
-
-PARALLEL_KINDS = ("threads", "processes", "none")
+from sandbox.backends.base import check_concurrency, lane_kind
+from sandbox.suites.base import Task
 
 
 @dataclass(frozen=True)
@@ -44,24 +43,14 @@ class TaskJob:
     limits: Any  # harness.RunLimits
     prices: Any  # cost.PriceTable
     out_dir: Path | None = None
+    agent_mode: str = "tools"  # the llm agent's: tools or free (sandbox/agents/llm.py)
+    use_records: str = "references"  # where the llm agent's use records come from (harness.USE_RECORDS)
 
 
 Heard = Callable[[Any], None]  # a display hearing of a job that starts, or of a result
-
-
-def lane_kind(backend: Any) -> str:
-    kind = getattr(backend, "parallel", "none")
-    return kind if kind in PARALLEL_KINDS else "none"
-
-
-def check_concurrency(backend: Any, concurrency: int) -> None:
-    """ValueError (one line) for a concurrency the backend cannot serve."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be a positive number of tasks, got {concurrency!r}")
-    if concurrency > 1 and lane_kind(backend) == "none":
-        raise ValueError(f"concurrency {concurrency}: the {backend.name} backend runs one task at a time (each task "
-                         "starts from an empty cache); serve the model with `akv serve` and pass its URL to run "
-                         "tasks concurrently")
+# What runs one job on a lane's backend: (job, suite, backend) -> (result, trajectory). The harness
+# passes its `run_job`; a process lane receives it with each job, so it must be a module-level function.
+RunJob = Callable[[TaskJob, Any, Any], tuple[Any, Any]]
 
 
 class Lanes:
@@ -75,15 +64,13 @@ class Lanes:
         self._thread_lanes: list[Any] = []
         self._processes: list[_LaneProcess] = []
 
-    def run_jobs(self, jobs: Sequence[TaskJob], suite: Any, started: Heard | None = None,
+    def run_jobs(self, jobs: Sequence[TaskJob], suite: Any, run_job: RunJob, started: Heard | None = None,
                  finished: Heard | None = None) -> Iterator[tuple[Any, Any]]:
-        """(result, trajectory or None) per job, in job order.
+        """(result, trajectory or None) per job, in job order, each job run by `run_job`.
 
         `started` hears of each job as a lane takes it, `finished` of each result as it comes
         (in the order they finish; from lane threads too).
         """
-        from sandbox.harness import run_job
-
         started = started or (lambda _job: None)
         finished = finished or (lambda _result: None)
         if self.kind == "none":
@@ -93,15 +80,13 @@ class Lanes:
                 finished(outcome[0])
                 yield outcome
         elif self.kind == "threads":
-            yield from self._run_threads(jobs, suite, started, finished)
+            yield from self._run_threads(jobs, suite, run_job, started, finished)
         else:
-            yield from self._run_processes(jobs, started, finished)
+            yield from self._run_processes(jobs, run_job, started, finished)
 
     # ---- threads -----------------------------------------------------------------------
-    def _run_threads(self, jobs: Sequence[TaskJob], suite: Any, started: Heard,
+    def _run_threads(self, jobs: Sequence[TaskJob], suite: Any, run_job: RunJob, started: Heard,
                      finished: Heard) -> Iterator[tuple[Any, Any]]:
-        from sandbox.harness import run_job
-
         if self._threads is None:
             self._threads = ThreadPoolExecutor(self.n, thread_name_prefix="akv-lane")
             self._thread_lanes = [self.backend.lane() for _ in range(self.n)]
@@ -125,14 +110,15 @@ class Lanes:
             yield future.result()
 
     # ---- processes ---------------------------------------------------------------------
-    def _run_processes(self, jobs: Sequence[TaskJob], started: Heard, finished: Heard) -> Iterator[tuple[Any, Any]]:
+    def _run_processes(self, jobs: Sequence[TaskJob], run_job: RunJob, started: Heard,
+                       finished: Heard) -> Iterator[tuple[Any, Any]]:
         if not self._processes:
             context = multiprocessing.get_context("spawn")  # never fork a process that runs threads
             results = context.Queue()
             self._processes = [_LaneProcess(context, self.backend.reopen(), results, i) for i in range(self.n)]
         results = self._processes[0].results
         for position, job in enumerate(jobs):
-            self._processes[position % self.n].send(position, job)
+            self._processes[position % self.n].send(position, job, run_job)
         done: dict[int, tuple[Any, Any]] = {}
         next_out = 0
         while next_out < len(jobs):
@@ -179,8 +165,8 @@ class _LaneProcess:
                                        name=f"akv-lane-{index}", daemon=True)
         self.process.start()
 
-    def send(self, position: int, job: TaskJob) -> None:
-        self.jobs.put((position, job))
+    def send(self, position: int, job: TaskJob, run_job: RunJob) -> None:
+        self.jobs.put((position, job, run_job))
 
     def stop(self) -> None:
         if self.process.is_alive():
@@ -194,14 +180,13 @@ class _LaneProcess:
 def _lane_main(open_backend: Callable[[], Any], jobs: Any, results: Any) -> None:
     """A process lane: run each job it is sent and send the result back. Suites are opened by
     name (`get_suite`); trajectories go to the job's out_dir from here."""
-    from sandbox.harness import run_job
     from sandbox.suites import get_suite
 
     backend = open_backend()
     suites: dict[str, Any] = {}
     try:
         while (item := jobs.get()) is not None:
-            position, job = item
+            position, job, run_job = item
             results.put(("started", position, None))
             suite = suites.get(job.task.suite) or suites.setdefault(job.task.suite, get_suite(job.task.suite))
             result, _trajectory = run_job(job, suite, backend)

@@ -16,21 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from akv_core.attribution import USED_MASS
 from akv_core.cache.text_drop import TextDrop, remaining_text
 from akv_core.chat import content_text
+from policy_dsl.editor import TEXT_PASSES
 from policy_dsl.reuse import ReuseFinder, used_indices
 
-from sandbox.agents.llm import DROP_CONTEXT, DROP_CONTEXT_TOOL, AgentSetupError, LLMAgent
+from sandbox.agents.llm import (DROP_CONTEXT, DROP_CONTEXT_TOOL, USE_RECORDS, AgentSetupError, LLMAgent,
+                                 check_agent_mode)
 from sandbox.backends import (Backend, BackendError, BackendReply, BackendRequest, Message, check_backend_spec,
                               open_backend)
 from sandbox.backends.tokens import shared_tokenizer
-from sandbox.cost import PriceTable, TokenTotals, Usage, price_table, table_names
-from sandbox.lanes import Lanes, TaskJob
-from sandbox.progress import TaskDisplay
-from sandbox.suite import Agent, AgentView, Suite, Task, ToolError
+from sandbox.runs.cost import PriceTable, TokenTotals, ReportedUsage, price_table, table_names
+from sandbox.runs.lanes import Lanes, TaskJob
+from sandbox.runs.progress import TaskDisplay
+from sandbox.runs.summarize import TextEditor
+from sandbox.runs.trajectory import Exchange, Trajectory
 from sandbox.suites import get_suite
-from sandbox.summarize import TextEditor
-from sandbox.trajectory import Exchange, Trajectory
+from sandbox.suites.base import Agent, AgentAction, AgentView, Suite, Task, ToolError
 
 STATUSES = ("ok", "gave_up", "max_steps", "error")
 RESULT_FIELDS = ("task_id", "split", "policy", "status", "score", "answer", "n_requests", "tokens", "cost_usd",
@@ -45,12 +48,15 @@ class RunLimits:
     max_tokens: int = 256  # the llm agent's reply budget per step
     # A scripted agent ignores model text, so a generating backend writes one token only.
     scripted_max_tokens: int = 1
-    text_passes: int = 4  # text mode: edit-then-decide-again passes per step
+    text_passes: int = TEXT_PASSES  # text mode: edit-then-decide-again passes per step
 
 
 @dataclass(frozen=True)
-class TaskResult:
-    """One task's outcome. `to_dict()` is the results format; `reason` explains an error."""
+class TaskOutcome:
+    """One task's outcome. `to_dict()` is the results format; `reason` explains an error.
+
+    What the harness returns; `store.TaskResult` is what the store keeps of it (`evolve.scoring.from_harness`).
+    """
 
     task_id: str
     split: str
@@ -77,7 +83,7 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class RunReport:
-    results: list[TaskResult]
+    results: list[TaskOutcome]
     summary: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,7 +98,7 @@ class _Bill:
     tokens: TokenTotals = field(default_factory=TokenTotals)
     cost_usd: float = 0.0
 
-    def add(self, usage: Usage, cost: float) -> None:
+    def add(self, usage: ReportedUsage, cost: float) -> None:
         self.n_requests += 1
         self.tokens = self.tokens.add(usage)
         self.cost_usd += cost
@@ -102,21 +108,25 @@ class _TaskRun:
     """One run of one task: owns the history, the environment's tool calls and the bill."""
 
     def __init__(self, task: Task, policy: Any, agent: Agent, backend: Backend, prices: PriceTable,
-                 limits: RunLimits, seed: int, facts: Any = None) -> None:
+                 limits: RunLimits, seed: int, facts: Any = None, use_records: str = "references") -> None:
         self.task, self.policy, self.agent, self.backend = task, policy, agent, backend
         self.prices, self.limits, self.seed = prices, limits, seed
         self.counter = shared_tokenizer()
         self.is_llm = isinstance(agent, LLMAgent)
+        # Where the llm agent's use records come from (USE_RECORDS); a scripted agent keeps its own.
+        self.use_records = use_records if self.is_llm else "references"
         # The cache tool is offered only when the policy acts on it: a call that does nothing would mislead.
         self.offers_drop_context = getattr(agent, "uses_cache_tool", False) and reads_drop_context(policy)
-        self.tools = tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.offers_drop_context else ())
+        self.tools = (tuple(task.tools) + ((DROP_CONTEXT_TOOL,) if self.offers_drop_context else ())
+                      + tuple(getattr(agent, "offered_tools", ())))  # the llm agent's final_answer in tools mode
         self.history: list[Message] = task.initial_messages()
         self.bill = _Bill()
         self.server: str | None = None  # the server of a pool that serves the task now
         self.moves: list[str] = []
         self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
                                       "policy": policy.name, "agent": agent.name, "backend": backend.name,
-                                      "prices": prices.name})
+                                      "prices": prices.name,
+                                      **({"use_records": self.use_records} if self.is_llm else {})})
         self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary, facts)
         self.reuse_finder = ReuseFinder(tools=self.tools)
         self.final_message: Message | None = None  # the agent's answer as it wrote it (never sent)
@@ -130,7 +140,8 @@ class _TaskRun:
                 drop_message=fields.get("drop_message", {}), reposition=tuple(fields.get("reposition", ())),
                 drop_rule=fields.get("drop_rule"),
                 max_tokens=self.limits.max_tokens if self.is_llm else self.limits.scripted_max_tokens,
-                seed=self.seed,
+                seed=self.seed, tool_choice=self._tool_choice(step),
+                attribution=self.use_records != "references",
             )
             reply = self.backend.complete(request)
             self._note_server(step, reply)
@@ -140,7 +151,7 @@ class _TaskRun:
             usage = reply.usage
             if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
                 usage = usage.with_completion(self.counter.count(message))
-            used = action.used if action.used is not None else self._inferred_uses(env, view, message)
+            used = self._use_record(env, view, action, message, reply)
             self._record(step, "agent", request, reply.message, usage, _checked_uses(used, request, view))
             self.history.append(message)
             responds = callable(getattr(env, "respond", None))
@@ -152,6 +163,31 @@ class _TaskRun:
             if not responds:
                 self._run_tools(env, message)
         return "max_steps", None
+
+    def _tool_choice(self, step: int) -> str | dict[str, Any] | None:
+        """The agent's `tool_choice` for this step's request (the llm agent's tools mode), else None."""
+        choose = getattr(self.agent, "tool_choice", None)
+        return choose(step, self.tools) if callable(choose) else None
+
+    def _use_record(self, env: Any, view: AgentView, action: AgentAction, message: Message,
+                    reply: BackendReply) -> tuple[int, ...]:
+        """A scripted agent's own record. For the llm agent, what its own checks read (`action.used`: the
+        earlier calls a stuck model repeated) together with, by `use_records`, the messages its message
+        reuses strings from (references), those the reply put at least USED_MASS of its attention on
+        (attention; `akv_core.attribution`), or both. A step the backend gave no attribution for (a
+        keep_text_drop request) takes the references, with a note in the trajectory."""
+        if action.used is not None and not self.is_llm:
+            return action.used
+        found = set(action.used or ())
+        attended = None
+        if self.use_records != "references":
+            attended = reply.attribution.used(USED_MASS) if reply.attribution is not None else None
+            if attended is None:
+                self.trajectory.note("no_attribution", step=view.step)
+            found.update(attended or ())
+        if self.use_records != "attention" or attended is None:
+            found.update(self._inferred_uses(env, view, message))
+        return tuple(sorted(found))
 
     def _inferred_uses(self, env: Any, view: AgentView, message: Message) -> tuple[int, ...]:
         """The use record of an agent that keeps none (the llm agent, a recorded run): for each
@@ -216,12 +252,12 @@ class _TaskRun:
             return name, f"error: {err}"
 
     def _record(self, step: int, purpose: str, request: BackendRequest, reply: Message | None,
-                usage: Usage, used: tuple[int, ...] | None = None) -> None:
+                usage: ReportedUsage, used: tuple[int, ...] | None = None) -> None:
         cost = self.prices.cost(usage)
         self.bill.add(usage, cost)
         self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost, used))
 
-    def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: Usage) -> None:
+    def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: ReportedUsage) -> None:
         self._record(step, "summary", request, reply, usage)
 
 
@@ -311,11 +347,13 @@ def _checked_uses(used: Sequence[int] | None, request: BackendRequest, view: Age
 
 def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backend, *,
              prices: PriceTable | None = None, limits: RunLimits = RunLimits(),
-             seed: int = 0) -> tuple[TaskResult, Trajectory]:
-    """Run one task to its result; every failure is caught here and reported in the result."""
+             seed: int = 0, use_records: str = "references") -> tuple[TaskOutcome, Trajectory]:
+    """Run one task to its result; every failure is caught here and reported in the result.
+
+    `use_records`: where the llm agent's use records come from (USE_RECORDS; `check_use_records`)."""
     started = time.perf_counter()
     run = _TaskRun(task, policy, agent, backend, prices or price_table(), limits, seed,
-                   getattr(suite, "summary_facts", None))  # how the replay summarizer reads this suite
+                   getattr(suite, "summary_facts", None), use_records)  # facts: how the replay summarizer reads it
     status, answer, score, reason = "error", None, 0.0, None
     env = None
     try:
@@ -334,7 +372,7 @@ def run_task(task: Task, suite: Suite, policy: Any, agent: Agent, backend: Backe
             env.close()
     if reason is not None:
         status = "error"
-    result = TaskResult(task.id, task.split, policy.name, status, float(score), answer, run.bill.n_requests,
+    result = TaskOutcome(task.id, task.split, policy.name, status, float(score), answer, run.bill.n_requests,
                         run.bill.tokens, round(run.bill.cost_usd, 9), round(time.perf_counter() - started, 3),
                         reason, tuple(run.moves))
     run.trajectory.note("result", **result.to_dict(), reason=reason, final_message=run.final_message)
@@ -375,26 +413,30 @@ def select_tasks(suite: Suite, split: str, task_ids: Sequence[str] | None = None
 def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripted",
               backend: str | Backend = "replay", limit: int | None = None,
               task_ids: Sequence[str] | None = None, seed: int = 0, out_dir: Path | None = None,
-              progress: Callable[[TaskResult], None] | None = None, *, model: str | None = None,
+              progress: Callable[[TaskOutcome], None] | None = None, *, model: str | None = None,
               prices: str | None = None, limits: RunLimits = RunLimits(), build: bool = True,
               on_start: Callable[[int], None] | None = None, concurrency: int = 1,
               lanes: Lanes | None = None, display: TaskDisplay | None = None,
-              traced: Callable[[TaskResult, Trajectory | None], None] | None = None,
-              precision: str | None = None) -> RunReport:
+              traced: Callable[[TaskOutcome, Trajectory | None], None] | None = None,
+              precision: str | None = None, agent_mode: str = "tools",
+              use_records: str = "references") -> RunReport:
     """Run a split's tasks; ValueError (one line, naming what was expected) for bad arguments.
 
-    `concurrency` tasks run at once (`sandbox/lanes.py`; `lanes` passes lanes kept open by the
+    `concurrency` tasks run at once (`sandbox/runs/lanes.py`; `lanes` passes lanes kept open by the
     caller instead). Results come back, reach `progress` and are written in task order whatever
     order they finish in. With `out_dir`, each result is appended to `results.jsonl` and each
     trajectory written to `trajectories/<task>.jsonl`; without it nothing touches the disk.
-    `display` hears of every task as it starts and as it finishes (`sandbox/progress.py`).
+    `display` hears of every task as it starts and as it finishes (`sandbox/runs/progress.py`).
     `traced` gets each result with its trajectory, in task order (None from process lanes).
     `precision` is the embedded backend's weight precision (`open_backend`), when `backend` is a name.
+    `agent_mode` is the llm agent's (`sandbox/agents/llm.py`: tools or free); `use_records` where its use
+    records come from (`USE_RECORDS`; attention needs a backend with attribution, `check_use_records`).
     """
     suite_obj = get_suite(suite) if isinstance(suite, str) else suite
     policy_obj = resolve_policy(policy)
     if agent not in ("scripted", "llm"):
         raise ValueError(f"unknown agent {agent!r}: expected scripted or llm")
+    check_agent_mode(agent_mode)
     table = price_table(prices or (model if model and model.lower() in table_names() else None))
     if build:
         from akv_core.home import akv_home
@@ -412,6 +454,7 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
         if agent == "llm" and not backend_obj.generates:
             raise ValueError("the llm agent needs a model: use --backend embedded or an endpoint URL "
                              "(replay has no model)")
+        check_use_records(use_records, backend_obj, agent)
         if own_lanes:
             lanes = Lanes(backend_obj, concurrency)
         if on_start is not None:
@@ -419,10 +462,11 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
         if display is not None:
             display.begin(len(tasks), f"{policy_obj.name} on {suite_obj.name}/{split}")
         started = time.perf_counter()
-        jobs = [TaskJob(task, policy_obj, agent, seed, limits, table, out_dir) for task in tasks]
-        results: list[TaskResult] = []
+        jobs = [TaskJob(task, policy_obj, agent, seed, limits, table, out_dir, agent_mode, use_records)
+                for task in tasks]
+        results: list[TaskOutcome] = []
         heard = (display.started, display.finished) if display is not None else (None, None)
-        for result, trajectory in lanes.run_jobs(jobs, suite_obj, *heard):
+        for result, trajectory in lanes.run_jobs(jobs, suite_obj, run_job, *heard):
             results.append(result)
             if out_dir is not None:
                 _append_result(out_dir, result)
@@ -441,17 +485,36 @@ def run_tasks(suite: str | Suite, split: str, policy: Any, agent: str = "scripte
     return RunReport(results, summary)
 
 
-def run_job(job: TaskJob, suite: Suite, backend: Backend) -> tuple[TaskResult, Trajectory]:
+def check_use_records(use_records: str, backend: Backend, agent: str = "llm") -> None:
+    """ValueError (one line) unless `agent` on `backend` can have the use records `use_records` asks for."""
+    if use_records not in USE_RECORDS:
+        raise ValueError(f"use_records: expected {', '.join(USE_RECORDS)}, got {use_records!r}")
+    if use_records != "references" and agent != "llm":
+        raise ValueError(f"use_records: {use_records!r} is for the llm agent; the {agent} agent keeps its own "
+                         "records")
+    if use_records == "references":
+        return
+    if not getattr(backend, "attributes", False):
+        raise ValueError(f"use_records: {use_records!r} needs a backend with attribution (the model's attention "
+                         f"mass per message); the {backend.name} backend has none: use references")
+    lacks = getattr(backend, "lacks", None)   # a server says in its model card whether it computes attribution
+    missing = lacks("return_attribution") if callable(lacks) else None
+    if missing is not None:
+        raise ValueError(f"use_records: {use_records!r} needs a backend with attribution (the model's attention "
+                         f"mass per message, `return_attribution`); {missing}: use references")
+
+
+def run_job(job: TaskJob, suite: Suite, backend: Backend) -> tuple[TaskOutcome, Trajectory]:
     """One job of a lane: its agent, its run, its trajectory written under the job's out_dir."""
-    task_agent = LLMAgent() if job.agent == "llm" else suite.scripted_agent(job.task)
+    task_agent = LLMAgent(job.agent_mode) if job.agent == "llm" else suite.scripted_agent(job.task)
     result, trajectory = run_task(job.task, suite, job.policy, task_agent, backend, prices=job.prices,
-                                  limits=job.limits, seed=job.seed)
+                                  limits=job.limits, seed=job.seed, use_records=job.use_records)
     if job.out_dir is not None:
         trajectory.write(job.out_dir / "trajectories" / f"{_file_safe(result.task_id)}.jsonl")
     return result, trajectory
 
 
-def _append_result(out_dir: Path, result: TaskResult) -> None:
+def _append_result(out_dir: Path, result: TaskOutcome) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "results.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(result.to_dict()) + "\n")
@@ -461,7 +524,7 @@ def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def summarize_results(results: Sequence[TaskResult], *, wall_s: float, out_dir: Path | None = None,
+def summarize_results(results: Sequence[TaskOutcome], *, wall_s: float, out_dir: Path | None = None,
                       **run: Any) -> dict[str, Any]:
     """Run-level figures: mean score and cost, total tokens, statuses, and every error's reason."""
     n = len(results)

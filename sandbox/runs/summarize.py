@@ -1,6 +1,8 @@
-"""Summaries for text-mode policies: the prompt for a real model, and the extractive stand-in.
+"""Summaries for text-mode policies: the harness's text editor, and the extractive stand-in.
 
-With a model backend the summary is a real call that writes it (billed as its own request).
+The edits themselves are applied by the policy language's editor (`policy_dsl/editor.py`), which
+the proxy uses too; this module says who writes each summary in the harness. With a model backend
+the summary is a real call that writes it (billed as its own request).
 The replay backend has no model, so a deterministic extractive summarizer writes it instead:
 the agent's own lines (its notes and conclusions) rank first, then the sentences of documents
 and tool output by how fact-like they are (digits, capitalised names, document ids); the
@@ -22,41 +24,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from policy_dsl.decision import SUMMARY_PREFIX
+from policy_dsl.decision import TextEdit
+from policy_dsl.editor import TextEditor as PolicyTextEditor, text_tokens
+
+from sandbox.backends.base import BackendRequest
 
 Message = dict[str, Any]
 
-SUMMARY_SYSTEM = (
-    "You compress an agent's working history. Write a dense summary that keeps every fact the agent "
-    "found (names, numbers, dates, document ids) and what it was looking for. No preamble."
-)
-
-_TEXT_TOKENS: dict[tuple[int, str], int] = {}  # the counter is the process-wide shared tokenizer
-_TEXT_TOKENS_CAPACITY = 200_000
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _FACTLIKE = re.compile(r"\d|\b[A-Z][a-z]+|\b[a-z]+[-_:]\d")
-
-
-def message_text(message: Mapping[str, Any]) -> str:
-    """A message as plain text for a summary prompt: role, tool calls and content."""
-    content = message.get("content") or ""
-    if not isinstance(content, str):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-    calls = [
-        f"{call.get('function', {}).get('name')}({call.get('function', {}).get('arguments')})"
-        for call in message.get("tool_calls") or ()
-    ]
-    head = message.get("role", "user") + (f" [{message['name']}]" if message.get("name") else "")
-    return f"{head}: " + " ".join([*calls, content]).strip()
-
-
-def summary_request(task_prompt: str, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """The messages of the summarization call a model answers."""
-    body = "\n\n".join(message_text(m) for m in messages)
-    return [
-        {"role": "system", "content": SUMMARY_SYSTEM},
-        {"role": "user", "content": f"Task: {task_prompt}\n\nHistory to summarize:\n{body}"},
-    ]
 
 
 def extractive_summary(messages: Sequence[Mapping[str, Any]], budget_tokens: int,
@@ -149,42 +125,22 @@ def _density(text: str) -> float:
 
 
 class TextEditor:
-    """Applies a text-mode decision's edits (policy_dsl's TextEdit) to a history.
-
-    A summary replaces messages start..end with one user message beginning with the policy
-    language's SUMMARY_PREFIX (so policies recognise it); an omitted message keeps its role and
-    ids with the edit's placeholder as content; a removed one leaves. Tool calls and tool results whose partner was
-    summarized away are rewritten as plain text, so every request stays a valid conversation.
-    Untouched messages stay the same objects (the tokenizer's memo and the trajectory's deltas
-    rely on it).
+    """The harness's text editor: the policy language's (`policy_dsl.editor.TextEditor`), with each
+    summary a real model call on generating backends and the extractive summarizer on replay (the
+    suite's fact reader's facts where it has one); `bill(step, request, reply, usage)` hears of each.
     """
 
     def __init__(self, task_prompt: str, backend: Any, counter: Any,
                  bill: Callable[[int, Any, Message | None, Any], None], facts: FactReader | None = None) -> None:
-        self.task_prompt, self.backend, self.counter, self.bill = task_prompt, backend, counter, bill
+        self.backend, self.counter, self.bill = backend, counter, bill
         self.facts = facts  # the suite's reader of facts for the extractive summarizer, if it has one
+        self._editor = PolicyTextEditor(task_prompt, self._summary, counter)
 
-    def apply(self, history: Sequence[Message], edits: Sequence[Any], step: int) -> list[Message]:
-        out = list(history)
-        for edit in sorted(edits, key=lambda e: e.start, reverse=True):  # back to front keeps indices valid
-            if edit.kind == "omit":
-                out[edit.start] = {**out[edit.start], "content": edit.placeholder or "[omitted]"}
-            elif edit.kind == "remove":
-                del out[edit.start]
-            elif edit.kind == "strip_thinking":
-                out[edit.start] = {k: v for k, v in out[edit.start].items() if k != "reasoning_content"}
-            else:
-                body = self._summary(out[edit.start: edit.end + 1], edit.budget_tokens or 0, step)
-                out[edit.start: edit.end + 1] = [{"role": "user", "content": SUMMARY_PREFIX + body}]
-        return _paired(out)
+    def apply(self, history: Sequence[Message], edits: Sequence[TextEdit], step: int) -> list[Message]:
+        return self._editor.apply(history, edits, step)
 
-    def _summary(self, messages: Sequence[Message], budget: int, step: int) -> str:
-        """A real model call on generating backends; the extractive summarizer on replay (the suite's
-        fact reader's facts where it has one)."""
-        from sandbox.backends import BackendRequest
-
-        room = max(1, budget - self._tokens(SUMMARY_PREFIX))
-        request = BackendRequest(messages=tuple(summary_request(self.task_prompt, messages)), max_tokens=room)
+    def _summary(self, messages: Sequence[Message], prompt: list[Message], room: int, step: int) -> str:
+        request = BackendRequest(messages=tuple(prompt), max_tokens=room)
         reply = self.backend.complete(request)
         if reply.message is not None:
             body = str(reply.message.get("content") or "").strip()
@@ -197,28 +153,4 @@ class TextEditor:
         return body
 
     def _tokens(self, text: str) -> int:
-        # Successive summaries re-read the same sentences (the last summary, the agent's notes),
-        # so counts are memoized per tokenizer and text.
-        key = (id(self.counter), text)
-        count = _TEXT_TOKENS.get(key)
-        if count is None:
-            if len(_TEXT_TOKENS) >= _TEXT_TOKENS_CAPACITY:
-                _TEXT_TOKENS.clear()
-            count = _TEXT_TOKENS[key] = len(self.counter.encode_text(text))
-        return count
-
-
-def _paired(history: list[Message]) -> list[Message]:
-    """Rewrite tool calls without results, then tool results without calls, as plain text."""
-    result_ids = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
-    history = [
-        {"role": "assistant", "content": message_text(m)}
-        if m.get("tool_calls") and any(c.get("id") not in result_ids for c in m["tool_calls"]) else m
-        for m in history
-    ]
-    call_ids = {c.get("id") for m in history for c in m.get("tool_calls") or ()}
-    return [
-        {"role": "user", "content": f"[result of {m.get('name') or 'a tool'}]\n{m.get('content') or ''}"}
-        if m.get("role") == "tool" and m.get("tool_call_id") not in call_ids else m
-        for m in history
-    ]
+        return text_tokens(self.counter, text)

@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from policy_dsl.decision import Decision
 from sandbox.backends import Backend
-from sandbox.harness import RunLimits, TaskResult, resolve_policy, run_task
-from sandbox.suite import Suite, Task
-from sandbox.trajectory import Trajectory, read_trajectory
+from sandbox.runs.harness import RunLimits, TaskOutcome, resolve_policy, run_task
+from sandbox.runs.trajectory import Trajectory, read_trajectory, step_ranges
+from sandbox.suites.base import Agent, Suite, Task
 
 PROTECTED = (0, 1)  # the system prompt and the first user message
 RECORDED_POLICY = "full"
@@ -105,21 +105,24 @@ class HindsightOracle:
 class OracleRun:
     """One task under `full` and under its oracle; `same_actions`: the oracle run took the recorded actions."""
 
-    full: TaskResult
-    oracle: TaskResult
+    full: TaskOutcome
+    oracle: TaskOutcome
     same_actions: bool
 
 
 def run_oracle(task: Task, suite: Suite, backend: Callable[[], Backend], *, limits: RunLimits = RunLimits(),
-               seed: int = 0, reposition: bool = True) -> OracleRun:
-    """Record `task` under `full` with the suite's scripted agent, then run its oracle through the harness.
+               seed: int = 0, reposition: bool = True, agent: Callable[[Task], Agent] | None = None) -> OracleRun:
+    """Record `task` under `full` with the suite's scripted agent (or `agent`'s), then run its oracle through
+    the harness.
 
-    `backend` makes the backend of each run. Raises OracleError when the agent records no uses.
+    `backend` makes the backend of each run, `agent` the agent of each (an llm agent's use records are
+    inferred). Raises OracleError when the agent records no uses.
     """
-    full, recorded = run_task(task, suite, resolve_policy(RECORDED_POLICY), suite.scripted_agent(task), backend(),
+    make_agent = agent or suite.scripted_agent
+    full, recorded = run_task(task, suite, resolve_policy(RECORDED_POLICY), make_agent(task), backend(),
                               limits=limits, seed=seed)
     oracle = HindsightOracle.from_trajectory(recorded, reposition=reposition)
-    result, replayed = run_task(task, suite, oracle, suite.scripted_agent(task), backend(), limits=limits, seed=seed)
+    result, replayed = run_task(task, suite, oracle, make_agent(task), backend(), limits=limits, seed=seed)
     return OracleRun(full, result, _actions(replayed) == _actions(recorded) and (result.status, result.answer) ==
                      (full.status, full.answer))
 
@@ -142,7 +145,7 @@ def _checked_steps(header: Mapping[str, Any], steps: list[AgentStep], where: str
         why = (f"agent {agent!r} did not record which messages it read (a trajectory written before "
                "use records were inferred for agents that keep none)")
         raise OracleError(f"{where}: no use records (the exchange field \"used\") on agent steps "
-                          f"{_ranges(missing)} of {len(steps)} ({why}); regenerate them with a scripted agent "
+                          f"{step_ranges(missing)} of {len(steps)} ({why}); regenerate them with a scripted agent "
                           f"that records its uses: {regenerate}")
     return steps
 
@@ -151,14 +154,3 @@ def _regenerate_command(header: Mapping[str, Any]) -> str:
     suite, split, task = header.get("suite", "SUITE"), header.get("split", "SPLIT"), header.get("task_id", "TASK")
     return (f"akv run --suite {suite} --split {split} --policy {RECORDED_POLICY} --agent scripted --task {task} "
             f"(writes trajectories/{task}.jsonl under the run's folder)")
-
-
-def _ranges(numbers: Sequence[int]) -> str:
-    """'0-3, 5' for [0, 1, 2, 3, 5]."""
-    parts, start = [], None
-    for a, b in zip(numbers, list(numbers[1:]) + [None]):
-        start = a if start is None else start
-        if b != a + 1:
-            parts.append(str(a) if start == a else f"{start}-{a}")
-            start = None
-    return ", ".join(parts)

@@ -19,10 +19,13 @@ _PER_TOKEN = 1e-6  # tables are in USD per million tokens
 
 
 @dataclass(frozen=True)
-class Usage:
-    """Usage of one request, classified as in the architecture's usage accounting.
+class ReportedUsage:
+    """Usage of one request as a backend reported it (replay, embedded or any server), classified as in
+    the architecture's usage accounting; what the cost model bills and trajectories record.
 
-    `prompt_tokens == prefilled + cached + repos + drop_skipped` always holds.
+    `prompt_tokens == prefilled + cached + repos + drop_skipped` always holds. Not
+    `akv_core.cache.usage.Usage`, the engine's own record: this one is read from any server's reply
+    (`from_fields`, tolerant of missing fields) and carries no total.
     """
 
     prompt_tokens: int
@@ -33,7 +36,7 @@ class Usage:
     prefilled_tokens: int
 
     @classmethod
-    def from_fields(cls, source: object) -> Usage:
+    def from_fields(cls, source: object) -> ReportedUsage:
         """Read the fields from an object or a mapping; `prefilled` is derived when absent."""
         get = source.get if isinstance(source, Mapping) else lambda k, d=None: getattr(source, k, d)
         prompt = int(get("prompt_tokens", 0) or 0)
@@ -50,8 +53,8 @@ class Usage:
             prefilled_tokens=int(prefilled) if prefilled is not None else prompt - cached - dropped - repos,
         )
 
-    def with_completion(self, completion_tokens: int) -> Usage:
-        return Usage(self.prompt_tokens, completion_tokens, self.cached_tokens,
+    def with_completion(self, completion_tokens: int) -> ReportedUsage:
+        return ReportedUsage(self.prompt_tokens, completion_tokens, self.cached_tokens,
                      self.drop_skipped_tokens, self.repos_tokens, self.prefilled_tokens)
 
     def to_dict(self) -> dict[str, int]:
@@ -72,7 +75,7 @@ class PriceTable:
     cached_input: float
     output: float
 
-    def cost(self, usage: Usage) -> float:
+    def cost(self, usage: ReportedUsage) -> float:
         """USD for one request."""
         billed = (usage.prefilled_tokens * self.input
                   + (usage.cached_tokens + usage.repos_tokens) * self.cached_input
@@ -90,7 +93,7 @@ class TokenTotals:
     drop_skipped: int = 0
     repos: int = 0
 
-    def add(self, usage: Usage) -> TokenTotals:
+    def add(self, usage: ReportedUsage) -> TokenTotals:
         return TokenTotals(self.input + usage.prefilled_tokens, self.cached + usage.cached_tokens,
                            self.output + usage.completion_tokens,
                            self.drop_skipped + usage.drop_skipped_tokens, self.repos + usage.repos_tokens)

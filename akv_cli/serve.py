@@ -24,8 +24,9 @@ class LogLevel(str, Enum):
 
 
 # The matmul weights' precision (activations and the KV pool stay float32): float32 exact; fp16 about
-# 1.8x faster decode on an AVX2 CPU; mixed adds bf16 prefill weights where the CPU has native bf16; int8
-# per row and int4 in groups of 32 (a GGUF's Q4_0 / Q4_1 as stored) on the CPU only.
+# 1.8x faster decode on an AVX2 CPU; mixed the same as fp16; int8 per row and int4 in groups of 32 (a
+# GGUF's Q4_0 / Q4_1 as stored) on the CPU only. The reduced ones prefill in bf16 where the CPU multiplies
+# bf16 natively (AKV_PREFILL overrides: akv_core.model.prefill).
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 PRECISION_HELP = ("Weight precision: float32 (exact), fp16, mixed, int8 or int4 (faster on the CPU; "
                   "docs/engine-model.md).")
@@ -82,8 +83,9 @@ def serve(
                           context, rope_scaling)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
     app = create_app(engine, name, aliases=frozenset({model}), api_key=api_key, max_body_bytes=max_body_bytes)
-    ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(f"AKV server ready at {url}"),
-                          log_level=log_level.value)
+    prefill = getattr(engine.model, "prefill_path", None)   # the prompts' product kernels (akv_core.model.prefill)
+    ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
+        f"AKV server ready at {url} (prefill: {prefill})"), log_level=log_level.value)
     if not ready:
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
 

@@ -1,16 +1,19 @@
 """The engine's model side against transformers (and llama.cpp) on the same GGUF file, side by side in one run.
 
     python benchmarks/engine.py [--precisions float32,fp16,mixed,int8,int4] [--peer llama-cpp]
-                                [--serve fp16,int4] [--bursts 8] [--burst-steps 4] [--prefill-tokens 2048] [--rounds 3]
-                                [--parts decode,prefill,accuracy,attention]
+                                [--serve fp16,int4] [--bursts 8] [--burst-steps 4] [--prefill-tokens 512,2048,8192]
+                                [--prefill-threads 2] [--rounds 3] [--parts decode,prefill,accuracy,attention]
     python benchmarks/engine.py --serve int4 --serve-only [--peer llama-cpp]
     python benchmarks/engine.py --kernels
 
-Prints decode ms/token and prefill tokens/s for transformers (fp32) and for our forward in
-each weight precision (float32 exact; fp16; mixed = fp16 decode, bf16 prefill where the CPU
-has native bf16; int8 per row; int4 in groups of 32, the GGUF's Q4_1 tensors as stored;
-activations and KV always fp32), each reduced precision's accuracy against float32 (greedy
-next-token agreement and KL divergence on a fixed prompt set, `akv_core.model.accuracy`),
+Prints the CPU's units (`cpu_summary()`) and each precision's prefill path (`akv_core.model.prefill`:
+bf16, int8 or float32 products of prompts; `AKV_PREFILL` overrides), decode ms/token and prefill
+tokens/s at each `--prefill-tokens` length for transformers (fp32) and for our forward in each
+weight precision (float32 exact; fp16; mixed, the same weights as fp16; int8 per row; int4 in groups
+of 32, the GGUF's Q4_1 tensors as stored; the residual stream and KV always fp32), with ratios
+against transformers and against float32, each precision's accuracy against float32 on the float32
+path (greedy next-token agreement and KL divergence on a fixed prompt set, `akv_core.model.accuracy`;
+float32 itself too where `AKV_PREFILL` moves it to another path),
 then decode attention time per step over a 6K-token history with 70% of it dropped against
 nothing dropped.
 
@@ -67,6 +70,7 @@ from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.linear import PRECISIONS, cpu_summary
 from akv_core.model.loader import load_model
 from akv_core.model.locate import embedded_gguf
+from akv_core.model.prefill import PREFILL_SWITCH
 from akv_core.model.reference import transformers_reference
 from akv_core.threads import phase_threads
 
@@ -270,12 +274,12 @@ def decode_bursts(decoders: dict[str, Decoder], bursts: int, steps: int) -> dict
 
 
 def summary(title: str, unit: str, clocks: dict[str, list[Clock]], scale: float, per_second: Callable[[float], float],
-            threads: int) -> None:
+            threads: int, baselines: tuple[str, ...] = ("transformers", PEER)) -> None:
     """Median CPU and wall time per contender and the median per-round ratio against each baseline present
     (CPU time on one thread, wall time on more: see the module docstring)."""
     measure = "cpu" if threads == 1 else "wall"
     print(f"{title}; ratios by {measure} time")
-    baselines = [name for name in ("transformers", PEER) if name in clocks]
+    baselines = tuple(name for name in baselines if name in clocks)
     for name, values in clocks.items():
         cpu = statistics.median(c.cpu for c in values) * scale
         wall = statistics.median(c.wall for c in values) * scale
@@ -283,6 +287,35 @@ def summary(title: str, unit: str, clocks: dict[str, list[Clock]], scale: float,
                          for base in baselines)
         rate = per_second(cpu if threads == 1 else wall)
         print(f"  {name:13s} {cpu:9.2f} {unit} cpu  {wall:9.2f} {unit} wall  {rate:8.1f} tok/s{ratios}")
+
+
+def prefill_rounds(hf, ours: dict[str, Any], llm: Any | None, tokens: int, rounds: int, threads: int | None) -> None:
+    """Each contender prefills one `tokens`-token prompt per round, in turn; then the summary with ratios against
+    transformers and float32 (a bf16 / int8 path beside the exact one). Threads: `threads`, else the engine's
+    policy for a prefill (the idle cores)."""
+    prompt = torch.randint(100, 40000, (tokens,), generator=torch.Generator().manual_seed(tokens))
+    clocks: dict[str, list[Clock]] = {name: [] for name in ("transformers", *ours, *([PEER] if llm else []))}
+    for round_index in range(rounds):
+        with (torch_threads(threads) if threads else phase_threads("prefill", tokens)) as used:
+            clocks["transformers"].append(reference_prefill(hf, prompt))
+            for name, model in ours.items():
+                clocks[name].append(our_prefill(model, prompt))
+            if llm is not None:
+                llama_cpp_threads(llm, used)
+                clocks[PEER].append(peer_prefill(llm, prompt))
+        print(f"prefill {tokens} tokens, round {round_index + 1}/{rounds} ({used} thread(s); cpu s / wall s): "
+              + ", ".join(f"{k} {v[-1].cpu:.2f} / {v[-1].wall:.2f}" for k, v in clocks.items()), flush=True)
+    summary(f"prefill ({used} thread(s), {tokens} tokens, {rounds} rounds; load average {os.getloadavg()[0]:.2f} "
+            "after)", "s", clocks, 1.0, lambda seconds: tokens / seconds, used, ("transformers", "float32", PEER))
+
+
+def float32_reference(loaded: Any | None) -> Any:
+    """float32 weights on the float32 prefill path, the exact reference: `loaded` where it is that, else a fresh
+    load (`AKV_PREFILL` may have put the benchmark's float32 on another path, to measure it)."""
+    if loaded is not None and loaded.prefill_path.kind == "float32":
+        return loaded
+    with _environment({PREFILL_SWITCH: "float32"}):
+        return load_model("smollm2")
 
 
 def print_accuracy(name: str, result: Accuracy) -> None:
@@ -586,12 +619,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decode-prompt", type=int, default=128)
     parser.add_argument("--bursts", type=int, default=8, help="decode rounds; each runs every contender")
     parser.add_argument("--burst-steps", type=int, default=4)
-    parser.add_argument("--prefill-tokens", type=int, default=2048)
+    parser.add_argument("--prefill-tokens", default="512,2048,8192", help="prompt lengths, comma-separated")
+    parser.add_argument("--prefill-threads", type=int, default=None, help="threads for every prefill (default: "
+                        "the engine's policy, the idle cores)")
     parser.add_argument("--rounds", type=int, default=3, help="prefill rounds")
     parser.add_argument("--history", type=int, default=6144)
     parser.add_argument("--parts", default=",".join(PARTS), help="measurements to run, comma-separated")
     args = parser.parse_args()
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    try:
+        args.prefill_tokens = [int(t) for t in args.prefill_tokens.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--prefill-tokens: expected prompt lengths such as 512,2048, got {args.prefill_tokens!r}")
+    if not args.prefill_tokens or min(args.prefill_tokens) <= 16:
+        parser.error("--prefill-tokens: at least one length, each more than 16 tokens (a prefill-sized product)")
     try:
         args.serve_threads = [int(t) for t in args.serve_threads.split(",") if t.strip()]
     except ValueError:
@@ -643,12 +684,13 @@ def main() -> None:
         return
     hf = transformers_reference()
     ours = {name: load_model("smollm2", precision=name) for name in args.precisions}
-    n_ctx = max(args.prefill_tokens, args.decode_prompt + args.bursts * args.burst_steps + 1,
+    print("prefill paths (akv_core.model.prefill; AKV_PREFILL overrides): "
+          + ", ".join(f"{name} {model.prefill_path}" for name, model in ours.items()), flush=True)
+    n_ctx = max(*args.prefill_tokens, args.decode_prompt + args.bursts * args.burst_steps + 1,
                 args.decode_prompt + args.serve_tokens + 1)
-    llm = llama_cpp(1, n_ctx, args.prefill_tokens, args.llama_cpp) if args.peer else None
+    llm = llama_cpp(1, n_ctx, max(args.prefill_tokens), args.llama_cpp) if args.peer else None
     generator = torch.Generator().manual_seed(0)
     decode_prompt = torch.randint(100, 40000, (args.decode_prompt,), generator=generator)
-    prefill_prompt = torch.randint(100, 40000, (args.prefill_tokens,), generator=generator)
     steps = args.bursts * args.burst_steps
 
     # Decode: short bursts in turn, so that load from other processes falls on every contender alike.
@@ -663,28 +705,17 @@ def main() -> None:
         summary(f"decode ({threads} thread(s), {args.decode_prompt}-token prompt, {args.bursts} bursts of "
                 f"{args.burst_steps} steps; load average {os.getloadavg()[0]:.2f} after)", "ms/token", decode, 1e3 / args.burst_steps, lambda ms: 1e3 / ms, threads)
 
-    prefill: dict[str, list[Clock]] = {name: [] for name in ("transformers", *ours, *([PEER] if llm else []))}
-    for round_index in range(args.rounds) if "prefill" in args.parts else ():
-        with phase_threads("prefill", args.prefill_tokens) as prefill_threads:
-            prefill["transformers"].append(reference_prefill(hf, prefill_prompt))
-            for name, model in ours.items():
-                prefill[name].append(our_prefill(model, prefill_prompt))
-            if llm is not None:
-                llama_cpp_threads(llm, prefill_threads)
-                prefill[PEER].append(peer_prefill(llm, prefill_prompt))
-        print(f"prefill round {round_index + 1}/{args.rounds} ({prefill_threads} thread(s); cpu s / wall s): "
-              + ", ".join(f"{k} {v[-1].cpu:.2f} / {v[-1].wall:.2f}" for k, v in prefill.items()), flush=True)
-    if "prefill" in args.parts:
-        summary(f"prefill ({prefill_threads} thread(s), {args.prefill_tokens} tokens, {args.rounds} rounds)", "s",
-                prefill, 1.0, lambda seconds: args.prefill_tokens / seconds, prefill_threads)
+    for tokens in args.prefill_tokens if "prefill" in args.parts else ():
+        prefill_rounds(hf, ours, llm, tokens, args.rounds, args.prefill_threads)
 
-    reduced = [name for name in ours if name != "float32"]
-    if reduced and "accuracy" in args.parts:
-        exact = ours.get("float32") or load_model("smollm2")
+    exact = float32_reference(ours.get("float32")) if "accuracy" in args.parts else None
+    reduced = [name for name, model in ours.items() if model is not exact]
+    if reduced and exact is not None:
         with phase_threads("decode"):
             probes = float32_probes(exact, prompt_ids())
             reference_logits = [logits_along(exact, probe) for probe in probes]
-            print(f"accuracy against float32: {len(probes)} chat prompts, each with float32's greedy continuation")
+            print(f"accuracy against float32 (on the float32 path): {len(probes)} chat prompts, each with float32's "
+                  "greedy continuation")
             for name in reduced:
                 print_accuracy(name, accuracy(ours[name], probes, reference_logits))
             # fbgemm's dynamic int8 GEMM, the fastest CPU product: why no precision uses it.

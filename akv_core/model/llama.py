@@ -22,12 +22,17 @@ from akv_core.kernels import cpu_gemv
 from akv_core.model.batch import ForwardBatch, SeqAttention
 from akv_core.model.config import ModelConfig
 from akv_core.model.kv_buffers import KVBuffers
-from akv_core.model.linear import Projection
+from akv_core.model.linear import GEMV_ROWS, Projection
+from akv_core.model.prefill import PrefillPath
+from akv_core.model.prefill_attention import causal_attention_bf16
 from akv_core.model.rope import Rope
 
 # Queries per attention call in a long prefill: each chunk sees only the keys up to its own
 # end, so the causal upper triangle is mostly skipped instead of computed and masked.
 PREFILL_CHUNK = 512
+
+# The mask of a chunk whose causal attention runs in bf16 products (`_attend_chunk`), never `attend`'s.
+BF16_CAUSAL = "bf16-causal"
 
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
 
@@ -96,6 +101,8 @@ class CausalLM:
                                   and config.rotary_dim <= min(config.head_dim, 512)
                                   and all(w.q_norm is None for w in layers) and cpu_gemv.available())
         self._stack: cpu_gemv.DecodeStack | None = None   # built on the first fused decode step
+        # The prefill products' path (akv_core.model.prefill); on the bf16 one, prompts attend in bf16 too.
+        self.prefill_path: PrefillPath | None = getattr(layers[0].qkv, "prefill_path", None) if layers else None
 
     def _can_fuse_decode(self) -> bool:
         """Whether decode steps can run as five fused CPU kernels per layer (`_decode_fused`): every
@@ -200,7 +207,11 @@ class CausalLM:
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
-        marks a fresh prefill (new tokens only), which SDPA handles block-causally without a mask."""
+        marks a fresh prefill (new tokens only), which SDPA handles block-causally without a mask;
+        `BF16_CAUSAL` a prompt's new tokens on the bf16 prefill path, attending in blocks (any prefix)."""
+        if (seq.mask is None and seq.q_len > GEMV_ROWS and self.attention_probe is None
+                and self.prefill_path is not None and self.prefill_path.kind == "bf16"):
+            return [(slice(0, seq.q_len), seq.kv_slots, BF16_CAUSAL)]
         if seq.mask is None and seq.q_len > 1 and seq.kv_slots.numel() == seq.q_len:
             return [(slice(0, seq.q_len), seq.kv_slots, "causal")]
         if seq.mask is not None or seq.q_len <= PREFILL_CHUNK:
@@ -245,13 +256,25 @@ class CausalLM:
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
         if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
-            return w.o(self.attend(index, 0, q, kv, chunks[0][0][1], chunks[0][0][2]).reshape(-1, q_size))
+            _, slots, mask = chunks[0][0]
+            return w.o(self._attend_chunk(index, 0, q, k, v, kv, slots, mask).reshape(-1, q_size))
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
         for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
             for rows, slots, mask in seq_chunks:
                 lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
-                out[lo:hi] = self.attend(index, seq_index, q[lo:hi], kv, slots, mask)
+                out[lo:hi] = self._attend_chunk(index, seq_index, q[lo:hi], k[lo:hi], v[lo:hi], kv, slots, mask)
         return w.o(out.view(-1, q_size))
+
+    def _attend_chunk(self, layer: int, seq_index: int, q: Tensor, k: Tensor, v: Tensor, kv: KVBuffers,
+                      slots: Tensor, mask: Tensor | str | None) -> Tensor:
+        """`attend`, or for a `BF16_CAUSAL` chunk the blockwise bf16 attention: q and the new k / v are the
+        chunk's rows, `slots` every key it sees (the new ones last; a fresh prompt's are k / v themselves)."""
+        if not (isinstance(mask, str) and mask == BF16_CAUSAL):
+            return self.attend(layer, seq_index, q, kv, slots, mask)
+        if slots.numel() == q.shape[0]:
+            return causal_attention_bf16(q, k, v, self._scale)
+        return causal_attention_bf16(q, kv.k[layer].index_select(0, slots), kv.v[layer].index_select(0, slots),
+                                     self._scale)
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                mask: Tensor | str | None) -> Tensor:

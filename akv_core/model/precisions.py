@@ -1,7 +1,8 @@
 """The weight precisions a model can be loaded in, without torch (the CLI and configs check names here).
 
-Activations and the KV pool stay float32 in every precision; only the matmul weights differ
-(docs/engine-model.md). int8 and int4 run on the CPU only, on torch's weight-only kernels.
+The residual stream and the KV pool stay float32 in every precision; the matmul weights differ, and
+the products of prompts may run in bf16 (the prefill path, `akv_core.model.prefill`; docs/engine-model.md).
+int8 and int4 run on the CPU only.
 """
 from __future__ import annotations
 

@@ -8,24 +8,30 @@ What is stored:
   row, weight = scale * q + offset: llama.cpp's Q4_1 layout, so a Q4_0 / Q4_1 GGUF tensor is taken
   as stored (`GGUFFile.int4_groups`), any other weight is quantized at load (min / max per group).
 
-Kernels: decode-sized inputs (<= `GEMV_ROWS` rows) go through torch's weight-only CPU kernels,
-`aten::_weight_int8pack_mm` and `aten::_weight_int4pack_mm_for_cpu`, on bf16 activations (their
-vectorized path; torch picks the AVX2 or AVX-512 code for the CPU it runs on). Larger inputs
-(prefill) use a dense copy of the quantized weight (`linear.PrefillWeights`, as "mixed" does):
-on an AVX2 CPU both weight-only kernels run a 512-row product about 2x slower than fp32's GEMM,
-and dequantizing per call costs a prefill chunk of 512 tokens about 18%. fbgemm's dynamically
-quantized int8 GEMM is faster than any of them, but its 7-bit activations cost SmolLM2 a KL
-divergence of ~0.24 per token against float32 (docs/engine-model.md), so it is not used.
+Kernels: decode-sized inputs (<= `GEMV_ROWS` rows) go through the fused kernels of `cpu_gemv` where they
+run, else torch's weight-only CPU kernels, `aten::_weight_int8pack_mm` and
+`aten::_weight_int4pack_mm_for_cpu`, on bf16 activations. Larger inputs (prefill) take the model's prefill
+path (`akv_core.model.prefill`), whose weights are made once at load: on the bf16 path a bf16 copy packed
+for oneDNN (2 bytes per weight: for int4, four times its own 4-bit weights); on the int8 path int8 weights
+per output channel (1 byte per weight; int8's own values, int4's re-quantized); on the float32 path the
+weights are dequantized to fp32 on each call (no copy kept; a millisecond or two per weight and call)
+and multiplied on oneDNN where it runs (`DequantizedPerCall`).
+torch's weight-only kernels are not used for prefill: on an AVX-512 EPYC they run a 2,048-row product
+at about 100 GFLOPS on one core against 450 for oneDNN's bf16 and 850 for `torch._int_mm`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from akv_core.kernels import cpu_gemv
-from akv_core.model.linear import GEMV_ROWS, PrefillWeights
+from akv_core.model.linear import GEMV_ROWS
+from akv_core.model.prefill import (Bf16Weights, Int8Weights, PrefillPath, PrefillProduct, low_precision_weights,
+                                    onednn_on, prefill_path, quantize_int8_rows)
 
 INT4_GROUP = 32
 # The weight-only kernel of each precision, looked up in the running torch (never assumed at install).
@@ -40,29 +46,22 @@ def require_kernel(precision: str) -> None:
                          f"{torch.__version__} does not have; use float32, fp16 or mixed")
 
 
-def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per output row: (q int8 [N, K] in -127..127, scale fp32 [N])."""
-    weight = weight.float()
-    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-    q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
 class _QuantizedLinear:
-    """y = x W^T + b: decode-sized inputs through a weight-only kernel (`_decode`, bf16 in and out),
-    larger ones through the dense prefill copy."""
+    """y = x W^T + b: decode-sized inputs through the fused kernel (`product`) or a weight-only kernel
+    (`_decode`, bf16 in and out), larger ones through the prefill path's weights (`prefill`)."""
 
     bias: Tensor | None
-    prefill: PrefillWeights
+    prefill: PrefillProduct
+    prefill_path: PrefillPath
 
     fused: bool   # decode through `cpu_gemv` (fp32 in and out), chosen at load where this CPU runs it
 
     def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         """`out_dtype=torch.bfloat16` lets a bf16 product stay bf16 (for a following bf16 product)."""
-        out_dtype = out_dtype if self.bias is None else None
         if x.shape[0] > GEMV_ROWS:
-            y = self.prefill(x, out_dtype)
-        elif self.fused:
+            return self.prefill(x, out_dtype)
+        out_dtype = out_dtype if self.bias is None else None
+        if self.fused:
             y = self.product(x)
         else:
             y = self._decode(x.to(torch.bfloat16).contiguous())
@@ -90,7 +89,13 @@ class Int8Linear(_QuantizedLinear):
             self.kernel = cpu_gemv.pack_q8(q, self.scale)
         else:            # torch's kernel's
             self.q, self.scale_bf16 = q, self.scale.bfloat16()
-        self.prefill = PrefillWeights(self.dequantize())
+        self.prefill_path = prefill_path("int8")
+        if self.prefill_path.kind == "int8":   # the very values the decode kernels hold
+            self.prefill = Int8Weights(q, self.scale, bias)
+        elif self.prefill_path.kind == "bf16":   # |q| <= 127 is exact in bf16: the scales stay fp32
+            self.prefill = Bf16Weights(q, bias, self.scale)
+        else:
+            self.prefill = DequantizedPerCall(self.dequantize, bias)
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale_bf16)
@@ -171,7 +176,11 @@ class Int4Linear(_QuantizedLinear):
             self.kernel = cpu_gemv.pack_q4(groups.values(), groups.scale, groups.offset)
         else:
             self.packed, self.scale_zeros = torch_int4_pack(groups)
-        self.prefill = PrefillWeights(groups.dequantize())
+        self.prefill_path = prefill_path("int4")
+        if self.prefill_path.kind == "float32":
+            self.prefill = DequantizedPerCall(groups.dequantize, bias)
+        else:
+            self.prefill = low_precision_weights(self.prefill_path, groups.dequantize(), bias)
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scale_zeros)
@@ -181,6 +190,25 @@ class Int4Linear(_QuantizedLinear):
 
     def kernel_weights(self) -> cpu_gemv.Weights:
         return self.kernel
+
+
+class DequantizedPerCall:
+    """The float32 path's product for quantized weights: fp32 weights made afresh on each call and dropped
+    after it (no copy kept), multiplied on oneDNN where it runs. On a 2-core AVX-512 EPYC a 2,048-row
+    product runs at 169 GFLOPS on one core this way, against 83 on torch's F.linear and 199 on a packed fp32
+    copy (which would cost 4 bytes per weight)."""
+
+    bf16 = False
+
+    def __init__(self, dequantize: Callable[[], Tensor], bias: Tensor | None) -> None:
+        self.dequantize, self.bias = dequantize, bias
+        self.onednn = onednn_on()
+
+    def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        if self.onednn:
+            return torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), self.dequantize(), self.bias, "none",
+                                                      [], "")
+        return F.linear(x.float(), self.dequantize(), self.bias)
 
 
 def _require_cpu(tensor: Tensor, precision: str) -> None:

@@ -39,7 +39,8 @@ from akv_core.server.protocol import (
 )
 from akv_core.server.logprobs import TokenTexts, choice_logprobs, token_texts
 from akv_core.server.streaming import ChunkStream, combined_usage, usage_info
-from akv_core.server.validation import generation_args, ignored_params
+from akv_core.server.reply_fields import attribution_field, prompt_logprobs_field
+from akv_core.server.validation import GenerationArgs, generation_args, ignored_params
 
 IGNORED_HEADER = "x-akv-ignored-params"   # the accepted-and-ignored fields a request sent
 
@@ -112,7 +113,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/server_info", response_model=ServerInfo)
     async def server_info() -> ServerInfo:
-        return ServerInfo(model=state.model_name, akv=akv_features(),
+        path = getattr(getattr(state.loop.engine, "model", None), "prefill_path", None)
+        return ServerInfo(model=state.model_name, akv=akv_features(), prefill=None if path is None else str(path),
                           max_model_len=getattr(state.loop.engine, "context_length", None))
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -148,20 +150,21 @@ async def _chat(state: ServerState, body: ChatCompletionRequest, request: Reques
     # A new grammar takes llguidance up to a second to compile (without the GIL), and the token table
     # of log probabilities a third of a second once: such requests are set up on a worker thread so
     # the other requests stream on meanwhile.
-    texts = None if args.top_logprobs is None else await asyncio.to_thread(token_texts, state.loop.engine)
-    slow = args.grammar is not None or args.top_logprobs is not None
+    scores = args.top_logprobs is not None or args.reply.prompt_logprobs is not None
+    texts = await asyncio.to_thread(token_texts, state.loop.engine) if scores else None
+    slow = args.grammar is not None or scores
     handles = await asyncio.to_thread(state.loop.submit_all, args) if slow else state.loop.submit_all(args)
     parsers = [AssistantOutputParser(parse_tool_calls=args.tools is not None) for _ in handles]
     ignored = ignored_params(body)
     headers = {IGNORED_HEADER: ",".join(ignored)} if ignored else {}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = ChunkStream(state.model_name, parsers, include_usage, texts)
+        stream = ChunkStream(state.model_name, parsers, include_usage, None if args.top_logprobs is None else texts)
         chunks = _stream(state, handles, request, stream, started)
         return StreamingResponse(chunks, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
                                  background=BackgroundTask(_cancel, handles))
-    response = await _complete(state, handles, request, parsers, started, texts)
+    response = await _complete(state, handles, request, parsers, started, texts, args)
     response.headers.update(headers)
     return response
 
@@ -177,7 +180,7 @@ class _Collected:
 
 async def _complete(state: ServerState, handles: list[Any], request: Request,
                     parsers: list[AssistantOutputParser], started: float,
-                    texts: TokenTexts | None) -> JSONResponse:
+                    texts: TokenTexts | None, args: GenerationArgs) -> JSONResponse:
     collected = await _collect(state, handles, request, parsers, texts)
     if collected is None:
         state.metrics.count_request("chat", "disconnected")
@@ -187,8 +190,11 @@ async def _complete(state: ServerState, handles: list[Any], request: Request,
     setattr(request.state, ACCESS_USAGE, usage)
     body = ChatCompletionResponse(model=state.model_name, choices=[],
                                   usage=usage_info(usage)).model_dump(exclude_none=True)
-    body["choices"] = [_choice(index, parser, done, None if texts is None else collected.entries[index])
+    body["choices"] = [_choice(index, parser, done, None if args.top_logprobs is None else collected.entries[index])
                        for index, (parser, done) in enumerate(zip(parsers, collected.finished))]
+    scored = collected.finished[0].continuation_scores
+    if args.reply.prompt_logprobs is not None and scored is not None:
+        body["prompt_logprobs"] = prompt_logprobs_field(scored, usage["prompt_tokens"], texts)
     return JSONResponse(body)
 
 
@@ -226,9 +232,12 @@ def _choice(index: int, parser: AssistantOutputParser, finished: Finished,
     choice = Choice(index=index, finish_reason="tool_calls" if message.tool_calls else finished.finish_reason,
                     message=ResponseMessage(content=message.content, tool_calls=message.tool_calls,
                                             reasoning_content=message.reasoning)).model_dump(exclude_none=True)
-    return {"index": index, "message": {"role": "assistant", "content": None, **choice["message"]},
+    body = {"index": index, "message": {"role": "assistant", "content": None, **choice["message"]},
             "logprobs": None if entries is None else choice_logprobs(entries),
             "finish_reason": choice["finish_reason"]}
+    if finished.attribution is not None:
+        body["attribution"] = attribution_field(finished.attribution)
+    return body
 
 
 async def _stream(state: ServerState, handles: list[Any], request: Request, stream: ChunkStream,

@@ -10,24 +10,10 @@ from akv_core.attribution import USED_MASS, Attribution
 from akv_core.continuation import ContextLengthExceeded
 from akv_core.engine import Engine
 from akv_core.model.linear import Linear
-from test_model_support import engine_parts
+from test_model_support import SECRET, THOUGHT, engine_parts
 
 pytestmark = pytest.mark.model
 
-SECRET = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "The secret code of the blue door is 4721."},
-    {"role": "user", "content": "I had pasta for lunch today."},
-    {"role": "user", "content": "What is the secret code of the blue door?"},
-]
-
-THOUGHT = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Please keep the code of the blue door in mind."},
-    {"role": "assistant", "reasoning_content": "The secret code of the blue door is 4721.",
-     "content": "Understood, I will keep it in mind."},
-    {"role": "user", "content": "What is the secret code of the blue door?"},
-]
 
 VAULTS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 FILLERS = ["The weather in Lisbon is sunny with a high of {n} degrees today.",

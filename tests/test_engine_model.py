@@ -17,26 +17,9 @@ from akv_core.cache.ops import validate_operations
 from akv_core.cache.simulator import CacheSimulator
 from akv_core.engine import Engine
 from akv_core.request import RequestFailed
-from test_model_support import engine_parts
+from test_model_support import SECRET, THOUGHT, engine_parts
 
 pytestmark = pytest.mark.model
-
-SECRET = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "The secret code of the blue door is 4721."},
-    {"role": "user", "content": "I had pasta for lunch today."},
-    {"role": "user", "content": "What is the secret code of the blue door?"},
-]
-
-
-# An earlier assistant turn thought about the secret; only its reasoning holds it.
-THOUGHT = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Please keep the code of the blue door in mind."},
-    {"role": "assistant", "reasoning_content": "The secret code of the blue door is 4721.",
-     "content": "Understood, I will keep it in mind."},
-    {"role": "user", "content": "What is the secret code of the blue door?"},
-]
 
 
 def thinking_agent(turns: int) -> list[dict]:

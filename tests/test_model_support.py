@@ -41,3 +41,22 @@ def run_together(engine, handles: list) -> None:
 def random_ids(n: int, seed: int = 0) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(100, 40000, (n,), generator=generator).tolist()
+
+
+# A history whose last question only its second message answers.
+SECRET = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "The secret code of the blue door is 4721."},
+    {"role": "user", "content": "I had pasta for lunch today."},
+    {"role": "user", "content": "What is the secret code of the blue door?"},
+]
+
+
+# An earlier assistant turn thought about the secret; only its reasoning holds it.
+THOUGHT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Please keep the code of the blue door in mind."},
+    {"role": "assistant", "reasoning_content": "The secret code of the blue door is 4721.",
+     "content": "Understood, I will keep it in mind."},
+    {"role": "user", "content": "What is the secret code of the blue door?"},
+]

@@ -12,8 +12,10 @@ reply token; averaged over the reply's tokens, one unit in all, split into:
 - `generation_header`: the generation prompt after the last message (`<|im_start|>assistant\\n`);
 - `reply`: the reply's own earlier tokens (and each token's own query row).
 
-The shares add up to 1 (up to float rounding). The engine computes them in one teacher-forced
-pass after generation (`akv_core.forcing`), so a request that does not ask pays nothing.
+The shares add up to 1 (up to float rounding). The engine adds each query's weights up as it runs
+(the prompt's last row, then each decode row: the C decode kernels as they attend, other passes by
+computing that row's softmax again; a continued message's rows in its teacher-forced pass,
+`akv_core.forcing`); a request that does not ask pays nothing.
 
 This module holds no torch: the sandbox harness reads `USED_MASS` and `Attribution` from it.
 """

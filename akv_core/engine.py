@@ -36,8 +36,8 @@ from akv_core.chat import ChatTokenizer, Rendered
 from akv_core.constrain import Constrainer, Grammar
 from akv_core.continuation import (ContextLengthExceeded, ContinuationScore, split_final_message,
                                    text_drop_before_reply)
-from akv_core.forcing import ForcedResult, ForcedRows, forced_pass, reply_attribution, visible_offsets
-from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.forcing import ForcedResult, ForcedRows, fold_scratch, forced_pass, reply_attribution, visible_offsets
+from akv_core.model.batch import ForwardBatch, MassProbe, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
                               StreamText)
@@ -370,14 +370,17 @@ class Engine:
         generates = request.params.max_tokens > len(reply)
         fed = reply if generates else reply[:-1]
         rows = self._forced_rows(request, fed, [request.lease.take_decode_slot() for _ in fed])
-        attend = request.provenance is not None and not generates
+        attend = request.provenance is not None
         targets = reply if request.continuation_scored else ()
         result = self._forced(rows, targets, request.continuation_top, attend, last_logits=generates)
         if request.continuation_scored:
             request.continuation_scores = tuple(result.scores)
-        if attend:
-            request.attribution = self._attribution(request, rows, result)
         request.generated.extend(reply)
+        if attend:
+            request.attention_mass = fold_scratch(result.slot_mass, rows, request.layout.view_slots[-1])
+            request.mass_rows = len(rows.tokens)
+            if not generates:
+                request.attribution = self._attribution(request)
         if generates:
             self._sample(request, result.last_logits)
         else:
@@ -403,17 +406,36 @@ class Engine:
         self._passes["prefill"][1] += time.perf_counter() - started
         return result
 
-    def _attribution(self, request: Request, rows: ForcedRows, result: ForcedResult) -> Attribution:
-        config = self.model.config
-        return reply_attribution(result, rows, request.provenance, visible_offsets(request.key), config.num_layers,
-                                 config.num_heads)
+    def _attribution(self, request: Request) -> Attribution:
+        """The reply's attribution from the attention weights its `mass_rows` (one per generated token) put on
+        each pool slot, added up as each query ran (`_take_masses`: the prompt's last row, then the decode rows;
+        a continued message's rows in its teacher-forced pass): the visible prompt's slots, then the decode slots
+        of every reply token fed."""
+        config, rows = self.model.config, len(request.generated)
+        if request.mass_rows != rows:
+            raise RuntimeError(f"attention of {request.mass_rows} rows for {rows} reply tokens")
+        return reply_attribution(request.attention_mass, request.layout.view_slots,
+                                 request.lease.decode_slots[:rows - 1], rows, request.provenance,
+                                 visible_offsets(request.key), config.num_layers, config.num_heads)
 
-    def _attribute_generated(self, request: Request) -> None:
-        """After the last token: the attention of the queries that produced every reply token (a
-        continued message's and the generated ones), from one teacher-forced pass."""
-        fed = request.generated[:-1]
-        rows = self._forced_rows(request, fed, request.lease.decode_slots[:len(fed)])
-        request.attribution = self._attribution(request, rows, self._forced(rows, (), None, True, last_logits=False))
+    @staticmethod
+    def _queries_reply(part: _Part) -> bool:
+        """Whether the part's last row is the query of a reply token whose attention the request asked for: a
+        decode row, or the prompt's last (it samples the first token), unless a continued message's teacher-forced
+        pass computes that row again."""
+        request = part.request
+        return (request.provenance is not None and part.samples
+                and not (request.continuation and not request.generated))
+
+    def _take_masses(self, parts: list[_Part], masses: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add a pass's attention weights (sequence index -> its slots, the weight its last row put on each) to
+        the requests' totals per pool slot."""
+        for index, (slots, weights) in masses.items():
+            request = parts[index].request
+            if request.attention_mass is None:
+                request.attention_mass = torch.zeros(self.kv.num_slots, dtype=torch.float64, device=self.kv.device)
+            request.attention_mass.index_add_(0, slots, weights.to(torch.float64))
+            request.mass_rows += 1
 
     def _publish(self, request: Request) -> None:
         """Share the request's computed prompt through the cache: all of it once its prefill is done,
@@ -484,8 +506,17 @@ class Engine:
         batch = self._batch(parts)
         phase = "prefill" if any(part.request.prefilling for part in parts) else "decode"
         started = time.perf_counter()
-        with self._phase_threads(phase, batch.input_ids.numel(), self.model.decodes_on_kernels(batch, self.kv)):
-            logits = self.model.forward(batch, self.kv)
+        masses: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        wanted = frozenset(index for index, part in enumerate(parts) if self._queries_reply(part))
+        if wanted:
+            self.model.mass_probe = MassProbe(wanted, lambda index, slots, weights: masses.__setitem__(index,
+                                                                                                   (slots, weights)))
+        try:
+            with self._phase_threads(phase, batch.input_ids.numel(), self.model.decodes_on_kernels(batch, self.kv)):
+                logits = self.model.forward(batch, self.kv)
+        finally:
+            self.model.mass_probe = None
+        self._take_masses(parts, masses)
         rows = self._logits_of(parts, logits)
         self._passes[phase][0] += 1
         self._passes[phase][1] += time.perf_counter() - started
@@ -546,7 +577,7 @@ class Engine:
     def _finish(self, request: Request, reason: str) -> None:
         if (request.provenance is not None and request.attribution is None and request.generated
                 and reason in (FINISH_STOP, FINISH_LENGTH)):
-            self._attribute_generated(request)
+            request.attribution = self._attribution(request)
         usage = _usage_of(request)
         self.scheduler.finish(request)
         for name in self._totals:

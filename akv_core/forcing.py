@@ -3,8 +3,9 @@
 One forward over `[last prompt token] + reply[:k]` (the queries that produced each reply token)
 gives, per reply token, its log probability under the request's visible KV and, with the
 attention probe on, the attention every query put on each KV slot. It is the work of a short
-prefill, whichever path (fused C kernels or torch) decoded the tokens, so it is the same for
-both, and a request that asks for neither pays nothing.
+prefill. The engine runs it for a continued message (`continue_final_message`: its scores and,
+when asked, its attribution; a generated reply's attribution is added up as it decodes); a request
+that asks for neither pays nothing.
 
 Where its rows go: the reply tokens' K/V into the request's reserved decode slots (exactly
 where decoding would write them), and the last prompt token, whose query is needed again, into
@@ -123,18 +124,22 @@ def visible_offsets(key: CacheKey) -> list[int]:
     return out
 
 
-def reply_attribution(result: ForcedResult, rows: ForcedRows, provenance: KeyProvenance,
-                      offsets: Sequence[int], layers: int, heads: int) -> Attribution:
-    """The Attribution of a pass run with `attention`: masses per reply token (rows), split by the
-    visible prompt `offsets` (aligned with `rows.context_slots` and then the scratch slot, which
-    holds the last prompt token again) and the reply's own slots."""
-    if result.slot_mass is None:
-        raise ValueError("the pass ran without the attention probe")
-    if len(offsets) != len(rows.context_slots) + 1:
-        raise RuntimeError(f"{len(offsets)} visible offsets for {len(rows.context_slots) + 1} visible slots")
-    scale = 1.0 / (len(rows.tokens) * layers * heads)
-    mass, device = result.slot_mass, result.slot_mass.device
-    prompt_slots = torch.tensor([*rows.context_slots, rows.out_slots[0]], dtype=torch.long, device=device)
-    prompt = (mass[prompt_slots] * scale).tolist()
-    reply = float(mass[torch.tensor(rows.out_slots[1:], dtype=torch.long, device=device)].sum()) * scale
-    return attribute(provenance, offsets, prompt, 0.0, reply, len(rows.tokens))
+def fold_scratch(mass: Tensor, rows: ForcedRows, prompt_last_slot: int) -> Tensor:
+    """`mass` (per pool slot) with the scratch slot's share (the pass's copy of the last prompt token, rows.out_slots[0])
+    moved onto the prompt's own slot of that token, so the scratch slot can take a reply token after the pass."""
+    scratch = rows.out_slots[0]
+    mass[prompt_last_slot] += mass[scratch]
+    mass[scratch] = 0.0
+    return mass
+
+
+def reply_attribution(mass: Tensor, prompt_slots: Sequence[int], reply_slots: Sequence[int], rows: int,
+                      provenance: KeyProvenance, offsets: Sequence[int], layers: int, heads: int) -> Attribution:
+    """The Attribution of `rows` reply-token queries whose attention weights (summed over rows, layers and heads)
+    are `mass`, per pool slot: split by the visible prompt's slots (aligned with `offsets`) and the reply's own."""
+    if len(offsets) != len(prompt_slots):
+        raise RuntimeError(f"{len(offsets)} visible offsets for {len(prompt_slots)} visible slots")
+    scale, device = 1.0 / (rows * layers * heads), mass.device
+    prompt = (mass[torch.tensor(list(prompt_slots), dtype=torch.long, device=device)] * scale).tolist()
+    reply = float(mass[torch.tensor(list(reply_slots), dtype=torch.long, device=device)].sum()) * scale
+    return attribute(provenance, offsets, prompt, 0.0, reply, rows)

@@ -202,6 +202,10 @@ class Request:
     continuation_scores: tuple[TokenScore, ...] | None = None
     provenance: KeyProvenance | None = None   # set when the request asked for its reply's attribution
     attribution: Attribution | None = None
+    # With provenance: the attention weights per pool slot (float64 [slots]) of the `mass_rows` reply-token
+    # queries added so far (akv_core.engine._take_masses).
+    attention_mass: Any = None
+    mass_rows: int = 0
 
     @property
     def prefilling(self) -> bool:

@@ -6,11 +6,12 @@
 Three measurements on one engine (the embedded SmolLM2, float32, one thread per phase, so that
 both sides of each ratio run on the same core budget), each side by side in one run:
 
-- Decode: the same requests (agent histories of about 1,000 tokens, already in the cache; greedy,
-  `--tokens` new tokens) with and without `attribution`, at 1 and 8 concurrent streams, taking
-  turns each round. CPU seconds per round (the process's, all threads), the median over rounds,
-  and their ratio: what asking costs. Not asking runs the same code as before attribution existed
-  plus one attribute test per sampled token, timed alone in nanoseconds.
+- Decode: the same requests (agent histories of about 1,000 tokens, already in the cache, with a new
+  tool result before the last user message, as an agent's next turn; greedy, `--tokens` new tokens) with and
+  without `attribution`, at 1 and 8 concurrent streams, taking turns each round. CPU seconds per
+  round (the process's, all threads), the median over rounds, and their ratio: what asking costs.
+  Not asking runs the same code as before attribution existed plus one test per forward over its
+  requests, timed alone in nanoseconds.
 - Scoring: `Engine.score_continuation` of a reply of `--score-tokens` tokens after a cached history,
   against a plain prefill of the same tokens (the history with the reply as its last message,
   `max_tokens=1`), both from the same cached history: tokens computed per CPU second, and the ratio.
@@ -37,6 +38,7 @@ import random
 import statistics
 import time
 import timeit
+from types import SimpleNamespace
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,14 +98,16 @@ def decode_overhead(engine: Any, settings: Settings, progress: Progress) -> list
     """Per stream count: CPU seconds of the same requests with and without attribution, and the ratio."""
     rows = []
     for streams in settings.streams:
-        prompts = [agent_history(seed) for seed in range(streams)]
-        _run_requests(engine, prompts, 1, False)   # the prompts into the cache
+        histories = [agent_history(seed) for seed in range(streams)]
+        turns = [_new_turn(history) for history in histories]
         seconds: dict[bool, list[float]] = {False: [], True: []}
         tokens = {}
         for round_ in range(settings.rounds):
             for asked in ((False, True) if round_ % 2 == 0 else (True, False)):
+                engine.clear_cache()
+                _run_requests(engine, histories, 1, False)   # the histories cached, the new turns not
                 started = time.process_time()
-                tokens[asked] = _run_requests(engine, prompts, settings.tokens, asked)
+                tokens[asked] = _run_requests(engine, turns, settings.tokens, asked)
                 seconds[asked].append(time.process_time() - started)
         plain, asked = statistics.median(seconds[False]), statistics.median(seconds[True])
         rows.append({"streams": streams, "tokens": tokens[False], "same_tokens": tokens[False] == tokens[True],
@@ -111,6 +115,12 @@ def decode_overhead(engine: Any, settings: Settings, progress: Progress) -> list
                      "extra_pct": round(100 * (asked - plain) / plain, 1)})
         progress(f"decode, {streams} stream(s): {plain:.2f} s plain, {asked:.2f} s with attribution")
     return rows
+
+
+def _new_turn(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history with a new tool result before its last user message: an agent's next turn, whose new
+    tokens are prefilled after the cached history (the prompt's last token in a pass of several rows)."""
+    return [*history[:-1], {"role": "tool", "content": "Search finished."}, history[-1]]
 
 
 def _run_requests(engine: Any, prompts: Sequence[list[dict]], max_tokens: int, attribution: bool) -> int:
@@ -122,12 +132,10 @@ def _run_requests(engine: Any, prompts: Sequence[list[dict]], max_tokens: int, a
 
 
 def unasked_check_ns() -> float:
-    """The per-token work a request without attribution or a continued message adds: one test."""
-    from akv_core.request import Request
-
-    request = Request.__new__(Request)
-    request.continuation, request.generated = (), [1]
-    return timeit.timeit(lambda: request.continuation and not request.generated, number=200_000) / 200_000 * 1e9
+    """The per-step work a batch without attribution adds: one test over its requests (one here)."""
+    parts = [SimpleNamespace(request=SimpleNamespace(provenance=None))]
+    return timeit.timeit(lambda: any(part.request.provenance is not None for part in parts),
+                         number=200_000) / 200_000 * 1e9
 
 
 def scoring_rate(engine: Any, settings: Settings, progress: Progress) -> list[dict[str, Any]]:
@@ -260,8 +268,8 @@ def render(figures: dict[str, Any]) -> str:
                             r["precision"], r["recall"], r["base_rate"]] for r in [*t["per_trace"], {"trace": "all", **t}]])
     sweep = format_table(["threshold", "attention used", "both", "precision", "recall"],
                          [[r["threshold"], r["attention"], r["both"], r["precision"], r["recall"]] for r in t["sweep"]])
-    return "\n\n".join([f"Decode with and without attribution (a request without it: {figures['unasked_check_ns']} ns "
-                        "more per sampled token)", decode, "Teacher-forced scoring against a plain prefill", scoring,
+    return "\n\n".join([f"Decode with and without attribution (a batch without it: {figures['unasked_check_ns']} ns "
+                        "more per forward)", decode, "Teacher-forced scoring against a plain prefill", scoring,
                         f"Attention use (mass >= {t['threshold']}) against reference use records", traces,
                         "The same pairs at other thresholds", sweep])
 

@@ -80,39 +80,60 @@ def spans_of(engine: Engine, messages: list[dict]) -> list[int]:
     return [end - start for start, end in engine.tokenizer.render(messages).spans]
 
 
-def test_unasked_requests_run_no_extra_pass() -> None:
+def test_attribution_runs_no_extra_pass() -> None:
+    """Each reply token's query adds its weights as it runs (the prompt's last row, then the decode rows): a
+    request that asks runs the passes of one that does not, and one that does not ask sets no probe."""
     engine = new_engine()
     plain = engine.generate(SECRET, max_tokens=8)
     assert plain.attribution is None and engine.stats().prefill_passes == 1
-    asked = engine.generate(SECRET, max_tokens=8, attribution=True)
-    assert engine.stats().prefill_passes == 3   # its prompt's last token, then the teacher-forced pass
+    asked = engine.generate(SECRET, max_tokens=8, attribution=True)   # its cached prompt's last token, alone
+    assert engine.stats().prefill_passes == 2
     assert asked.token_ids == plain.token_ids and engine.model.attention_probe is None
+    assert engine.model.mass_probe is None
+    fresh = engine.generate(THOUGHT, max_tokens=8, attribution=True)   # its last token in a pass of many rows
+    assert engine.stats().prefill_passes == 3
+    assert fresh.attribution.tokens == fresh.usage.completion_tokens
+    assert total(fresh.attribution) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_attribution_is_the_same_whichever_decode_path_made_the_tokens() -> None:
+    """The fused C step and the layer-by-layer C attention add up each row's weights as they attend, torch's
+    operators compute the row's softmax again beside theirs: the same attribution, also of a continued message
+    (teacher-forced) with tokens generated after it."""
     model = engine_parts()[0]
-    fused = new_engine().generate(SECRET, max_tokens=16, attribution=True)
+    continued = SECRET + [{"role": "assistant", "content": "The code is"}]
+
+    def replies() -> list:
+        engine = new_engine()
+        return [engine.generate(SECRET, max_tokens=16, attribution=True),
+                engine.generate(continued, max_tokens=12, continue_final_message=True, attribution=True)]
+
+    fused = replies()
     projections = [p for w in model.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
     dense = [p for p in projections if isinstance(p, Linear) and p.dense_rows]
     kernels = (model.fused_decode, model._attention_kernel)
-    try:   # decode on torch's operators alone
-        model.fused_decode = model._attention_kernel = False
+    try:
+        model.fused_decode = False   # C attention and products, layer by layer
+        layered = replies() if model.kernel_decode else fused
+        model._attention_kernel = False   # torch's operators alone
         for projection in dense:
             projection.dense_rows = False
-        torch_path = new_engine().generate(SECRET, max_tokens=16, attribution=True)
+        torch_path = replies()
     finally:
         model.fused_decode, model._attention_kernel = kernels
         for projection in dense:
             projection.dense_rows = True
-    assert torch_path.token_ids == fused.token_ids
-    for a, b in zip(fused.attribution.messages, torch_path.attribution.messages):
-        assert a.mass == pytest.approx(b.mass, abs=1e-5) and a.visible_tokens == b.visible_tokens
-    assert fused.attribution.reply == pytest.approx(torch_path.attribution.reply, abs=1e-5)
+    for reply, other in [*zip(fused, layered), *zip(fused, torch_path)]:
+        assert other.token_ids == reply.token_ids and other.attribution.tokens == reply.attribution.tokens
+        for a, b in zip(reply.attribution.messages, other.attribution.messages):
+            assert a.mass == pytest.approx(b.mass, abs=1e-5) and a.visible_tokens == b.visible_tokens
+        assert reply.attribution.reply == pytest.approx(other.attribution.reply, abs=1e-5)
+        assert reply.attribution.generation_header == pytest.approx(other.attribution.generation_header, abs=1e-5)
 
 
 def test_scored_continuation_equals_the_generation_it_records() -> None:
     engine = new_engine()
-    handle = engine.submit(SECRET, max_tokens=32, top_logprobs=0)
+    handle = engine.submit(SECRET, max_tokens=32, top_logprobs=0, attribution=True)
     events = []
     while not handle.done:
         engine.step()
@@ -127,6 +148,13 @@ def test_scored_continuation_equals_the_generation_it_records() -> None:
     for event, logprob in zip(generated, score.logprobs):
         assert logprob == pytest.approx(event.logprob.logprob, abs=1e-4)
     assert score.total == pytest.approx(sum(score.logprobs))
+    # The weights each query added up as it decoded, against the same queries teacher-forced in one pass.
+    decoded, forced = events[-1].attribution, score.attribution
+    assert decoded.tokens == forced.tokens == len(score.token_ids)
+    for a, b in zip(decoded.messages, forced.messages):
+        assert a.mass == pytest.approx(b.mass, abs=1e-5) and a.visible_tokens == b.visible_tokens
+    assert decoded.reply == pytest.approx(forced.reply, abs=1e-5)
+    assert decoded.generation_header == pytest.approx(forced.generation_header, abs=1e-5)
     # The history came from the cache (its last token is computed again, as for any hit), the reply was
     # computed; it is not kept for later requests.
     assert score.usage.prefilled_tokens == 1 + len(score.token_ids) and score.usage.completion_tokens == 0

@@ -151,22 +151,31 @@ def test_decode_attention_rotates_writes_and_attends_over_the_listed_slots(count
         rot = rot * cos[m] + rot.roll(rotary // 2, -1) * signed_sin[m]
         return torch.cat((rot, heads_[..., rotary:]), -1)
 
-    k_expected, v_expected, expected = k_pool.clone(), v_pool.clone(), []
+    k_expected, v_expected, expected, weights = k_pool.clone(), v_pool.clone(), [], []
     for m in range(rows):
         row = qkv[m].view(heads + 2 * kv_heads, d)
         k_expected[out_slots[m]], v_expected[out_slots[m]] = rotated(row[heads:heads + kv_heads], m), row[heads + kv_heads:]
     for m in range(rows):
         q = rotated(qkv[m].view(-1, d)[:heads], m)
         keys, values = k_expected[seen[m]].transpose(0, 1), v_expected[seen[m]].transpose(0, 1)
+        keys_per_head = keys.repeat_interleave(heads // kv_heads, 0)
+        weights.append(torch.softmax((q[:, None] @ keys_per_head.transpose(1, 2))[:, 0] * 0.3, -1).sum(0))
         if not counts[m]:   # nothing visible: the kernel's output is zero
             expected.append(torch.zeros(heads * d))
             continue
         expected.append(F.scaled_dot_product_attention(q[:, None], keys, values, scale=0.3, enable_gqa=True).reshape(-1))
-    offsets = torch.tensor([0, *counts]).cumsum(0)
-    got = cpu_gemv.decode_attention(qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool, out_slots,
-                                    torch.cat(seen), offsets, 0.3)
+    offsets, slots = torch.tensor([0, *counts]).cumsum(0), torch.cat(seen)
+    mass = cpu_gemv.attention_mass_buffer(heads, slots)
+    mass[:] = 1.0   # the weights are added to what the buffer holds
+    got = cpu_gemv.decode_attention(qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool, out_slots, slots, offsets,
+                                    0.3, mass=mass)
     assert torch.allclose(got, torch.stack(expected), atol=1e-5)
     assert torch.allclose(k_pool, k_expected, atol=1e-6) and torch.equal(v_pool, v_expected)
+    for m, row_weights in enumerate(cpu_gemv.row_masses(mass, heads, offsets)):   # per slot, summed over heads
+        assert torch.allclose(row_weights, weights[m] + heads, atol=1e-5)
+    with pytest.raises(ValueError, match="mass must be contiguous fp32"):
+        cpu_gemv.decode_attention(qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool, out_slots, slots, offsets,
+                                  0.3, mass=mass[1:])
 
 
 def test_the_switch_keeps_torchs_kernels(monkeypatch):

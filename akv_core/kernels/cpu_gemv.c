@@ -29,7 +29,9 @@
  *                quantized ones (`bits` 32 in AkvProjection).
  *
  *   akv_decode_attention: one new token per sequence: RoPE on its q and k heads, its K/V written to
- *                its pool slot, then attention over the sequence's listed slots read in place.
+ *                its pool slot, then attention over the sequence's listed slots read in place; with `mass`
+ *                (akv_decode_layers too) each (row, head)'s attention weights are added into it, over all
+ *                layers of the call: what the tokens' queries attended to (an asked reply attribution).
  *
  * Structure: a product quantizes its input rows once (`quantize`), then an inner kernel fills one range of
  * output columns [n0, n1) (`q4_columns`, `q8_columns`); attention rotates and stores the new K/V per row range
@@ -361,6 +363,14 @@ static inline void add_scaled(float *o, float p, const float *v, int64_t d) {
     for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
 }
 
+/* mass [count] += weights [count]: a (row, head) item's attention weights, owned by the one thread attending it. */
+static void add_weights(float *mass, const float *weights, int64_t count) {
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8)
+        _mm256_storeu_ps(mass + t, _mm256_add_ps(_mm256_loadu_ps(mass + t), _mm256_loadu_ps(weights + t)));
+    for (; t < count; t++) mass[t] += weights[t];
+}
+
 /* One layer's decode attention: qkv [M, (H + 2 Hkv) D] (row m: sequence m's one new token, q then k then v
  * heads), cos / ssin [M, rotary], pools [slots, Hkv, D], out_slots [M], the sequences' visible slots
  * concatenated with offsets [M + 1]. */
@@ -370,6 +380,7 @@ typedef struct {
     float *k_pool, *v_pool;
     const int64_t *out_slots, *slots, *offsets;
     float scale;
+    float *mass;   /* NULL, or laid out as the scores: each (row, head)'s weights added in, layer after layer */
 } Attention;
 
 /* Rows [m0, m1): q and k rotated in qkv itself, the new K/V written to their pool slots. */
@@ -405,6 +416,8 @@ static void attend(const float *qkv, const Attention *at, int64_t i0, int64_t i1
             for (int64_t h = h0; h < h1; h++) row_scores[h * count + t] = dot(q + h * d, key + h / group * d, (int)d) * at->scale;
         }
         for (int64_t h = h0; h < h1; h++) softmax(row_scores + h * count, count);
+        if (at->mass) add_weights(at->mass + heads * at->offsets[m] + h0 * count, row_scores + h0 * count,
+                                  (h1 - h0) * count);
         memset(o + h0 * d, 0, sizeof(float) * (size_t)((h1 - h0) * d));
         for (int64_t t = 0; t < count; t++) {
             prefetch_row(at->v_pool, seen, t + AKV_SLOTS_AHEAD, count, stride);
@@ -800,8 +813,10 @@ static void attention_job(Member *me) {
 /* The Attention fields as arguments -> out [M, H D], on `threads` threads. q and k are rotated in qkv itself. */
 int akv_decode_attention(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
                          const float *cos, const float *ssin, float *k_pool, float *v_pool, const int64_t *out_slots,
-                         const int64_t *slots, const int64_t *offsets, float scale, float *out, int64_t threads) {
-    const Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pool, v_pool, out_slots, slots, offsets, scale};
+                         const int64_t *slots, const int64_t *offsets, float scale, float *out, float *mass,
+                         int64_t threads) {
+    const Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pool, v_pool, out_slots, slots, offsets, scale,
+                          mass};
     if (!attention_valid(&at)) return -2;
     AttentionCall c = {qkv, &at, malloc(sizeof(float) * (size_t)(heads * (offsets[m_rows] > 0 ? offsets[m_rows] : 1))),
                        out};
@@ -850,10 +865,11 @@ static void decode_job(Member *me) {
 int akv_decode_layers(const AkvLayer *layers, int64_t num_layers, float *const *k_pools, float *const *v_pools,
                       float *x, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
                       float eps, const float *cos, const float *ssin, const int64_t *out_slots,
-                      const int64_t *slots, const int64_t *offsets, float scale, int64_t threads) {
+                      const int64_t *slots, const int64_t *offsets, float scale, float *mass, int64_t threads) {
     if (num_layers < 1) return 0;
     Decode c = {.layers = layers, .num_layers = num_layers, .k_pools = k_pools, .v_pools = v_pools, .x = x, .eps = eps,
-                .at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, NULL, NULL, out_slots, slots, offsets, scale}};
+                .at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, NULL, NULL, out_slots, slots, offsets, scale,
+                       mass}};
     int64_t widest = 0;
     for (int64_t i = 0; i < num_layers; i++) {
         const AkvProjection *ps[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};

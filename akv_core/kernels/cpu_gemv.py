@@ -110,7 +110,7 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr, i64]
     library.akv_q8_gemv.argtypes = [*prologue, ptr, ptr, i64, ptr, i64]
     library.akv_decode_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr,
-                                             i64]
+                                             ptr, i64]
     library.akv_f32_gemv.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
     library.akv_f32_product.argtypes = [*prologue, ptr, i64, ptr, i64]
     for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows,
@@ -371,11 +371,12 @@ def _slot_lists(where: str, out_slots: Tensor, slots: Tensor, offsets: Tensor, r
 
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
                      v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float,
-                     threads: int | None = None) -> Tensor:
+                     threads: int | None = None, mass: Tensor | None = None) -> Tensor:
     """One new token per sequence (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by
     cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
     [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
-    (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`)."""
+    (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`). With `mass`
+    (`attention_mass_buffer`), each row's attention weights are added into it."""
     where = "cpu_gemv.decode_attention"
     d, rows = k_pool.shape[-1], qkv.shape[0]
     if not _f32(qkv) or qkv.dim() != 2:
@@ -393,10 +394,33 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     status = _library().akv_decode_attention(qkv.data_ptr(), rows, heads, kv_heads, d, cos.shape[-1],
                                              cos.data_ptr(), signed_sin.data_ptr(), k_pool.data_ptr(),
                                              v_pool.data_ptr(), *(t.data_ptr() for t in indices), scale,
-                                             out.data_ptr(), threads or default_threads())
+                                             out.data_ptr(), _mass_pointer(where, mass, heads, indices[1]),
+                                             threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
     return out
+
+
+def attention_mass_buffer(heads: int, slots: Tensor) -> Tensor:
+    """Zeros for the attention weights of a decode call's rows (`decode_attention`, `DecodeStack`): head h of
+    row m over its slots at [offsets[m] * heads + h * count_m, + count_m); `row_masses` reads them back."""
+    return torch.zeros(heads * slots.numel(), dtype=torch.float32)
+
+
+def row_masses(mass: Tensor, heads: int, offsets: Tensor) -> list[Tensor]:
+    """Per row of the call, the weights its queries put on each of its slots, summed over heads (and the
+    call's layers): row m's [count_m], aligned with slots[offsets[m]:offsets[m + 1]]."""
+    bounds = offsets.tolist()
+    return [mass[heads * lo:heads * hi].view(heads, hi - lo).sum(dim=0) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _mass_pointer(where: str, mass: Tensor | None, heads: int, slots: Tensor) -> int | None:
+    if mass is None:
+        return None
+    if not _f32(mass) or mass.numel() != heads * slots.numel():
+        raise ValueError(f"{where}: mass must be contiguous fp32 CPU of heads x len(slots) = "
+                         f"{heads * slots.numel()} entries, got {tuple(mass.shape)} {mass.dtype}")
+    return mass.data_ptr()
 
 
 @dataclass(frozen=True)
@@ -461,7 +485,8 @@ class DecodeStack:
         self._layers = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
         function = _library().akv_decode_layers
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, f32, i64]
+        function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, f32, ptr,
+                             i64]
         function.restype = ctypes.c_int
         self._function = function
 
@@ -494,15 +519,17 @@ class DecodeStack:
                             kv_heads, head_dim)
 
     def __call__(self, x: Tensor, cos: Tensor, signed_sin: Tensor, k_pools: list[Tensor], v_pools: list[Tensor],
-                 out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float, threads: int | None = None) -> None:
+                 out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float, threads: int | None = None,
+                 mass: Tensor | None = None) -> None:
         """x [M, hidden] fp32 contiguous (changed in place); cos / signed sin [M, rotary]; one pool per layer;
-        on `threads` threads (default `default_threads()`)."""
+        on `threads` threads (default `default_threads()`). With `mass` (`attention_mass_buffer`), each row's
+        attention weights in every layer are added into it."""
         pool_slots = self._check(x, cos, signed_sin, k_pools, v_pools)
         indices = _slot_lists("DecodeStack", out_slots, slots, offsets, x.shape[0], pool_slots)
         count = len(self._layers)
         pools = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in p)) for p in (k_pools, v_pools)]
         status = self._function(self._layers, count, *pools, x.data_ptr(), x.shape[0], *self._dims, self.eps,
                                 cos.data_ptr(), signed_sin.data_ptr(), *(t.data_ptr() for t in indices), scale,
-                                threads or default_threads())
+                                _mass_pointer("DecodeStack", mass, self.heads, indices[1]), threads or default_threads())
         if status:
             raise MemoryError(f"cpu_gemv: akv_decode_layers failed ({status})")

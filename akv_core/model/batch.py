@@ -7,6 +7,7 @@ segment visibility (an explicit mask) are the same mechanism.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -38,3 +39,14 @@ class ForwardBatch:
     out_slots: Tensor      # [T] where each new token's K/V is written
     seqs: list[SeqAttention]
     logits_rows: Tensor    # [R] rows whose logits are returned
+
+
+@dataclass(frozen=True)
+class MassProbe:
+    """The batch's sequences whose last row's attention weights are wanted (a reply token's query), and where each
+    goes: report(sequence index, its visible slots, the weight that row put on each, summed over layers and heads).
+    The C decode kernels add the weights up as they attend; other passes compute that one row's softmax again
+    beside the attention (`Llama._add_last_row_weights`)."""
+
+    seqs: frozenset[int]
+    report: Callable[[int, Tensor, Tensor], None]

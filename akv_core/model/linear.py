@@ -58,8 +58,10 @@ class Linear:
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, precision: str = "float32",
                  prefill_rows: bool = True) -> None:
-        """`prefill_rows=False`: a projection that never sees prefill-sized inputs (the output projection,
-        which only the sampled rows reach): no copy for them."""
+        """`prefill_rows=False`: a projection that rarely sees prefill-sized inputs (the output projection, which
+        only the sampled rows reach, and every row of a teacher-forced scoring pass): no copy made at load; float32
+        weights get oneDNN's packed copy on the first prefill-sized input (twice as fast there as F.linear; for
+        SmolLM2's output projection 113 MB, made only by a process that scores)."""
         if precision not in DENSE_PRECISIONS:
             raise ValueError(f"precision must be one of {DENSE_PRECISIONS}, got {precision!r}")
         self.bias = bias
@@ -78,6 +80,7 @@ class Linear:
         # Prefill-sized float32 products on the float32 path: oneDNN where it runs (faster than torch's GEMM).
         on_float32 = self.prefill_path is not None and self.prefill_path.kind == "float32"
         self.onednn = OneDnnWeights.pack(weight, bias) if precision == "float32" and on_float32 else None
+        self._pack_on_demand = precision == "float32" and not prefill_rows
 
     def _prefill_weights(self, weight: Tensor, bias: Tensor | None, precision: str) -> PrefillProduct | None:
         """The bf16 / int8 copy of the prefill path; on a GPU, mixed's bf16 copy; else None."""
@@ -92,6 +95,8 @@ class Linear:
         if x.shape[0] > GEMV_ROWS:
             if self.prefill is not None:
                 return self.prefill(x, out_dtype)
+            if self._pack_on_demand:
+                self._pack_on_demand, self.onednn = False, OneDnnWeights.pack(self.weight, self.bias)
             if self.onednn is not None and x.dim() == 2:
                 return self.onednn(x)
         if self.weight is not None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from akv_core.kernels import cpu_gemv
-from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.model.batch import ForwardBatch, MassProbe, SeqAttention
 from akv_core.model.config import ModelConfig
 from akv_core.model.kv_buffers import KVBuffers
 from akv_core.model.linear import GEMV_ROWS, Projection
@@ -45,6 +45,7 @@ class KernelAttention:
     sin: Tensor       # signed sin [M, rotary]
     slots: Tensor     # every sequence's visible slots, concatenated
     offsets: Tensor   # [M + 1]: sequence m's slots are slots[offsets[m]:offsets[m + 1]]
+    mass: Tensor | None = None   # the rows' attention weights, added layer after layer (`MassProbe`)
 
 
 @dataclass
@@ -95,6 +96,7 @@ class CausalLM:
         self.device = torch.device(device)
         self.rope = Rope(config, device=device)
         self.attention_probe: AttentionProbe | None = None
+        self.mass_probe: MassProbe | None = None
         self._scale = config.head_dim ** -0.5
         self.fused_decode = self._can_fuse_decode()
         self._attention_kernel = (self.device.type == "cpu" and config.head_dim % 8 == 0
@@ -128,8 +130,14 @@ class CausalLM:
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         chunks = [self._chunks(seq) for seq in batch.seqs]  # masks are the same in every layer
         kernel = self._kernel_attention(batch, kv, cos, sin)
+        masses = ({i: torch.zeros(batch.seqs[i].kv_slots.numel(), dtype=torch.float32, device=self.device)
+                   for i in self.mass_probe.seqs} if self.mass_probe is not None and kernel is None else None)
         for index, layer in enumerate(self.layers):
-            x = self._block(index, layer, x, cos, sin, batch, kv, chunks if kernel is None else kernel)
+            x = self._block(index, layer, x, cos, sin, batch, kv, chunks if kernel is None else kernel, masses)
+        if kernel is not None and kernel.mass is not None:
+            self._report_mass(0, batch.seqs, kernel.mass, kernel.offsets)
+        for i, weights in (masses or {}).items():
+            self.mass_probe.report(i, batch.seqs[i].kv_slots, weights)
         x = rms_norm(x[batch.logits_rows], self.final_norm, self.config.rms_norm_eps)
         return self.lm_head(x).float()
 
@@ -184,8 +192,11 @@ class CausalLM:
             seqs, stop = batch.seqs[start:start + most], min(start + most, len(batch.seqs))
             slots = torch.cat([seq.kv_slots for seq in seqs])
             offsets = torch.tensor([0, *(seq.kv_slots.numel() for seq in seqs)]).cumsum(0)
+            mass = None if self.mass_probe is None else cpu_gemv.attention_mass_buffer(c.num_heads, slots)
             self._stack(x[start:stop], cos[start:stop], sin[start:stop], kv.k, kv.v, batch.out_slots[start:stop], slots,
-                        offsets, self._scale)
+                        offsets, self._scale, mass=mass)
+            if mass is not None:
+                self._report_mass(start, seqs, mass, offsets)
         rows = x[batch.logits_rows]
         if getattr(self.lm_head, "fused", False):
             prologue = cpu_gemv.Prologue(self.final_norm.float().contiguous(), eps)
@@ -200,10 +211,31 @@ class CausalLM:
         None where that kernel does not apply (a prompt row, a mask, a probe, q/k norms, not fp32)."""
         if not (self._attention_kernel and self.dtype == torch.float32 and self._decode_only(batch, kv)):
             return None
-        rows = len(batch.seqs)
-        return KernelAttention(cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous(),
-                               torch.cat([seq.kv_slots for seq in batch.seqs]),
-                               torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0))
+        rows, slots = len(batch.seqs), torch.cat([seq.kv_slots for seq in batch.seqs])
+        mass = None if self.mass_probe is None else cpu_gemv.attention_mass_buffer(self.config.num_heads, slots)
+        return KernelAttention(cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous(), slots,
+                               torch.tensor([0, *(seq.kv_slots.numel() for seq in batch.seqs)]).cumsum(0), mass)
+
+    def _report_mass(self, first: int, seqs: list[SeqAttention], mass: Tensor, offsets: Tensor) -> None:
+        """Hand the wanted sequences' attention weights per slot (summed over heads and layers) to `mass_probe`."""
+        for index, (seq, weights) in enumerate(zip(seqs, cpu_gemv.row_masses(mass, self.config.num_heads, offsets))):
+            if first + index in self.mass_probe.seqs:
+                self.mass_probe.report(first + index, seq.kv_slots, weights)
+
+    def _add_last_row_weights(self, layer: int, q: Tensor, batch: ForwardBatch, kv: KVBuffers,
+                              masses: dict[int, Tensor]) -> None:
+        """Add to masses[i] the softmax weights of sequence i's last query row over its visible slots (its mask's
+        last row, or every slot: a causal chunk's last row sees them all), summed over heads; the layer's new K/V
+        are in the pool."""
+        group = self.config.num_heads // self.config.num_kv_heads
+        for i, total in masses.items():
+            seq = batch.seqs[i]
+            query = q[seq.q_start + seq.q_len - 1].float()                                       # [H, D]
+            keys = kv.k[layer].index_select(0, seq.kv_slots).float().repeat_interleave(group, 1)  # [K, H, D]
+            scores = torch.einsum("hd,khd->hk", query, keys) * self._scale
+            if seq.mask is not None:
+                scores = scores.masked_fill(~seq.mask[-1][None], float("-inf"))
+            total += torch.softmax(scores, dim=-1).sum(dim=0)
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
@@ -224,24 +256,26 @@ class CausalLM:
         return out
 
     def _block(self, index: int, w: LayerWeights, x: Tensor, cos: Tensor, sin: Tensor, batch: ForwardBatch,
-               kv: KVBuffers, chunks: list | KernelAttention) -> Tensor:
+               kv: KVBuffers, chunks: list | KernelAttention, masses: dict[int, Tensor] | None = None) -> Tensor:
         eps = self.config.rms_norm_eps
         # The residual stream is this pass's own tensor: it is updated in place.
-        x = x.add_(self._self_attention(index, w, rms_norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks))
+        x = x.add_(self._self_attention(index, w, rms_norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks,
+                                        masses))
         gate, up = w.gate_up(rms_norm(x, w.mlp_norm, eps), out_dtype=torch.bfloat16).chunk(2, dim=-1)
         return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))  # bf16 only in a mixed prefill
 
     def _self_attention(self, index: int, w: LayerWeights, h: Tensor, cos: Tensor, sin: Tensor,
-                        batch: ForwardBatch, kv: KVBuffers, chunks: list | KernelAttention) -> Tensor:
+                        batch: ForwardBatch, kv: KVBuffers, chunks: list | KernelAttention,
+                        masses: dict[int, Tensor] | None = None) -> Tensor:
         """Project, rotate, write the new K/V into the pool, attend per sequence (or all rows in one kernel
-        call: `_kernel_attention`), project back."""
+        call: `_kernel_attention`), project back; with `masses`, the wanted last rows' weights added in."""
         c = self.config
         qkv = w.qkv(h)
         if isinstance(chunks, KernelAttention):   # rotation, K/V write and attention in one call
             a = chunks
             return w.o(cpu_gemv.decode_attention(qkv.float().contiguous(), c.num_heads, c.num_kv_heads, a.cos, a.sin,
                                                  kv.k[index], kv.v[index], batch.out_slots, a.slots, a.offsets,
-                                                 self._scale))
+                                                 self._scale, mass=a.mass))
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
         if w.q_norm is None:  # q and k are adjacent in qkv: rotate all their heads in one go
@@ -255,6 +289,8 @@ class CausalLM:
             q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
+        if masses:
+            self._add_last_row_weights(index, q, batch, kv, masses)
         if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
             _, slots, mask = chunks[0][0]
             return w.o(self._attend_chunk(index, 0, q, k, v, kv, slots, mask).reshape(-1, q_size))

@@ -37,6 +37,7 @@ from akv_core.constrain import Constrainer, Grammar
 from akv_core.continuation import (ContextLengthExceeded, ContinuationScore, split_final_message,
                                    text_drop_before_reply)
 from akv_core.forcing import ForcedResult, ForcedRows, fold_scratch, forced_pass, reply_attribution, visible_offsets
+from akv_core.kernels.cpu_gemv import kernel_threads
 from akv_core.model.batch import ForwardBatch, MassProbe, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
@@ -44,7 +45,7 @@ from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED
 from akv_core.sampling import (TOP_LOGPROBS_MAX, TokenLogprob, check_sampling, check_top_logprobs, generator_for,
                                log_probs, sample, token_logprob)
 from akv_core.scheduler import Scheduler
-from akv_core.threads import METER, phase_threads
+from akv_core.threads import METER, phase_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -337,20 +338,24 @@ class Engine:
                 parts.append(self._part(request, rows))
             except Exception as error:
                 self._fail(request, error)
-        for part, logits in self._forward(parts):
-            request = part.request
-            try:
-                if request.prefilling:
-                    request.advance(len(part.ids))
-                    self._publish(request)
-                if logits is None:
-                    continue
-                if request.continuation and not request.generated:
-                    self._feed_continuation(request)
-                else:
-                    self._sample(request, logits)
-            except Exception as error:
-                self._fail(request, error)
+        done = self._forward(parts)
+        # Sampling works on rows of a vocabulary's length: one torch thread (no OpenMP threads left spinning on
+        # the cores the next step's kernels use; akv_core.threads.phase_threads).
+        with torch_threads(1) if self.kv.device.type == "cpu" else nullcontext():
+            for part, logits in done:
+                request = part.request
+                try:
+                    if request.prefilling:
+                        request.advance(len(part.ids))
+                        self._publish(request)
+                    if logits is None:
+                        continue
+                    if request.continuation and not request.generated:
+                        self._feed_continuation(request)
+                    else:
+                        self._sample(request, logits)
+                except Exception as error:
+                    self._fail(request, error)
 
     def _sample(self, request: Request, logits: torch.Tensor) -> None:
         """Choose the request's next token from its logits row and take it."""
@@ -603,9 +608,10 @@ class Engine:
             return nullcontext()
         if self._threads is None:
             return phase_threads(phase, new_tokens, kernels)
-        if torch.get_num_threads() != self._threads[phase]:
-            torch.set_num_threads(self._threads[phase])
-        return nullcontext()
+        torch_count = 1 if kernels else self._threads[phase]   # on the kernels, as phase_threads does
+        if torch.get_num_threads() != torch_count:
+            torch.set_num_threads(torch_count)
+        return kernel_threads(self._threads[phase]) if kernels else nullcontext()
 
     def clear_cache(self) -> None:
         """Empty the radix cache, as a fresh engine's; RuntimeError while requests are queued or running."""

@@ -28,9 +28,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+
+from akv_core.kernels.cpu_gemv import kernel_threads
 
 DECODE_THREADS = 1
 # The decode kernels split products of a few hundred columns: measured up to 2 threads; beyond a few,
@@ -153,13 +155,23 @@ def forward_cpu(meter: BusyMeter = METER) -> Iterator[None]:
 
 
 @contextmanager
-def phase_threads(phase: str, new_tokens: int = 1, kernels: bool = False) -> Iterator[int]:
-    """Run the body (a forward pass) with the phase's thread count, restoring the previous count afterwards."""
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the body with torch's thread count at `count`, restoring the previous count afterwards."""
     previous = torch.get_num_threads()
-    chosen = threads_for(phase, new_tokens, kernels)
-    torch.set_num_threads(chosen)
+    torch.set_num_threads(count)
     try:
-        with forward_cpu():
-            yield chosen
+        yield
     finally:
         torch.set_num_threads(previous)
+
+
+@contextmanager
+def phase_threads(phase: str, new_tokens: int = 1, kernels: bool = False) -> Iterator[int]:
+    """Run the body (a forward pass) with the phase's thread count, restoring the previous count afterwards. On
+    the C kernels (`kernels`) the count is theirs and torch's small operators around them run on one thread:
+    OpenMP threads spin for a while after a parallel region, on the cores the kernels' threads then wait for
+    (docs/benchmarks.md, "torch's operators on one thread around the kernels")."""
+    chosen = threads_for(phase, new_tokens, kernels)
+    with torch_threads(1 if kernels else chosen), (kernel_threads(chosen) if kernels else nullcontext()), \
+            forward_cpu():
+        yield chosen

@@ -109,3 +109,19 @@ def test_a_forward_pass_restores_the_thread_count_and_is_counted(monkeypatch):
         _spin(0.02)
     assert torch.get_num_threads() == before
     assert threads.METER._forward_s - counted >= 0.01
+
+
+def test_a_decode_step_on_the_kernels_keeps_torchs_operators_on_one_thread(monkeypatch):
+    """The kernels get the phase's count; torch's small operators around them one thread (no OpenMP threads left
+    spinning on the kernels' cores); both restored after, and a call outside any step takes torch's count."""
+    import torch
+
+    from akv_core.kernels import cpu_gemv
+
+    monkeypatch.setenv("AKV_DECODE_THREADS", "2")
+    before = torch.get_num_threads()
+    with threads.phase_threads("decode", kernels=True) as chosen:
+        assert chosen == 2 == cpu_gemv.default_threads() and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before == cpu_gemv.default_threads()
+    with threads.phase_threads("decode") as chosen:   # torch's operators: the count is theirs
+        assert chosen == 2 == torch.get_num_threads() == cpu_gemv.default_threads()

@@ -196,6 +196,8 @@ def _onednn_layout(weight: Tensor) -> Tensor | None:
     is not a contiguous CPU tensor, or this oneDNN build cannot lay out its shape (torch's GEMM stays)."""
     if weight.device.type != "cpu" or not weight.is_contiguous() or not onednn_on():
         return None
+    if weight.dtype == torch.bfloat16 and not onednn_bf16_ops():
+        return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
     except RuntimeError:
@@ -210,23 +212,28 @@ def onednn_on() -> bool:
 @functools.lru_cache(maxsize=1)
 def onednn_linear_ops() -> bool:
     """Whether this torch carries oneDNN with its packed-linear ops (x86 builds do) and they agree with F.linear
-    on a small product, in fp32 and, where the CPU has native bf16, in bf16 (checked once: a build whose ops
-    misbehave is not used)."""
+    on a small fp32 product (checked once: a build whose ops misbehave is not used)."""
     ops = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise")):
         return False
+    return _agrees(torch.float32, 1e-4)
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_bf16_ops() -> bool:
+    """Whether oneDNN's packed-linear ops also agree with F.linear on a small bf16 product (a CPU without native
+    bf16, or a oneDNN held to an older instruction set, may lack them: bf16 weights then stay plain)."""
+    return onednn_linear_ops() and _agrees(torch.bfloat16, 2e-2)
+
+
+def _agrees(dtype: torch.dtype, tolerance: float) -> bool:
+    ops = torch.ops.mkldnn
     try:
         generator = torch.Generator().manual_seed(0)
-        x, w = torch.randn(32, 64, generator=generator), torch.randn(24, 64, generator=generator)
+        x, w = (t.to(dtype) for t in (torch.randn(32, 64, generator=generator), torch.randn(24, 64, generator=generator)))
         y = ops._linear_pointwise(x, ops._reorder_linear_weight(w, 32), None, "none", [], "")
-        if not torch.allclose(y, F.linear(x, w), rtol=1e-4, atol=1e-4):
-            return False
-        if native_bf16():
-            x, w = x.bfloat16(), w.bfloat16()
-            y = ops._linear_pointwise(x, ops._reorder_linear_weight(w, 32), None, "none", [], "")
-            return bool(torch.allclose(y.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2))
-        return True
+        return bool(torch.allclose(y.float(), F.linear(x, w).float(), rtol=tolerance, atol=tolerance))
     except RuntimeError:
         return False
 

@@ -37,7 +37,6 @@ from akv_core.constrain import Constrainer, Grammar
 from akv_core.continuation import (ContextLengthExceeded, ContinuationScore, split_final_message,
                                    text_drop_before_reply)
 from akv_core.forcing import ForcedResult, ForcedRows, fold_scratch, forced_pass, reply_attribution, visible_offsets
-from akv_core.kernels.cpu_gemv import kernel_threads
 from akv_core.model.batch import ForwardBatch, MassProbe, SeqAttention
 from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH,
                               FINISH_STOP, Generation, Request, RequestEvent, RequestHandle, SamplingParams,
@@ -45,7 +44,7 @@ from akv_core.request import (DEFAULT_MAX_TOKENS, ERROR_ENGINE, FINISH_CANCELLED
 from akv_core.sampling import (TOP_LOGPROBS_MAX, TokenLogprob, check_sampling, check_top_logprobs, generator_for,
                                log_probs, sample, token_logprob)
 from akv_core.scheduler import Scheduler
-from akv_core.threads import METER, phase_threads, torch_threads
+from akv_core.threads import METER, kernel_threads, phase_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 

@@ -32,8 +32,6 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from akv_core.kernels.cpu_gemv import kernel_threads
-
 DECODE_THREADS = 1
 # The decode kernels split products of a few hundred columns: measured up to 2 threads; beyond a few,
 # each thread's share is too small to pay for the barriers (a judgement, not a measurement).
@@ -152,6 +150,26 @@ def forward_cpu(meter: BusyMeter = METER) -> Iterator[None]:
         yield
     finally:
         meter.add_forward(time.process_time() - started)
+
+
+_calls = threading.local()
+
+
+def kernel_thread_count() -> int | None:
+    """The C kernels' thread count set by `kernel_threads` for this Python thread, or None outside one."""
+    return getattr(_calls, "threads", None)
+
+
+@contextmanager
+def kernel_threads(count: int) -> Iterator[None]:
+    """This Python thread's C kernel calls (`akv_core.kernels.cpu_gemv`) run on `count` threads in the body,
+    whatever torch's count."""
+    previous = kernel_thread_count()
+    _calls.threads = count
+    try:
+        yield
+    finally:
+        _calls.threads = previous
 
 
 @contextmanager

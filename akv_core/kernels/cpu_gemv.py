@@ -21,8 +21,8 @@ C reads whatever the pointers it is given point at, so every wrapper here checks
 contiguity, head counts and slot indices the C code relies on, and raises ValueError naming the argument.
 
 Each call runs on `default_threads()` threads, which `akv_core.threads.phase_threads` sets for the forward
-pass (`kernel_threads`; torch's own count outside one): one rule for torch's operators and these kernels. The C library keeps a
-pool of worker threads (started on first use, grown to the largest count asked for) and splits each
+pass (`akv_core.threads.kernel_threads`; torch's own count outside one): one rule for torch's operators
+and these kernels. The C library keeps a pool of worker threads (started on first use, grown to the largest count asked for) and splits each
 product's output columns and each attention's heads between them; results do not depend on the
 thread count. ctypes releases the GIL for the whole call.
 """
@@ -34,9 +34,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +41,7 @@ import torch
 from torch import Tensor
 
 from akv_core.kernels import native_cache
+from akv_core.threads import kernel_thread_count
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-std=c11", "-shared", "-fPIC", "-pthread")
@@ -126,26 +124,10 @@ def _library() -> ctypes.CDLL | None:
     return _loaded()[0]
 
 
-_calls = threading.local()
-
-
 def default_threads() -> int:
-    """The thread count of the next call: inside `kernel_threads(n)`, n; else torch's (`akv_core.threads`
-    sets both per forward pass)."""
-    return getattr(_calls, "threads", None) or torch.get_num_threads()
-
-
-@contextmanager
-def kernel_threads(count: int) -> Iterator[None]:
-    """This Python thread's kernel calls run on `count` threads in the body, whatever torch's count (a decode
-    step on the kernels keeps torch's operators on one thread: OpenMP threads left spinning after a parallel
-    region take the cores these kernels' threads need)."""
-    previous = getattr(_calls, "threads", None)
-    _calls.threads = count
-    try:
-        yield
-    finally:
-        _calls.threads = previous
+    """The thread count of the next call: inside `akv_core.threads.kernel_threads(n)`, n; else torch's
+    (`akv_core.threads` sets both per forward pass)."""
+    return kernel_thread_count() or torch.get_num_threads()
 
 
 def last_threads() -> int:

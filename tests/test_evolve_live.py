@@ -15,12 +15,15 @@ import sys
 import pytest
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
+# Small on purpose: prefill and decode on the CPU are the proposal's cost. A constrained policy answer is
+# about 40 tokens (max_tokens 64 caps a rambling one, which is then rejected as truncated); a 1664-token
+# context still carries both trajectory digests, shortened (a prompt of about 1.55K tokens, not 1.9K).
 TINY = """\
 proposers: [llm]
 max_candidates: 1
 cascade: {subset_size: 1, train_limit: 2}
 validation: {heldout_limit: 2, top_k: 1}
-llm: {model: smollm2, max_tokens: 128, context_tokens: 2048, inspirations: 1, retries: 1, backoff_s: 0.2, timeout_s: 600}
+llm: {model: smollm2, max_tokens: 64, context_tokens: 1664, inspirations: 1, retries: 1, backoff_s: 0, timeout_s: 600}
 """
 
 
@@ -77,6 +80,7 @@ def test_a_run_stopped_by_a_dead_endpoint_resumes_on_the_embedded_model_and_stor
             # Under the policy grammar the answer is a valid policy unless max_tokens cut it off;
             # when it echoes its parent, that is a duplicate.
             assert reason and reason.startswith(("truncated", "duplicate of"))
+        assert json.loads(meta)["digests"]  # the smaller context still leaves train trajectories in the prompt
         assert not any(task in prompt for task in heldout)
         assert "heldout" not in prompt
         assert json.loads(meta)["model"] == "smollm2" and json.loads(meta)["endpoint"].startswith("http://127.0.0.1:")

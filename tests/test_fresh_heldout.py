@@ -32,6 +32,24 @@ def akv(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*AKV, *args], capture_output=True, text=True, env=akv_env(home), cwd=ROOT, timeout=900)
 
 
+def akv_here(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    """`akv ARGS` run by the same app in this process, without a Python start-up per call: its exit code,
+    stdout and stderr (an unexpected exception's traceback appended to stderr). The data folder is the one
+    `akv` above gives; an evolve sets AKV_DB for its task processes, which env= keeps from outliving the call."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from akv_cli.main import app
+
+    env = {"AKV_HOME": akv_env(home)["AKV_HOME"], "AKV_DB": None}
+    result = CliRunner().invoke(app, list(args), env=env)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["akv", *args], result.exit_code, result.stdout, stderr)
+
+
 def quick(folder: Path, drop: tuple[str, ...] = (), **validation: object) -> Path:
     """examples/quick.yaml's settings with these validation settings (less those in `drop`), as a config file."""
     config = yaml.safe_load((ROOT / "examples" / "quick.yaml").read_text(encoding="utf-8"))
@@ -79,13 +97,13 @@ def test_a_range_runs_exactly_those_held_out_tasks_and_the_round_records_it(rang
 def test_runs_show_compare_and_the_provenance_name_the_range(ranged):
     folder, db, name, _out = ranged
     url = f"sqlite:///{db}"
-    shown = akv("runs", "show", name, "--db", url)
+    shown = akv_here("runs", "show", name, "--db", url)
     assert shown.returncode == 0, shown.stderr
     assert "round 1: tasks 8-11 of the run's build (localcomp@" in shown.stdout
-    compared = akv("compare", name, "--db", url, "--out", str(folder / "report.html"))
+    compared = akv_here("compare", name, "--db", url, "--out", str(folder / "report.html"))
     assert compared.returncode == 0, compared.stderr
     assert "held-out: tasks 8-11 of the run's build" in compared.stdout
-    exported = akv("export", name, "--best", "--db", url, "--out", str(folder / "best.akvp"))
+    exported = akv_here("export", name, "--best", "--db", url, "--out", str(folder / "best.akvp"))
     assert exported.returncode == 0, exported.stderr
     heldout = json.loads((folder / "best.json").read_text())["validation"]["heldout"]
     assert heldout["range"] == list(RANGE) and heldout["seed"] is None and heldout["tasks"] == 4
@@ -95,7 +113,7 @@ def test_runs_show_compare_and_the_provenance_name_the_range(ranged):
 def test_revalidating_with_another_range_adds_a_round_and_keeps_the_first(ranged):
     folder, db, name, _out = ranged
     config = quick(folder, heldout_range=list(NEXT_RANGE))
-    again = akv("evolve", "--resume", "--revalidate", "--config", str(config), "--run-name", name,
+    again = akv_here("evolve", "--resume", "--revalidate", "--config", str(config), "--run-name", name,
                 "--db", f"sqlite:///{db}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "validation.heldout_range [12, 15]" in again.stdout
@@ -115,7 +133,7 @@ def test_a_fresh_seed_runs_another_build_and_records_its_version(ranged):
     folder, db, name, _out = ranged
     own = get_suite("localcomp").version(akv_home())
     config = quick(folder, heldout_seed=1, heldout_limit=4)
-    again = akv("evolve", "--resume", "--revalidate", "--config", str(config), "--run-name", name,
+    again = akv_here("evolve", "--resume", "--revalidate", "--config", str(config), "--run-name", name,
                 "--db", f"sqlite:///{db}")
     assert again.returncode == 0, again.stdout + again.stderr
     fresh = get_suite("localcomp").version(fresh_folder(akv_home(), "localcomp", 1))
@@ -124,9 +142,9 @@ def test_a_fresh_seed_runs_another_build_and_records_its_version(ranged):
     assert version == fresh and json.loads(settings)["heldout_seed"] == 1
     assert {f"localcomp-heldout-{i:03d}@seed1" for i in range(4)} <= held_out_ids(db)
     assert f"a fresh build with seed 1 ({fresh})" in again.stdout
-    shown = akv("runs", "show", name, "--db", f"sqlite:///{db}")
+    shown = akv_here("runs", "show", name, "--db", f"sqlite:///{db}")
     assert f"the first 4 tasks of a fresh build with seed 1 ({fresh})" in shown.stdout
-    gap = akv("compare", name, "--db", f"sqlite:///{db}", "--oracle", "--json", "--out", str(folder / "o.html"))
+    gap = akv_here("compare", name, "--db", f"sqlite:///{db}", "--oracle", "--json", "--out", str(folder / "o.html"))
     assert gap.returncode == 0, gap.stdout + gap.stderr   # the oracle runs the tagged tasks on their fresh build
     assert json.loads(gap.stdout)["oracle_gap"]["n_tasks"] == 4
 
@@ -148,19 +166,19 @@ def test_a_bad_setting_is_a_located_config_error(tmp_path, setting, message):
 
 def test_a_range_past_the_split_or_the_run_s_own_seed_stops_before_a_run_exists(tmp_path):
     db = tmp_path / "akv.db"
-    past = akv("evolve", "--config", str(quick(tmp_path, heldout_range=[100, 400])), "--db", f"sqlite:///{db}")
+    past = akv_here("evolve", "--config", str(quick(tmp_path, heldout_range=[100, 400])), "--db", f"sqlite:///{db}")
     assert past.returncode == 2 and "validation.heldout_range: [100, 400) reaches past the 170 held-out" in past.stderr
-    same = akv("evolve", "--config", str(quick(tmp_path, heldout_seed=0)), "--db", f"sqlite:///{db}")
+    same = akv_here("evolve", "--config", str(quick(tmp_path, heldout_seed=0)), "--db", f"sqlite:///{db}")
     assert same.returncode == 2 and "validation.heldout_seed: 0 is the run's own seed" in same.stderr
     assert not db.exists() or rows(db, "SELECT count(*) FROM akv_runs") == [(0,)]
 
 
 def test_a_suite_that_cannot_build_from_another_seed_is_refused(tmp_path):
     home = tmp_path / "home"
-    imported = akv("tasks", "import", "retrieval", "--corpus", str(ROOT / "examples" / "docs.jsonl"),
+    imported = akv_here("tasks", "import", "retrieval", "--corpus", str(ROOT / "examples" / "docs.jsonl"),
                    "--queries", str(ROOT / "examples" / "queries.jsonl"), "--name", "fresh-docs", home=home)
     assert imported.returncode == 0, imported.stderr
-    refused = akv("evolve", "--suite", "fresh-docs", "--config", str(quick(tmp_path, heldout_seed=1)),
+    refused = akv_here("evolve", "--suite", "fresh-docs", "--config", str(quick(tmp_path, heldout_seed=1)),
                   "--db", f"sqlite:///{tmp_path / 'akv.db'}", home=home)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "validation.heldout_seed: suite fresh-docs cannot build its tasks again from another seed" in refused.stderr

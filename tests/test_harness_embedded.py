@@ -1,8 +1,12 @@
 """The embedded backend end to end on the CPU: the real engine serves localcomp tasks.
 
-Kept small on purpose (few requests per task): prefill on a 2-core CPU is the cost.
+Kept small on purpose (few requests per task): prefill on a 2-core CPU is the cost. Loading the
+models is the other cost: the int4 backend loads on a thread beside the float32 engine (loading is
+mostly single-threaded work), and its test takes it when its turn comes.
 """
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -15,7 +19,9 @@ from sandbox.suites import get_suite
 pytestmark = pytest.mark.model
 
 USAGE_FIELDS = ("prompt_tokens", "cached_tokens", "repos_tokens", "drop_skipped_tokens", "prefilled_tokens")
-PARITY_POOL = 16384  # both backends; the first six steps of a task fit without eviction (re-rotated keys included)
+# Both backends. The first six steps of a task hold about 5.6K slots (re-rotated keys and retained KV
+# included): they fit without eviction, and a smaller pool is less memory to allocate and clear.
+PARITY_POOL = 8192
 
 
 def _usage_rows(trajectory) -> list[list[int]]:
@@ -23,9 +29,20 @@ def _usage_rows(trajectory) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def embedded():
+def int4_opening():
+    """`open_backend("embedded", precision="int4")`, started on a thread at once: the int4 test waits for
+    it (and fails with its error, if it raised) while the tests before it run on the float32 engine."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="int4-load") as pool:
+        opening = pool.submit(open_backend, "embedded", precision="int4")
+        yield opening
+        if opening.exception() is None:
+            opening.result().close()
+
+
+@pytest.fixture(scope="module")
+def embedded(int4_opening: Future):
     """One float32 engine for the tests below (loading the model is their main cost); its pool is the
-    parity test's, which the replay backends take too."""
+    parity test's, which the replay backends take too. The int4 backend starts loading first, beside it."""
     backend = EmbeddedBackend(kv_tokens=PARITY_POOL)
     yield backend
     backend.close()
@@ -100,16 +117,14 @@ def test_thinking_drop_on_the_embedded_engine_accounts_as_replay(embedded: Embed
     assert served.usage.drop_skipped_tokens > 0 and served.usage.repos_tokens > 0
 
 
-def test_an_int4_embedded_backend_serves_a_task_on_int4_weights_and_accounts_as_replay() -> None:
+def test_an_int4_embedded_backend_serves_a_task_on_int4_weights_and_accounts_as_replay(
+        int4_opening: Future) -> None:
     from akv_core.model.quantized import Int4Linear
 
-    backend = open_backend("embedded", precision="int4")
+    backend = int4_opening.result()  # open_backend("embedded", precision="int4"); the fixture closes it
     replay = ReplayBackend(kv_tokens=backend.kv_tokens)
-    try:
-        assert isinstance(backend._engine.model.layers[0].gate_up, Int4Linear)
-        served, replayed = (run_tasks("localcomp", "train", "expert-8k", backend=b, limit=1,
-                                      limits=RunLimits(max_steps=1)) for b in (backend, replay))
-    finally:
-        backend.close()
+    assert isinstance(backend._engine.model.layers[0].gate_up, Int4Linear)
+    served, replayed = (run_tasks("localcomp", "train", "expert-8k", backend=b, limit=1,
+                                  limits=RunLimits(max_steps=1)) for b in (backend, replay))
     assert served.summary["errors"] == {} and [r.status for r in served.results] == ["max_steps"]
     assert [r.tokens for r in served.results] == [r.tokens for r in replayed.results]

@@ -28,12 +28,11 @@ AKV = [sys.executable, "-m", "akv_cli.main"]
 KV_ONLY = "record under a kv policy (full) to import it"
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    """A data folder of its own (runs land there) holding the session's localcomp build and caches."""
+def data_folder(folder: Path) -> Path:
+    """`folder` as a data folder of its own (runs land there) holding the session's localcomp build and caches."""
     from akv_core.home import akv_home
 
-    shared, folder = akv_home().resolve(), tmp_path_factory.mktemp("home")
+    shared = akv_home().resolve()
     shutil.copytree(shared / "localcomp", folder / "localcomp")
     for cache in ("tokenizers", "kernels"):
         if (shared / cache).is_dir():
@@ -41,21 +40,78 @@ def home(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """The data folder of the module's tests but the llm one (which has its own: `llm_run`)."""
+    return data_folder(tmp_path_factory.mktemp("home"))
+
+
+def akv_env(home: Path, db: Path) -> dict[str, str]:
+    return {**os.environ, "AKV_HOME": str(home), "AKV_DB": f"sqlite:///{db}", "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "200"}
+
+
 def akv(home: Path, db: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AKV_HOME": str(home), "AKV_DB": f"sqlite:///{db}", "PYTHONUNBUFFERED": "1",
-           "COLUMNS": "200"}
-    return subprocess.run([*AKV, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*AKV, *args], env=akv_env(home, db), capture_output=True, text=True, timeout=timeout)
+
+
+def akv_here(home: Path, db: Path, *args: str) -> tuple[int, str, str]:
+    """`akv ARGS` in this process (no interpreter to start): exit code, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from akv_cli.main import app
+
+    result = CliRunner().invoke(app, list(args), env={"AKV_HOME": str(home), "AKV_DB": f"sqlite:///{db}",
+                                                      "COLUMNS": "200"})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def run_words(*args: str) -> list[str]:
+    """`akv run --suite localcomp --split train ARGS --json`."""
+    return ["run", "--suite", "localcomp", "--split", "train", *args, "--json"]
 
 
 def akv_run(home: Path, db: Path, *args: str) -> tuple[Path, dict[str, dict[str, Any]]]:
     """`akv run --suite localcomp --split train ARGS --json`: its folder and its result rows by task."""
-    done = akv(home, db, "run", "--suite", "localcomp", "--split", "train", *args, "--json")
+    return run_report(akv(home, db, *run_words(*args)))
+
+
+def run_report(done: subprocess.CompletedProcess) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """An `akv run ... --json` that succeeded: its folder and its result rows by task."""
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     out_dir = Path(report["summary"]["out_dir"])
     rows = {json.loads(line)["task_id"]: json.loads(line)
             for line in (out_dir / "results.jsonl").read_text().splitlines()}
     return out_dir, rows
+
+
+LLM_TEST = "test_an_llm_run_imports_with_the_models_replies_and_benches_as_a_trace_set"
+# Two agent requests, each reply cut short after a few tokens: the import needs the model's replies, not good ones.
+LLM_RUN = ("--policy", "full", "--agent", "llm", "--backend", "embedded", "--limit", "1", "--max-steps", "2",
+           "--max-tokens", "8")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def llm_run(request, tmp_path_factory):
+    """The llm run of LLM_TEST (`akv run LLM_RUN`, in a data folder and store of its own), started in the
+    background as this module starts when that test is selected, so that loading the model overlaps the
+    other tests (LLM_TEST comes last); yields (data folder, store, the running process)."""
+    if not any(item.name == LLM_TEST and item.module is request.module for item in request.session.items):
+        yield None
+        return
+    home = data_folder(tmp_path_factory.mktemp("llmhome"))
+    db = tmp_path_factory.mktemp("llmdb") / "akv.db"
+    with subprocess.Popen([*AKV, *run_words(*LLM_RUN)], env=akv_env(home, db), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as running:
+        try:
+            yield home, db, running
+        finally:
+            if running.poll() is None:
+                running.kill()
+            running.communicate()
 
 
 def replayed(trace: Trace) -> TaskOutcome:
@@ -103,30 +159,6 @@ def test_a_scripted_replay_run_imports_as_sent_and_replays_billed_as_it_ran(scri
         assert result.status == "ok" and result.n_requests == row["n_requests"] == len(trace.requests)
         tokens, original = result.tokens.to_dict(), row["tokens"]
         assert tokens == original  # billed exactly as the run was, its output included
-
-
-@pytest.mark.slow
-def test_an_llm_run_imports_with_the_models_replies_and_benches_as_a_trace_set(home, tmp_path) -> None:
-    db = tmp_path / "akv.db"
-    out_dir, rows = akv_run(home, db, "--policy", "full", "--agent", "llm", "--backend", "embedded",
-                            "--limit", "1", "--max-steps", "2", "--max-tokens", "24")
-    (path,) = (out_dir / "trajectories").glob("*.jsonl")
-    (trace,) = read_traces(path)
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    replies = [r["reply"] for r in records if r["type"] == "exchange" and r["purpose"] == "agent"]
-    assert replies and all(reply is not None for reply in replies)
-    assert len(trace.assistant_indices()) == len(trace.requests) == len(replies) == rows[trace.id]["n_requests"]
-    assert trace.messages[-1] == {"role": "assistant", "content": replies[-1]["content"]}
-    assert trace.provenance["agent"] == "llm" and trace.provenance["backend"] == "embedded"
-
-    imported = akv(home, db, "traces", "import", str(path), "--name", "llmrun")
-    assert imported.returncode == 0, imported.stderr
-    assert "llmrun: 1 traces added" in imported.stdout
-    bench = akv(home, db, "bench", "traces", "--suite", "llmrun", "--json")
-    assert bench.returncode == 0, bench.stderr
-    policies = {p["policy"]: p for p in json.loads(bench.stdout)["policies"]}
-    assert policies["oracle"]["score"] == 1.0 and policies["oracle"]["errors"] == 0
-    assert policies["full"]["requests"] == len(trace.requests)
 
 
 def test_a_text_policy_run_is_refused_where_it_rewrote_the_history(home, tmp_path) -> None:
@@ -219,3 +251,27 @@ def test_keep_text_drop_requests_and_header_only_files_are_refused(tmp_path) -> 
         read_traces(header_only)
     with pytest.raises(TraceError, match=rf"^{re.escape(str(header_only))}:1: no agent requests"):
         read_traces(header_only, "akv-run")
+
+
+@pytest.mark.slow
+def test_an_llm_run_imports_with_the_models_replies_and_benches_as_a_trace_set(llm_run) -> None:
+    home, db, running = llm_run
+    stdout, stderr = running.communicate(timeout=300)
+    out_dir, rows = run_report(subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr))
+    (path,) = (out_dir / "trajectories").glob("*.jsonl")
+    (trace,) = read_traces(path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    replies = [r["reply"] for r in records if r["type"] == "exchange" and r["purpose"] == "agent"]
+    assert replies and all(reply is not None for reply in replies)
+    assert len(trace.assistant_indices()) == len(trace.requests) == len(replies) == rows[trace.id]["n_requests"]
+    assert trace.messages[-1] == {"role": "assistant", "content": replies[-1]["content"]}
+    assert trace.provenance["agent"] == "llm" and trace.provenance["backend"] == "embedded"
+
+    code, out, err = akv_here(home, db, "traces", "import", str(path), "--name", "llmrun")
+    assert code == 0, err
+    assert "llmrun: 1 traces added" in out
+    code, out, err = akv_here(home, db, "bench", "traces", "--suite", "llmrun", "--json")
+    assert code == 0, err
+    policies = {p["policy"]: p for p in json.loads(out)["policies"]}
+    assert policies["oracle"]["score"] == 1.0 and policies["oracle"]["errors"] == 0
+    assert policies["full"]["requests"] == len(trace.requests)

@@ -18,7 +18,7 @@ from sandbox.suites import get_suite
 from sandbox.traces.suite import TraceSuite
 
 DATA = Path(__file__).parent / "data" / "traces"
-TAU = "taubench-gpt4o-05"     # held out under seed 0; 17 messages of it: 8 replies, all within SmolLM2's context
+TAU = "taubench-gpt4o-05"     # held out under seed 0; 15 messages of it: 7 replies, all within SmolLM2's context
 SWE = "sweagent-gpt4-01"      # every request of it is past the 8,192-token context
 DROP_TOOL_RESULTS = "mode kv\non each turn: drop role tool\n"   # each result hidden once the agent answered it
 
@@ -30,12 +30,24 @@ def akv(env: dict[str, str], *words: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def tau_window(messages: list[dict]) -> list[dict]:
+    """The tau-bench sample's first 15 messages (7 replies, through the lookup of reservation 4NQLHD, listed in
+    the profile), its system prompt (the airline policy) cut before its "## Domain Basic" section: less history
+    to score each reply after."""
+    system, *rest = messages[:15]
+    policy, heading, _ = system["content"].partition("\n\n## Domain Basic")
+    assert system["role"] == "system" and heading
+    return [{**system, "content": policy}, *rest]
+
+
 @pytest.fixture(scope="module")
 def store_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A throwaway store holding `cut`: the first 17 messages of the tau-bench sample and the whole SWE-agent one."""
+    """A throwaway store holding `cut`: the window of the tau-bench sample (`tau_window`) and the whole SWE-agent
+    one."""
     folder = tmp_path_factory.mktemp("likelihood")
     rows = [json.loads(line) for line in (DATA / "samples.jsonl").open()]
-    cut = [{**r, "messages": r["messages"][:17]} if r["id"] == TAU else r for r in rows if r["id"] in (TAU, SWE)]
+    cut = [{**r, "messages": tau_window(r["messages"])} if r["id"] == TAU else r
+           for r in rows if r["id"] in (TAU, SWE)]
     (folder / "cut.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
     env = {"AKV_DB": f"sqlite:///{folder / 'akv.db'}", "COLUMNS": "160"}
     code, _, err = akv(env, "traces", "import", str(folder / "cut.jsonl"), "--name", "cut")
@@ -62,12 +74,12 @@ def test_full_changes_nothing_and_hiding_answered_tool_results_loses_likelihood(
         fidelity.close()
         scorer.close()
     tau = full[TAU]
-    assert (tau.change, tau.requests, tau.scored) == (0.0, 8, 8) and tau.tokens > 100
-    # The expert keeps the last 12 tool results: on 3 of them it sends what full sends, scored once, exactly 0.
+    assert (tau.change, tau.requests, tau.scored) == (0.0, 7, 7) and tau.tokens > 100
+    # The expert keeps the last 12 tool results: on this trace's 3 it sends what full sends, scored once, exactly 0.
     assert expert[TAU] == tau
-    # With each tool result hidden once answered, the later replies (the lookups of reservations listed in
-    # the profile, message 5) are less likely.
-    assert dropping[TAU].change < -0.005 and dropping[TAU].tokens == tau.tokens and dropping[TAU].scored == 8
+    # With each tool result hidden once answered, the replies are less likely per token: the last one, the lookup
+    # of reservation 4NQLHD (listed in the profile, message 5), loses the most.
+    assert dropping[TAU].change < -0.005 and dropping[TAU].tokens == tau.tokens and dropping[TAU].scored == 7
     # Past the model's context nothing is scored, on either side: no change, and the record says so.
     for scored in (full[SWE], dropping[SWE]):
         assert (scored.change, scored.tokens, scored.requests, scored.scored) == (0.0, 0, 12, 0)
@@ -140,13 +152,13 @@ def test_evolve_judges_the_finalists_in_nats_per_token(store_env, tmp_path: Path
     finally:
         store.close()
     by_label = {v.label: v for v in records}
-    assert by_label["full"].stats["fidelity"]["traces"][TAU] == {"change": 0.0, "tokens": 524, "scored": 8,
-                                                                 "requests": 8}
+    assert by_label["full"].stats["fidelity"]["traces"][TAU] == {"change": 0.0, "tokens": 358, "scored": 7,
+                                                                 "requests": 7}
     assert by_label["expert"].stats["fidelity"]["change"] == 0.0   # sends what full sends on this trace
     assert by_label["standard"].stats["fidelity"]["change"] is None   # the rule does not judge it: not scored
     [dropped] = [v for v in records if v.role == "candidate" and v.stats["policy_name"] == str(dropping)]
     rule, judged = dropped.stats["rule"], dropped.stats["fidelity"]
-    assert judged["measure"] == "likelihood" and judged["change"] < -0.005 and judged["scored"] == 8
+    assert judged["measure"] == "likelihood" and judged["change"] < -0.005 and judged["scored"] == 7
     assert rule["score_unit"] == "nats/token" and rule["margin"] == 0.01
     assert rule["score_delta"] == pytest.approx(judged["change"])   # against the expert's 0
     assert f"log-likelihood {judged['change']:+.4f} nats/token" in dropped.verdict

@@ -60,8 +60,8 @@ class Linear:
                  prefill_rows: bool = True) -> None:
         """`prefill_rows=False`: a projection that rarely sees prefill-sized inputs (the output projection, which
         only the sampled rows reach, and every row of a teacher-forced scoring pass): no copy made at load; float32
-        weights get oneDNN's packed copy on the first prefill-sized input (twice as fast there as F.linear; for
-        SmolLM2's output projection 113 MB, made only by a process that scores)."""
+        weights get oneDNN's packed copy on the first input of more than GEMV_ROWS rows (a scoring pass, or that
+        many requests sampling in one step; for SmolLM2's output projection 113 MB)."""
         if precision not in DENSE_PRECISIONS:
             raise ValueError(f"precision must be one of {DENSE_PRECISIONS}, got {precision!r}")
         self.bias = bias

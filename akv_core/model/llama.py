@@ -227,15 +227,12 @@ class CausalLM:
         """Add to masses[i] the softmax weights of sequence i's last query row over its visible slots (its mask's
         last row, or every slot: a causal chunk's last row sees them all), summed over heads; the layer's new K/V
         are in the pool."""
-        group = self.config.num_heads // self.config.num_kv_heads
         for i, total in masses.items():
             seq = batch.seqs[i]
-            query = q[seq.q_start + seq.q_len - 1].float()                                       # [H, D]
-            keys = kv.k[layer].index_select(0, seq.kv_slots).float().repeat_interleave(group, 1)  # [K, H, D]
-            scores = torch.einsum("hd,khd->hk", query, keys) * self._scale
-            if seq.mask is not None:
-                scores = scores.masked_fill(~seq.mask[-1][None], float("-inf"))
-            total += torch.softmax(scores, dim=-1).sum(dim=0)
+            last = seq.q_start + seq.q_len - 1
+            keys = kv.k[layer].index_select(0, seq.kv_slots).transpose(0, 1)                     # [Hkv, K, D]
+            weights = self._weights(q[last:last + 1].transpose(0, 1), keys, None if seq.mask is None else seq.mask[-1:])
+            total += weights[:, 0].sum(dim=0)
 
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
@@ -334,11 +331,16 @@ class CausalLM:
     def _attend_probed(self, layer: int, seq_index: int, queries: Tensor, keys: Tensor, values: Tensor,
                        slots: Tensor, mask: Tensor | None) -> Tensor:
         """Explicit softmax, so the probe sees the very weights that multiply the values."""
+        probs = self._weights(queries, keys, mask)
+        self.attention_probe(layer, seq_index, slots, probs.transpose(0, 1))
         group = self.config.num_heads // self.config.num_kv_heads
-        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
-        scores = (queries.float() @ keys.float().transpose(1, 2)) * self._scale       # [H, n, K]
+        return (probs @ values.float().repeat_interleave(group, 0)).to(queries.dtype).transpose(0, 1)
+
+    def _weights(self, queries: Tensor, keys: Tensor, mask: Tensor | None) -> Tensor:
+        """Softmax attention weights [H, n, K] (fp32) of queries [H, n, D] over keys [Hkv, K, D], where mask
+        [n, K] (True: visible) allows."""
+        group = self.config.num_heads // self.config.num_kv_heads
+        scores = (queries.float() @ keys.float().repeat_interleave(group, 0).transpose(1, 2)) * self._scale
         if mask is not None:
             scores = scores.masked_fill(~mask[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        self.attention_probe(layer, seq_index, slots, probs.transpose(0, 1))
-        return (probs @ values.float()).to(queries.dtype).transpose(0, 1)
+        return torch.softmax(scores, dim=-1)

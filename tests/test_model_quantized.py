@@ -108,6 +108,23 @@ def test_the_onednn_switch_and_the_output_projection_keep_no_packed_copy(monkeyp
     assert layer.onednn is None and torch.equal(layer(x), F.linear(x, weight))
 
 
+@needs_onednn
+def test_quantized_weights_on_the_float32_path_run_on_a_packed_copy_unless_onednn_is_off(monkeypatch):
+    """On the float32 path (a CPU without native bf16, or forced) int8 / int4 weights are dequantized once into a
+    packed fp32 copy, the float32 model's own product; with oneDNN switched off, none is kept."""
+    monkeypatch.setenv("AKV_PREFILL", "float32")
+    weight, x = random_weight(96, 128), torch.randn(40, 128, generator=torch.Generator().manual_seed(7))
+    for layer in (Int8Linear(weight), Int4Linear(Int4Groups.quantize(weight))):
+        packed = layer.prefill.packed
+        got = layer(x)
+        assert packed is not None and torch.equal(got, packed(x))
+        torch.testing.assert_close(got, F.linear(x, held_weight(layer)), atol=1e-5, rtol=1e-5)
+    monkeypatch.setenv(linear.ONEDNN_SWITCH, "off")
+    layer = Int4Linear(Int4Groups.quantize(weight))
+    assert layer.prefill.packed is None
+    torch.testing.assert_close(layer(x), F.linear(x, held_weight(layer)), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.model
 @needs_onednn
 def test_the_float32_model_packs_its_projections_but_not_its_output_projection():

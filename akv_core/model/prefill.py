@@ -11,7 +11,7 @@ Three paths, one per kind of unit a CPU may have (asked of torch at run time, ne
   Memory: 1 byte per weight (an int8 layer's own values; others quantized once at load).
 * `float32`: fp32 inputs and sums; float32 weights on a packed fp32 copy (`OneDnnWeights`, 4 bytes per
   weight) where oneDNN runs, fp16 weights on fbgemm's kernel as stored, int8 / int4 weights dequantized
-  per call (no copy kept) and multiplied on oneDNN.
+  once, at load, into such a packed copy (none with `AKV_ONEDNN=off`: dequantized per call).
 
 `auto` (the default) is float32 for float32 weights, the exact reference; for the reduced precisions it
 is bf16 where the CPU multiplies bf16 natively, else float32. int8 runs only when forced: quantizing each
@@ -101,7 +101,8 @@ def prefill_path(precision: str, device: torch.device | str = "cpu", bf16: bool 
     if precision in ("fp16", "mixed"):
         return PrefillPath("float32", "fbgemm, fp16 weights")
     if precision in ("int8", "int4"):
-        return PrefillPath("float32", "weights dequantized per call" + (", oneDNN" if onednn_on() else ""))
+        return PrefillPath("float32", "dequantized into a packed fp32 copy, oneDNN" if onednn_on()
+                           else "weights dequantized per call, torch's GEMM")
     return PrefillPath("float32", "oneDNN" if onednn_on() else "torch's GEMM")
 
 

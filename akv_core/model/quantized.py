@@ -13,9 +13,9 @@ run, else torch's weight-only CPU kernels, `aten::_weight_int8pack_mm` and
 `aten::_weight_int4pack_mm_for_cpu`, on bf16 activations. Larger inputs (prefill) take the model's prefill
 path (`akv_core.model.prefill`), whose weights are made once at load: on the bf16 path a bf16 copy packed
 for oneDNN (2 bytes per weight: for int4, four times its own 4-bit weights); on the int8 path int8 weights
-per output channel (1 byte per weight; int8's own values, int4's re-quantized); on the float32 path the
-weights are dequantized to fp32 on each call (no copy kept; a millisecond or two per weight and call)
-and multiplied on oneDNN where it runs (`DequantizedPerCall`).
+per output channel (1 byte per weight; int8's own values, int4's re-quantized); on the float32 path a
+packed fp32 copy of the dequantized weights (4 bytes per weight; with `AKV_ONEDNN=off` none, the weights
+dequantized on each call for torch's GEMM: `DequantizedFloat32`).
 torch's weight-only kernels are not used for prefill: on an AVX-512 EPYC they run a 2,048-row product
 at about 100 GFLOPS on one core against 450 for oneDNN's bf16 and 850 for `torch._int_mm`.
 """
@@ -30,8 +30,8 @@ from torch import Tensor
 
 from akv_core.kernels import cpu_gemv
 from akv_core.model.linear import GEMV_ROWS
-from akv_core.model.prefill import (Bf16Weights, Int8Weights, PrefillPath, PrefillProduct, low_precision_weights,
-                                    onednn_on, prefill_path, quantize_int8_rows)
+from akv_core.model.prefill import (Bf16Weights, Int8Weights, OneDnnWeights, PrefillPath, PrefillProduct,
+                                    low_precision_weights, onednn_on, prefill_path, quantize_int8_rows)
 
 INT4_GROUP = 32
 # The weight-only kernel of each precision, looked up in the running torch (never assumed at install).
@@ -95,7 +95,7 @@ class Int8Linear(_QuantizedLinear):
         elif self.prefill_path.kind == "bf16":   # |q| <= 127 is exact in bf16: the scales stay fp32
             self.prefill = Bf16Weights(q, bias, self.scale)
         else:
-            self.prefill = DequantizedPerCall(self.dequantize, bias)
+            self.prefill = DequantizedFloat32(self.dequantize, bias)
 
     def _decode(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale_bf16)
@@ -178,7 +178,7 @@ class Int4Linear(_QuantizedLinear):
             self.packed, self.scale_zeros = torch_int4_pack(groups)
         self.prefill_path = prefill_path("int4")
         if self.prefill_path.kind == "float32":
-            self.prefill = DequantizedPerCall(groups.dequantize, bias)
+            self.prefill = DequantizedFloat32(groups.dequantize, bias)
         else:
             self.prefill = low_precision_weights(self.prefill_path, groups.dequantize(), bias)
 
@@ -192,22 +192,23 @@ class Int4Linear(_QuantizedLinear):
         return self.kernel
 
 
-class DequantizedPerCall:
-    """The float32 path's product for quantized weights: fp32 weights made afresh on each call and dropped
-    after it (no copy kept), multiplied on oneDNN where it runs. On a 2-core AVX-512 EPYC a 2,048-row
-    product runs at 169 GFLOPS on one core this way, against 83 on torch's F.linear and 199 on a packed fp32
-    copy (which would cost 4 bytes per weight)."""
+class DequantizedFloat32:
+    """The float32 path's product for quantized weights (a CPU without native bf16, or `AKV_PREFILL=float32`).
+    Where oneDNN runs, the weights are dequantized once, at load, into a packed fp32 copy (`OneDnnWeights`,
+    4 bytes per weight, as the bf16 path's copy is made at load), so a prefill runs the very products of a
+    float32 model: dequantizing on every call and letting oneDNN lay the plain weight out each time ran the
+    2,048-token prefill 7-8% slower than float32 (AVX2: docs/benchmarks.md, "Prefill paths"). With
+    `AKV_ONEDNN=off` no copy is kept: the weights are dequantized on each call for torch's GEMM."""
 
     bf16 = False
 
     def __init__(self, dequantize: Callable[[], Tensor], bias: Tensor | None) -> None:
         self.dequantize, self.bias = dequantize, bias
-        self.onednn = onednn_on()
+        self.packed = OneDnnWeights.pack(dequantize().contiguous(), bias) if onednn_on() else None
 
     def __call__(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
-        if self.onednn:
-            return torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), self.dequantize(), self.bias, "none",
-                                                      [], "")
+        if self.packed is not None:
+            return self.packed(x)
         return F.linear(x.float(), self.dequantize(), self.bias)
 
 

@@ -39,8 +39,13 @@ $(STAMP): pyproject.toml
 	  fi
 	touch $(STAMP)
 
+# Two processes, a test file and its module fixtures on one of them (tests/conftest.py gives each its
+# own data folder): the suite's time is mostly waiting on servers and subprocesses, so two share two
+# cores well. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 evolve: setup
 	$(VENV)/bin/akv evolve --config evolve.yaml

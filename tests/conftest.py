@@ -3,14 +3,28 @@ the sandbox's tests and a throwaway PostgreSQL server for the store's.
 
 The suite is built once into the data folder (AKV_HOME, default `.akv/`); a built folder is reused,
 so only a fresh checkout pays the build (about a minute on two cores).
+
+`make test` runs the files on two processes (pytest-xdist, `--dist loadfile`: a file's tests and its
+module fixtures stay on one process). Each process gets its own data folder under the caller's
+(`AKV_HOME/xdist-gw0`, ...), so no two processes build, write or read the same suite or database
+at once; a run without xdist keeps the caller's folder.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        home = Path(os.environ.get("AKV_HOME", ".akv")).expanduser().resolve() / f"xdist-{worker}"
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["AKV_HOME"] = str(home)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -46,6 +46,9 @@ def test_the_answer_grammar_holds_a_fenced_policy_with_or_without_a_diagnosis():
     with_diagnosis = answer_grammar(diagnosis_chars=80)
     assert accepts(with_diagnosis, f"Diagnosis: task 3 lost a fact it needed.\n\n```akvp\n{policy}\n```")
     assert not accepts(with_diagnosis, f"Diagnosis: {'x' * 81}\n\n```akvp\n{policy}\n```")
+    assert accepts(with_diagnosis, f"Diagnosis: {'x' * 80}\n\n```akvp\n{policy}\n```")
+    for empty in ("  ", "...", " - "):   # a diagnosis without a word says nothing
+        assert not accepts(with_diagnosis, f"Diagnosis: {empty}\n\n```akvp\n{policy}\n```")
     assert not accepts(with_diagnosis, f"```akvp\n{policy}\n```")
 
 

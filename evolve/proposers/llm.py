@@ -73,13 +73,14 @@ def answer_grammar(diagnosis_chars: int = 0) -> str:
     """The Lark grammar of a constrained answer: the policy in its fenced block, nothing else.
 
     With `diagnosis_chars` > 0 a one-paragraph diagnosis of at most that many characters (no
-    newline, no backtick) comes first, after "Diagnosis: ", so a model can reason before the
-    policy while the grammar still holds the policy part exactly.
+    newline, no backtick; its first character a letter or digit, so that it says something) comes
+    first, after "Diagnosis: ", so a model can reason before the policy while the grammar still
+    holds the policy part exactly.
     """
     fence = '"```akvp\\n" policy "\\n```"'
     if diagnosis_chars > 0:
         head = (f'start: "Diagnosis: " DIAGNOSIS "\\n\\n" {fence}\n'
-                f"DIAGNOSIS: /[^`\\n]{{1,{diagnosis_chars}}}/\n")
+                f"DIAGNOSIS: /\\w[^`\\n]{{0,{diagnosis_chars - 1}}}/\n")
     else:
         head = f"start: {fence}\n"
     return head + constrained_grammar("policy")

@@ -14,8 +14,9 @@ every round. Three shapes:
 Median wall seconds of the rounds; the ratio is torch's over oneDNN's. The products alone, too: each
 of the model's projection shapes at 200 and 512 rows, in GFLOPS (one product repeated, its weight hot
 in the caches), on the same thread count as a prefill. Beside them, what the packed copies cost in
-memory: the resident memory of a fresh process after loading the model, with and without them
-(`AKV_ONEDNN=off`).
+memory: the resident memory of a fresh process after loading the model and one prefill, with and
+without them (`AKV_ONEDNN=off`). `--memory` prints only the resident memory of each precision on each
+prefill path (`AKV_PREFILL`), after the load and after a prefill.
 """
 from __future__ import annotations
 
@@ -105,19 +106,48 @@ def measure(rounds: int) -> list[dict[str, Any]]:
              "torch_s": round(statistics.median(times[name, False]), 3)} for name in shapes]
 
 
-RSS_AFTER_LOAD = ("import re; from akv_core.model.loader import load_model; model = load_model('smollm2'); "
-                  "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
+# A fresh process: the resident memory (MB) after loading the model, then after one 512-token prefill (the
+# packed copies' pages are resident only once a prefill has read them).
+RESIDENT = """
+import re, sys, torch
+from akv_core.model.batch import ForwardBatch, SeqAttention
+from akv_core.model.loader import load_model
+def resident():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+model = load_model("smollm2", precision=sys.argv[1])
+loaded, n = resident(), 512
+ids, slots = torch.randint(100, 40000, (n,), generator=torch.Generator().manual_seed(0)), torch.arange(n)
+batch = ForwardBatch(ids, slots, slots, [SeqAttention(0, n, slots)], torch.tensor([n - 1]))
+model.forward(batch, model.new_kv_buffers(n))
+print(round(loaded, 1), round(resident(), 1))
+"""
 
 
-def resident_mb(onednn: bool) -> float | None:
-    """A fresh process's resident memory after loading the model (MB), with or without the packed copies;
-    None without /proc."""
+def resident_mb(precision: str = "float32", **env: str) -> tuple[float, float] | None:
+    """A fresh process's resident memory (MB) after loading the model at `precision` with `env` set, and after
+    one 512-token prefill; None without /proc."""
     if not Path("/proc/self/status").exists():
         return None
-    env = {**os.environ, "AKV_ONEDNN": "on" if onednn else "off"}
-    out = subprocess.run([sys.executable, "-c", RSS_AFTER_LOAD], env=env, capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
-    return round(int(out.stdout.split()[-1]) / 1024, 1)
+    out = subprocess.run([sys.executable, "-c", RESIDENT, precision], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    loaded, prefilled = out.stdout.split()[-2:]
+    return float(loaded), float(prefilled)
+
+
+def memory_table() -> list[list[Any]]:
+    """Resident MB after a load and after a prefill, for each prefill path (`AKV_PREFILL`) and precision."""
+    rows = []
+    for precision in ("float32", "fp16", "int8", "int4"):
+        cells: list[Any] = [precision]
+        for path in ("bf16", "int8", "float32"):
+            try:
+                measured = resident_mb(precision, AKV_PREFILL=path)
+            except subprocess.CalledProcessError as error:   # e.g. a forced int8 this CPU lacks
+                measured, cells = None, cells + [f"refused: {error.stderr.strip().splitlines()[-1][:60]}"]
+            if measured is not None:
+                cells.append(f"{measured[0]:.0f} / {measured[1]:.0f}")
+        rows.append(cells)
+    return rows
 
 
 def measure_products(rounds: int, repeats: int = 10) -> list[dict[str, Any]]:
@@ -156,11 +186,17 @@ def measure_products(rounds: int, repeats: int = 10) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--memory", action="store_true",
+                        help="only the resident memory of each precision on each prefill path (AKV_PREFILL)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds: expected a positive integer, got {args.rounds}")
     print(f"{os.cpu_count()} cores, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at the start",
           flush=True)
+    if args.memory:
+        print("resident MB of a fresh process after loading the model / after one 512-token prefill:")
+        print(format_table(["precision", "bf16 path", "int8 path", "float32 path"], memory_table()))
+        return
     cells = measure(args.rounds)
     print(f"float32 prefill, median s of {args.rounds} alternating rounds:")
     print(format_table(["shape", "oneDNN s", "torch's F.linear s", "ratio"],
@@ -173,10 +209,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(format_table(["rows", "product (out x in)", "oneDNN GFLOPS", "torch's F.linear GFLOPS", "ratio"],
                        [[c["rows"], c["product"], c["onednn_gflops"], c["torch_gflops"],
                          ratio(c["onednn_gflops"], c["torch_gflops"])] for c in products]))
-    with_copies, without = resident_mb(True), resident_mb(False)
+    with_copies, without = resident_mb(AKV_ONEDNN="on"), resident_mb(AKV_ONEDNN="off")
     if with_copies is not None and without is not None:
-        print(f"resident memory after loading the model: {with_copies} MB with the packed copies, {without} MB "
-              f"without (AKV_ONEDNN=off): +{round(with_copies - without, 1)} MB")
+        print(f"resident memory after loading the model and one 512-token prefill: {with_copies[1]} MB with the "
+              f"packed copies, {without[1]} MB without (AKV_ONEDNN=off): +{round(with_copies[1] - without[1], 1)} MB")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -142,10 +142,11 @@ def memory_table() -> list[list[Any]]:
         for path in ("bf16", "int8", "float32"):
             try:
                 measured = resident_mb(precision, AKV_PREFILL=path)
-            except subprocess.CalledProcessError as error:   # e.g. a forced int8 this CPU lacks
-                measured, cells = None, cells + [f"refused: {error.stderr.strip().splitlines()[-1][:60]}"]
-            if measured is not None:
-                cells.append(f"{measured[0]:.0f} / {measured[1]:.0f}")
+            except subprocess.CalledProcessError as error:   # e.g. a forced int8 this CPU lacks: its message
+                said = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
+                cells.append(f"refused: {said[-1][:60]}")
+                continue
+            cells.append("no /proc" if measured is None else f"{measured[0]:.0f} / {measured[1]:.0f}")
         rows.append(cells)
     return rows
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_cli_support import akv_in_process
+
 ROOT = Path(__file__).resolve().parents[1]
 AKV = [sys.executable, "-m", "akv_cli.main"]
 RANGE = (8, 12)  # beyond examples/quick.yaml's first 8 held-out tasks
@@ -33,21 +35,10 @@ def akv(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def akv_here(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
-    """`akv ARGS` run by the same app in this process, without a Python start-up per call: its exit code,
-    stdout and stderr (an unexpected exception's traceback appended to stderr). The data folder is the one
-    `akv` above gives; an evolve sets AKV_DB for its task processes, which env= keeps from outliving the call."""
-    import traceback
-
-    from typer.testing import CliRunner
-
-    from akv_cli.main import app
-
-    env = {"AKV_HOME": akv_env(home)["AKV_HOME"], "AKV_DB": None}
-    result = CliRunner().invoke(app, list(args), env=env)
-    stderr = result.stderr
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        stderr += "".join(traceback.format_exception(result.exception))
-    return subprocess.CompletedProcess(["akv", *args], result.exit_code, result.stdout, stderr)
+    """`akv ARGS` run by the same app in this process (`akv_in_process`) in the data folder `akv` above gives;
+    an evolve sets AKV_DB for its task processes, which the call's env keeps from outliving it."""
+    code, out, err = akv_in_process({"AKV_HOME": akv_env(home)["AKV_HOME"], "AKV_DB": None}, *args)
+    return subprocess.CompletedProcess(["akv", *args], code, out, err)
 
 
 def quick(folder: Path, drop: tuple[str, ...] = (), **validation: object) -> Path:

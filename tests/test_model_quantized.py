@@ -12,7 +12,7 @@ from akv_core.model.linear import Linear
 from akv_core.model.quantized import INT4_GROUP, Int4Groups, Int4Linear, Int8Linear, quantize_int8_rows
 from test_model_support import smollm2
 
-# fbgemm's fp16 kernel (the dense prefill copy on CPUs without native bf16) is marked deprecated.
+# fbgemm's fp16 kernel (fp16 weights' product on the float32 path, used by some tests here) is marked deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore:fbgemm_linear_fp16_weight_fp32_activation is deprecated")
 
 
@@ -65,7 +65,7 @@ def test_prefill_sized_inputs_multiply_by_a_dense_copy_of_the_quantized_weight()
     weight, x = random_weight(96, 128), torch.randn(40, 128, generator=torch.Generator().manual_seed(3))
     for layer in (Int8Linear(weight), Int4Linear(Int4Groups.quantize(weight))):
         expected = F.linear(x, held_weight(layer))
-        tolerance = 0.01 if layer.prefill.bf16 else 1e-3   # bf16 where native, else fp16 weights
+        tolerance = 0.01 if layer.prefill.bf16 else 1e-3   # bf16 where native, else fp32 products
         assert (layer(x) - expected).abs().max() < tolerance * expected.abs().max()
 
 

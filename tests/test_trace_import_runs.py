@@ -23,6 +23,7 @@ from sandbox.traces.formats import detect_format, read_traces
 from sandbox.traces.model import Trace, TraceError
 from sandbox.traces.runs import openai_usage
 from sandbox.traces.suite import SPLITS, TraceSuite
+from test_cli_support import akv_in_process
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 KV_ONLY = "record under a kv policy (full) to import it"
@@ -57,15 +58,7 @@ def akv(home: Path, db: Path, *args: str, timeout: float = 300) -> subprocess.Co
 
 def akv_here(home: Path, db: Path, *args: str) -> tuple[int, str, str]:
     """`akv ARGS` in this process (no interpreter to start): exit code, stdout, stderr."""
-    from typer.testing import CliRunner
-
-    from akv_cli.main import app
-
-    result = CliRunner().invoke(app, list(args), env={"AKV_HOME": str(home), "AKV_DB": f"sqlite:///{db}",
-                                                      "COLUMNS": "200"})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
+    return akv_in_process({"AKV_HOME": str(home), "AKV_DB": f"sqlite:///{db}", "COLUMNS": "200"}, *args)
 
 
 def run_words(*args: str) -> list[str]:

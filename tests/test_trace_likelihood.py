@@ -16,18 +16,12 @@ from evolve.config import ConfigError, ValidationConfig, load_config
 from evolve.fidelity import FidelityUnavailable, check_fidelity
 from sandbox.suites import get_suite
 from sandbox.traces.suite import TraceSuite
+from test_cli_support import akv_in_process as akv
 
 DATA = Path(__file__).parent / "data" / "traces"
 TAU = "taubench-gpt4o-05"     # held out under seed 0; 15 messages of it: 7 replies, all within SmolLM2's context
 SWE = "sweagent-gpt4-01"      # every request of it is past the 8,192-token context
 DROP_TOOL_RESULTS = "mode kv\non each turn: drop role tool\n"   # each result hidden once the agent answered it
-
-
-def akv(env: dict[str, str], *words: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(words), env=env)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def tau_window(messages: list[dict]) -> list[dict]:

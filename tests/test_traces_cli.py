@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from akv_cli.main import app
+from test_cli_support import akv_in_process as akv
 
 DATA = Path(__file__).parent / "data" / "traces"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -18,13 +17,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return {"AKV_DB": f"sqlite:///{tmp_path / 'akv.db'}", "COLUMNS": "160"}
-
-
-def akv(env: dict[str, str], *words: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(words), env=env)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_every_format_imports_into_one_set_and_lists_by_id(env) -> None:

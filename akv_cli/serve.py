@@ -83,9 +83,11 @@ def serve(
                           context, rope_scaling)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
     app = create_app(engine, name, aliases=frozenset({model}), api_key=api_key, max_body_bytes=max_body_bytes)
-    prefill = getattr(engine.model, "prefill_path", None)   # the prompts' product kernels (akv_core.model.prefill)
+    # The prompts' product and attention kernels (akv_core.model.prefill).
+    prefill = getattr(engine.model, "prefill_path", None)
+    attention = getattr(engine.model, "prefill_attention", None)
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
-        f"AKV server ready at {url} (prefill: {prefill})"), log_level=log_level.value)
+        f"AKV server ready at {url} (prefill: {prefill}; attention: {attention})"), log_level=log_level.value)
     if not ready:
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
 

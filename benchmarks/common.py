@@ -14,6 +14,17 @@ AKV, STANDARD, TEXT_ENGINEERING = "expert-8k", "standard-8k", "text-engineering-
 SUITES = ("localcomp", "localswe")
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (benchmark headers)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def present_suites(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
     """(suites that load, notes on the ones left out): a suite still being written is skipped, not fatal."""
     from sandbox.suites import get_suite

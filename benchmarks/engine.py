@@ -73,6 +73,7 @@ from akv_core.model.locate import embedded_gguf
 from akv_core.model.prefill import PREFILL_SWITCH
 from akv_core.model.reference import transformers_reference
 from akv_core.threads import phase_threads
+from benchmarks.common import cpu_model
 
 PEER = "llama.cpp"
 
@@ -584,16 +585,6 @@ def _attention_alone(model, kv, batch: ForwardBatch, repeats: int) -> list[float
             clocks.append(clock.cpu)
         times.append(clocks[0] - clocks[1])
     return times
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 PARTS = ("decode", "prefill", "accuracy", "attention")

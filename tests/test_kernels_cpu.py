@@ -435,3 +435,54 @@ def test_the_float32_models_decode_kernels_agree_with_torchs_operators():
         assert (fused.argmax(-1) == path.argmax(-1)).all()
     for layer, keys in zip((0, 29), written):
         torch.testing.assert_close(keys, kv.k[layer][24:27], atol=1e-3, rtol=0)
+
+
+def causal_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """A prompt's causal attention in float64 (query i sees keys 0 .. K - n + i), the query heads of a key head
+    consecutive: [n, H, D]."""
+    n, total, group = q.shape[0], keys.shape[0], q.shape[1] // keys.shape[1]
+    k, v = (t.double().repeat_interleave(group, 1).transpose(0, 1) for t in (keys, values))
+    scores = q.double().transpose(0, 1) @ k.transpose(1, 2) * scale
+    visible = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+    return (torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v).transpose(0, 1)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("new", "total", "heads", "kv_heads", "d"), [
+    (1, 1, 9, 3, 64), (5, 5, 9, 3, 64), (33, 33, 9, 3, 64), (100, 250, 9, 3, 64), (97, 97, 4, 4, 32),
+    (130, 300, 8, 2, 128), (70, 130, 2, 1, 16), (64, 64, 3, 3, 256)])
+def test_causal_attention_matches_a_float64_reference(new: int, total: int, heads: int, kv_heads: int, d: int):
+    """A fresh prompt (K = n) and new tokens after a prefix; grouped, multi-head and single-key-head shapes;
+    query counts that fill, split and leave part of the kernel's blocks of 32 queries and 64 keys; D 16-256."""
+    scale = d ** -0.5
+    q = torch.randn(new, heads, d, generator=generator(30)) * 2
+    keys, values = (torch.randn(total, kv_heads, d, generator=generator(s)) for s in (31, 32))
+    got = cpu_gemv.causal_attention(q, keys, values, scale)
+    assert got.shape == (new, heads, d) and got.dtype == torch.float32
+    assert (got.double() - causal_reference(q, keys, values, scale)).abs().max() < 1e-5
+
+
+@needs_kernel
+def test_causal_attention_reads_strided_rows_and_is_bit_identical_on_any_thread_count():
+    """q, keys and values as views of one [n, (H + 2 Hk) D] projection output (a row stride of 15 heads), as a
+    fresh prompt hands them over: the result equals the contiguous copies' on 1, 2 and 3 threads."""
+    n, heads, kv_heads, d = 150, 9, 3, 64
+    qkv = torch.randn(n, heads + 2 * kv_heads, d, generator=generator(33))
+    q, keys, values = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
+    expected = causal_reference(q, keys, values, 0.125)
+    results = [cpu_gemv.causal_attention(q, keys, values, 0.125, threads) for threads in (1, 2, 3)]
+    results.append(cpu_gemv.causal_attention(q.contiguous(), keys.contiguous(), values.contiguous(), 0.125, 1))
+    assert all(torch.equal(results[0], other) for other in results[1:])
+    assert (results[0].double() - expected).abs().max() < 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize(("q", "keys", "values", "message"), [
+    ((8, 9, 64), (4, 3, 64), (4, 3, 64), "expected 1 <= n <= K"),
+    ((8, 9, 24), (8, 3, 24), (8, 3, 24), "D a multiple of 16 up to 256"),
+    ((8, 9, 64), (8, 3, 64), (9, 3, 64), "matching key and value shapes"),
+    ((8, 8, 64), (8, 3, 64), (8, 3, 64), r"heads \(8\) must be a positive multiple of kv_heads \(3\)"),
+    ((8, 9), (8, 3, 64), (8, 3, 64), r"q \[n, H, D\] and keys \[K, Hkv, D\]")])
+def test_causal_attention_refuses_shapes_it_cannot_take(q, keys, values, message: str):
+    with pytest.raises(ValueError, match=message):
+        cpu_gemv.causal_attention(torch.zeros(q), torch.zeros(keys), torch.zeros(values), 0.125)

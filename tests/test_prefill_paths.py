@@ -1,18 +1,23 @@
 """The prefill paths (akv_core.model.prefill): which one runs, `AKV_PREFILL`, each path's products and its
-whole-model accuracy against float32 on the machine the tests run on, the blockwise bf16 attention, and
-decode steps that do not depend on the path."""
+whole-model accuracy against float32 on the machine the tests run on, the blockwise bf16 attention, the
+float32 path's C flash attention against torch's SDPA (`AKV_PREFILL_ATTENTION`), and decode steps that do
+not depend on the path."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from akv_core.model.prefill import PREFILL_SWITCH, Bf16Weights, Int8Weights, native_bf16, native_int8, prefill_path
+from akv_core.kernels import cpu_gemv
+from akv_core.model.llama import BF16_BLOCKS, BLOCK_CAUSAL, FLASH_MIN_ROWS, FP32_FLASH, TORCH_SDPA
+from akv_core.model.prefill import (ATTENTION_SWITCH, PREFILL_SWITCH, Bf16Weights, Int8Weights, attention_switch,
+                                    native_bf16, native_int8, prefill_path)
 from akv_core.model.prefill_attention import causal_attention_bf16
 
 # fbgemm's fp16 kernel (fp16 weights on the float32 path) is marked deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore:fbgemm_linear_fp16_weight_fp32_activation is deprecated")
 needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="this CPU has no AVX512-BF16 or AMX: bf16 would be emulated")
+needs_flash = pytest.mark.skipif(not cpu_gemv.available(), reason=f"cpu_gemv: {cpu_gemv.why_unavailable()}")
 needs_int8 = pytest.mark.skipif(not (native_int8() and hasattr(torch, "_int_mm")),
                                 reason="this CPU has no AVX512-VNNI or AMX (or torch lacks torch._int_mm)")
 # Greedy agreement with float32 and mean KL(float32 || path), nats, over the benchmark's prompt positions.
@@ -44,6 +49,15 @@ def test_an_unknown_value_is_a_clear_error_naming_the_variable_and_the_choices(m
     monkeypatch.setenv(PREFILL_SWITCH, value)
     with pytest.raises(ValueError, match=f"AKV_PREFILL: expected one of auto, bf16, int8, float32, got '{value}'"):
         prefill_path("int4")
+
+
+@pytest.mark.parametrize("value", ["flash", "torch", "SDPA2"])
+def test_an_unknown_attention_value_is_a_clear_error_naming_the_variable(monkeypatch, value: str):
+    monkeypatch.setenv(ATTENTION_SWITCH, value)
+    with pytest.raises(ValueError, match=f"AKV_PREFILL_ATTENTION: expected one of auto, sdpa, got '{value}'"):
+        attention_switch()
+    monkeypatch.setenv(ATTENTION_SWITCH, " SDPA ")
+    assert attention_switch() == "sdpa"
 
 
 @pytest.mark.skipif(native_int8(), reason="this CPU has AVX512-VNNI or AMX: a forced int8 runs")
@@ -114,11 +128,12 @@ def test_blockwise_attention_refuses_fewer_keys_than_queries():
         causal_attention_bf16(torch.zeros(8, 9, 64), torch.zeros(4, 3, 64), torch.zeros(4, 3, 64), 0.125)
 
 
-def load(precision: str, path: str):
+def load(precision: str, path: str, attention: str = "auto"):
     from akv_core.model.loader import load_model
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(PREFILL_SWITCH, path)
+        patch.setenv(ATTENTION_SWITCH, attention)
         torch.set_num_threads(1)   # the test machine is shared: one thread is fastest under load
         return load_model("smollm2", precision=precision)
 
@@ -201,6 +216,9 @@ def test_the_server_reports_its_prefill_path():
     with serve_in_thread(create_app(engine, "smollm2")) as url:
         info = httpx.get(url + "/server_info", timeout=60).json()
     assert info["prefill"] == str(engine.model.prefill_path) == str(prefill_path("int4"))
+    assert info["prefill_attention"] == engine.model.prefill_attention
+    assert info["prefill_attention"] == (BF16_BLOCKS if engine.model.prefill_path.kind == "bf16"
+                                         else FP32_FLASH if cpu_gemv.available() else TORCH_SDPA)
 
 
 @pytest.mark.model
@@ -239,3 +257,35 @@ def test_bf16_attention_reads_a_cached_prefix_and_batches_sequences_as_alone():
     # equal on an AVX512-BF16 EPYC (each output row its own sums); the bound allows another blocking
     torch.testing.assert_close(both[:40], fresh, atol=1e-3, rtol=0)
     torch.testing.assert_close(both[40:], whole[50:], atol=1e-3, rtol=0)
+
+
+@pytest.mark.model
+@needs_flash
+def test_the_float32_paths_flash_attention_gives_sdpas_logits_fresh_after_a_prefix_and_batched():
+    """The float32 model with its prompts' attention in `cpu_gemv` against the same model forced onto torch's SDPA
+    (`AKV_PREFILL_ATTENTION=sdpa`): a fresh 600-token prompt, 520 new tokens after a cached 100-token prefix,
+    and both in one pass beside a fresh 40-token prompt (on SDPA: fewer than FLASH_MIN_ROWS); fp32 throughout,
+    so within float rounding."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+
+    flash, sdpa = load("float32", "float32"), load("float32", "float32", attention="sdpa")
+    assert (flash.prefill_attention, sdpa.prefill_attention) == (FP32_FLASH, TORCH_SDPA)
+    assert flash._chunks(SeqAttention(0, 40, torch.arange(40)))[0][2] == "causal"
+    assert flash._chunks(SeqAttention(0, FLASH_MIN_ROWS, torch.arange(620)))[0][2] == BLOCK_CAUSAL
+    ids = torch.randint(100, 40000, (660,), generator=torch.Generator().manual_seed(11))
+
+    def run(model, kv, tokens: torch.Tensor, slots: torch.Tensor, seqs: list[SeqAttention]) -> torch.Tensor:
+        return model.forward(ForwardBatch(tokens, slots, slots, seqs, torch.arange(tokens.numel())), kv)
+
+    def passes(model) -> list[torch.Tensor]:
+        whole = torch.arange(600)
+        fresh = run(model, model.new_kv_buffers(700), ids[:600], whole, [SeqAttention(0, 600, whole)])
+        kv = model.new_kv_buffers(700)
+        run(model, kv, ids[:100], torch.arange(100), [SeqAttention(0, 100, torch.arange(100))])   # the cached prefix
+        slots = torch.cat([torch.arange(100, 620), torch.arange(620, 660)])
+        both = run(model, kv, torch.cat([ids[100:620], ids[620:660]]), slots,
+                   [SeqAttention(0, 520, torch.arange(620)), SeqAttention(520, 40, torch.arange(620, 660))])
+        return [fresh, both]
+
+    for got, expected in zip(passes(flash), passes(sdpa)):
+        torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)

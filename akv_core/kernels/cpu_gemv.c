@@ -33,6 +33,10 @@
  *                (akv_decode_layers too) each (row, head)'s attention weights are added into it, over all
  *                layers of the call: what the tokens' queries attended to (an asked reply attribution).
  *
+ *   akv_causal_attention: a prompt's new tokens against every key before them and each other (prefill),
+ *                fp32 flash attention: blocks of keys stream past a block of queries with an online
+ *                softmax, so no [heads, n, K] score matrix is ever held (section at the end).
+ *
  * Structure: a product quantizes its input rows once (`quantize`), then an inner kernel fills one range of
  * output columns [n0, n1) (`q4_columns`, `q8_columns`); attention rotates and stores the new K/V per row range
  * (`rotate_and_store`), then attends per range of (row, head) items (`attend`). A column's or a head's result
@@ -904,5 +908,194 @@ int akv_f32_gemv(const float *x, int64_t m_rows, int64_t k, const float *w, int6
     if (k % 8 || m_rows < 1 || m_rows > AKV_MAX_ROWS) return -2;
     DenseProduct c = {x, w, m_rows, k, n, y};
     run_team(dense_job, &c, threads);
+    return 0;
+}
+
+/* ---- Causal attention of a prompt's new tokens (prefill), fp32 ----
+ *
+ * q [n, H, D] (row stride q_stride floats) against keys / values [K, Hk, D] (row strides k_stride, v_stride;
+ * K >= n): query i sees keys 0 .. K - n + i (the new tokens are the last n keys). out [n, H, D] contiguous.
+ * A flash attention: per unit of work (one key head, one block of CA_QUERIES query positions), the queries of
+ * every head sharing that key head are stacked into one matrix of rows, so each block of keys is read once for
+ * them all; scores for CA_KEYS keys at a time (a 6 x 16 register tile of FMAs over D), a running max and sum per
+ * row (online softmax), and the weighted values added into the rows' outputs (the same tile shape over D).
+ * Units are claimed latest block first (they see the most keys). D a multiple of 16, at most CA_MAX_D. */
+#define CA_QUERIES 32
+#define CA_KEYS 64
+#define CA_TILE_ROWS 6
+#define CA_MAX_D 256
+
+typedef struct {
+    const float *q, *k, *v;
+    int64_t q_stride, k_stride, v_stride, n, total, heads, kv_heads, d;
+    float scale;
+    float *out, *scratch;   /* scratch: ca_scratch_floats per thread */
+    float *kt;              /* the keys transposed per block: [Hk, keys_pad / CA_KEYS, D, CA_KEYS] */
+    int64_t keys_pad;       /* K rounded up to whole blocks of CA_KEYS */
+} CausalAttention;
+
+/* s [rows_pad, CA_KEYS] = qs [rows_pad, d] times kt [d, CA_KEYS] (rows_pad a multiple of 6). */
+static void ca_scores(const float *qs, int64_t rows_pad, int64_t d, const float *kt, float *s) {
+    for (int64_t r = 0; r < rows_pad; r += CA_TILE_ROWS)
+        for (int64_t c = 0; c < CA_KEYS; c += 16) {
+            __m256 acc[CA_TILE_ROWS][2];
+            for (int i = 0; i < CA_TILE_ROWS; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+            for (int64_t t = 0; t < d; t++) {
+                const __m256 b0 = _mm256_loadu_ps(kt + t * CA_KEYS + c), b1 = _mm256_loadu_ps(kt + t * CA_KEYS + c + 8);
+                for (int i = 0; i < CA_TILE_ROWS; i++) {
+                    const __m256 a = _mm256_broadcast_ss(qs + (r + i) * d + t);
+                    acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+                }
+            }
+            for (int i = 0; i < CA_TILE_ROWS; i++) {
+                _mm256_storeu_ps(s + (r + i) * CA_KEYS + c, acc[i][0]);
+                _mm256_storeu_ps(s + (r + i) * CA_KEYS + c + 8, acc[i][1]);
+            }
+        }
+}
+
+/* o [rows_pad, d] = o * alpha (per row) + p [rows_pad, CA_KEYS] times the `count` value rows at v (stride). */
+static void ca_values(const float *p, int64_t rows_pad, int64_t count, const float *v, int64_t v_stride, int64_t d,
+                      const float *alpha, float *o) {
+    for (int64_t r = 0; r < rows_pad; r += CA_TILE_ROWS)
+        for (int64_t c = 0; c < d; c += 16) {
+            __m256 acc[CA_TILE_ROWS][2];
+            for (int i = 0; i < CA_TILE_ROWS; i++) {
+                const __m256 a = _mm256_broadcast_ss(alpha + r + i);
+                acc[i][0] = _mm256_mul_ps(a, _mm256_loadu_ps(o + (r + i) * d + c));
+                acc[i][1] = _mm256_mul_ps(a, _mm256_loadu_ps(o + (r + i) * d + c + 8));
+            }
+            for (int64_t j = 0; j < count; j++) {
+                const float *row = v + j * v_stride + c;
+                const __m256 b0 = _mm256_loadu_ps(row), b1 = _mm256_loadu_ps(row + 8);
+                for (int i = 0; i < CA_TILE_ROWS; i++) {
+                    const __m256 a = _mm256_broadcast_ss(p + (r + i) * CA_KEYS + j);
+                    acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+                }
+            }
+            for (int i = 0; i < CA_TILE_ROWS; i++) {
+                _mm256_storeu_ps(o + (r + i) * d + c, acc[i][0]);
+                _mm256_storeu_ps(o + (r + i) * d + c + 8, acc[i][1]);
+            }
+        }
+}
+
+/* Row r's scores -> its weights: its first `visible` of the block's scores seen (the rest zeroed), the running
+ * max m and sum l updated, alpha the factor its earlier output is kept with. */
+static void ca_softmax_row(float *s, int64_t visible, float *m, float *l, float *alpha) {
+    if (visible <= 0) {   /* nothing in this block for this row */
+        memset(s, 0, sizeof(float) * CA_KEYS);
+        *alpha = 1.0f;
+        return;
+    }
+    const int64_t whole = visible / 8 * 8;
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < whole; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
+    float top = hmax(top8);
+    for (int64_t j = whole; j < visible; j++) top = s[j] > top ? s[j] : top;
+    const float m_new = top > *m ? top : *m;
+    *alpha = m_new == *m ? 1.0f : *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    __m256 sum = _mm256_setzero_ps();
+    const __m256 shift = _mm256_set1_ps(m_new);
+    for (int64_t j = 0; j < whole; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float tail = 0.0f;
+    for (int64_t j = whole; j < visible; j++) { s[j] = expf(s[j] - m_new); tail += s[j]; }
+    for (int64_t j = visible; j < CA_KEYS; j++) s[j] = 0.0f;
+    *l = *l * *alpha + hsum(sum) + tail;
+    *m = m_new;
+}
+
+typedef struct { float *qs, *s, *o, *m, *l, *alpha; } CaScratch;
+
+/* One unit: key head `kh`, query positions [i0, i1). */
+static void ca_unit(const CausalAttention *a, const CaScratch *w, int64_t kh, int64_t i0, int64_t i1) {
+    const int64_t group = a->heads / a->kv_heads, span = i1 - i0, rows = group * span, d = a->d;
+    const int64_t rows_pad = (rows + CA_TILE_ROWS - 1) / CA_TILE_ROWS * CA_TILE_ROWS, prefix = a->total - a->n;
+    const float *kt = a->kt + kh * d * a->keys_pad;
+    for (int64_t g = 0; g < group; g++)   /* row g * span + t: head kh * group + g, position i0 + t; scaled */
+        for (int64_t t = 0; t < span; t++) {
+            const float *src = a->q + (i0 + t) * a->q_stride + (kh * group + g) * d;
+            for (int64_t e = 0; e < d; e++) w->qs[(g * span + t) * d + e] = src[e] * a->scale;
+        }
+    memset(w->qs + rows * d, 0, sizeof(float) * (size_t)((rows_pad - rows) * d));
+    memset(w->o, 0, sizeof(float) * (size_t)(rows_pad * d));
+    for (int64_t r = 0; r < rows_pad; r++) { w->m[r] = -INFINITY; w->l[r] = 0.0f; w->alpha[r] = 1.0f; }
+    const int64_t keys = prefix + i1;   /* the last position's keys: 0 .. prefix + i1 - 1 */
+    for (int64_t j0 = 0; j0 < keys; j0 += CA_KEYS) {
+        const int64_t count = keys - j0 < CA_KEYS ? keys - j0 : CA_KEYS;
+        ca_scores(w->qs, rows_pad, d, kt + j0 * d, w->s);
+        for (int64_t r = 0; r < rows_pad; r++) {   /* row r sees keys up to its position (padding rows: all) */
+            const int64_t seen = (r < rows ? prefix + i0 + r % span : keys - 1) - j0 + 1;
+            ca_softmax_row(w->s + r * CA_KEYS, seen < count ? seen : count, w->m + r, w->l + r, w->alpha + r);
+        }
+        ca_values(w->s, rows_pad, count, a->v + j0 * a->v_stride + kh * d, a->v_stride, d, w->alpha, w->o);
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t t = 0; t < span; t++) {
+            const int64_t r = g * span + t;
+            const float inverse = 1.0f / w->l[r];
+            float *dst = a->out + ((i0 + t) * a->heads + kh * group + g) * d;
+            for (int64_t e = 0; e < d; e++) dst[e] = w->o[r * d + e] * inverse;
+        }
+}
+
+static int64_t ca_rows_pad(int64_t heads, int64_t kv_heads) {
+    return (heads / kv_heads * CA_QUERIES + CA_TILE_ROWS - 1) / CA_TILE_ROWS * CA_TILE_ROWS;
+}
+
+static int64_t ca_scratch_floats(int64_t rows_pad, int64_t d) {   /* qs, o, s, m, l, alpha */
+    return rows_pad * d * 2 + rows_pad * CA_KEYS + rows_pad * 3;
+}
+
+/* Key block `block` of key head kh transposed into kt [Hk, blocks, D, CA_KEYS] (zeros past the last key): each
+ * block's [D, CA_KEYS] contiguous, so a tile's rows do not alias in the caches. */
+static void ca_transpose_keys(const CausalAttention *a, int64_t kh, int64_t block) {
+    float *kt = a->kt + (kh * a->keys_pad + block * CA_KEYS) * a->d;
+    for (int64_t j = 0; j < CA_KEYS; j++) {
+        const int64_t key = block * CA_KEYS + j;
+        const float *row = key < a->total ? a->k + key * a->k_stride + kh * a->d : NULL;
+        for (int64_t e = 0; e < a->d; e++) kt[e * CA_KEYS + j] = row ? row[e] : 0.0f;
+    }
+}
+
+static void causal_attention_job(Member *me) {
+    const CausalAttention *a = me->team->context;
+    const int64_t rows_pad = ca_rows_pad(a->heads, a->kv_heads);
+    const int64_t blocks = (a->n + CA_QUERIES - 1) / CA_QUERIES, units = blocks * a->kv_heads;
+    int64_t u0, u1;
+    CaScratch w;
+    w.qs = a->scratch + me->thread * ca_scratch_floats(rows_pad, a->d);
+    w.o = w.qs + rows_pad * a->d; w.s = w.o + rows_pad * a->d;
+    w.m = w.s + rows_pad * CA_KEYS; w.l = w.m + rows_pad; w.alpha = w.l + rows_pad;
+    while (claim(me, units, 1, &u0, &u1)) {
+        const int64_t block = blocks - 1 - u0 / a->kv_heads, kh = u0 % a->kv_heads;
+        const int64_t i0 = block * CA_QUERIES, i1 = i0 + CA_QUERIES < a->n ? i0 + CA_QUERIES : a->n;
+        ca_unit(a, &w, kh, i0, i1);
+    }
+    barrier(me);
+}
+
+/* See the section's header; returns 0, -2 for shapes it cannot take, -1 when out of memory. */
+int akv_causal_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                         int64_t v_stride, int64_t n, int64_t total, int64_t heads, int64_t kv_heads, int64_t d,
+                         float scale, float *out, int64_t threads) {
+    if (n < 1 || total < n || kv_heads < 1 || heads % kv_heads || d % 16 || d > CA_MAX_D || threads < 1) return -2;
+    if (threads > AKV_MAX_THREADS) threads = AKV_MAX_THREADS;
+    const int64_t keys_pad = (total + CA_KEYS - 1) / CA_KEYS * CA_KEYS;
+    float *scratch = malloc(sizeof(float) * (size_t)(threads * ca_scratch_floats(ca_rows_pad(heads, kv_heads), d)));
+    float *kt = malloc(sizeof(float) * (size_t)(kv_heads * d * keys_pad));
+    if (!scratch || !kt) { free(scratch); free(kt); return -1; }
+    CausalAttention a = {q, k, v, q_stride, k_stride, v_stride, n, total, heads, kv_heads, d, scale, out, scratch, kt,
+                         keys_pad};
+    for (int64_t kh = 0; kh < kv_heads; kh++)
+        for (int64_t block = 0; block < keys_pad / CA_KEYS; block++) ca_transpose_keys(&a, kh, block);
+    run_team(causal_attention_job, &a, threads);
+    free(scratch); free(kt);
     return 0;
 }

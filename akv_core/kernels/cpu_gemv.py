@@ -7,7 +7,9 @@ held in the kernel's own layout (`pack_q4`, `pack_q8`: interleaved by groups of 
 so that each unpacked register serves 8 columns and up to 4 rows). fp32 weights (`dense`) are read
 as loaded, after the same prologues, so that a float32 model's decode step also runs as one call. torch's own
 weight-only kernels dequantize every weight to bf16 on CPUs without AVX-512 and run several
-times slower (`python benchmarks/engine.py --kernels`).
+times slower (`python benchmarks/engine.py --kernels`). One prefill kernel lives here too: a prompt's causal
+attention in fp32 (`causal_attention`, a flash attention: no [heads, n, K] scores), which the float32 prefill
+path runs instead of torch's SDPA (`python benchmarks/prefill_attention.py` times the two side by side).
 
 The kernel is compiled on first use with the C compiler found at run time (`$CC`, `cc`, `gcc` or
 `clang`, with `-mavx2 -mfma`, never `-march=native`) into the per-user kernel cache, keyed by the
@@ -22,9 +24,9 @@ contiguity, head counts and slot indices the C code relies on, and raises ValueE
 
 Each call runs on `default_threads()` threads, which `akv_core.threads.phase_threads` sets for the forward
 pass (`akv_core.threads.kernel_threads`; torch's own count outside one): one rule for torch's operators
-and these kernels. The C library keeps a pool of worker threads (started on first use, grown to the largest count asked for) and splits each
-product's output columns and each attention's heads between them; results do not depend on the
-thread count. ctypes releases the GIL for the whole call.
+and these kernels. The C library keeps a pool of worker threads (started on first use, grown to the largest
+count asked for) and splits each product's output columns, each decode attention's heads and each prefill
+attention's (key head, block of queries) units between them; results do not depend on the thread count. ctypes releases the GIL for the whole call.
 """
 from __future__ import annotations
 
@@ -114,8 +116,11 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
                                              ptr, i64]
     library.akv_f32_gemv.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
     library.akv_f32_product.argtypes = [*prologue, ptr, i64, ptr, i64]
+    library.akv_causal_attention.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, f32, ptr,
+                                             i64]
     for function in (library.akv_q4_gemv, library.akv_q8_gemv, library.akv_decode_attention, library.akv_max_rows,
-                     library.akv_last_threads, library.akv_f32_gemv, library.akv_f32_product):
+                     library.akv_last_threads, library.akv_f32_gemv, library.akv_f32_product,
+                     library.akv_causal_attention):
         function.restype = ctypes.c_int
     return library, None
 
@@ -400,6 +405,41 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
                                              threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: akv_decode_attention failed ({status})")
+    return out
+
+
+def _rows_of_heads(where: str, name: str, t: Tensor, heads: int, d: int) -> Tensor:
+    """t [rows, heads, D] as C reads it: fp32 on the CPU, each row's heads packed (row stride free); else a
+    contiguous copy."""
+    if t.dim() != 3 or t.shape[1:] != (heads, d) or not t.is_cpu:
+        raise ValueError(f"{where}: {name} must be a CPU tensor [rows, {heads}, {d}], got {tuple(t.shape)} on {t.device}")
+    if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != d:
+        t = t.float().contiguous()
+    return t
+
+
+def causal_attention(q: Tensor, keys: Tensor, values: Tensor, scale: float, threads: int | None = None) -> Tensor:
+    """q [n, H, D] against keys / values [K, Hkv, D] (K >= n, H a multiple of Hkv, D a multiple of 16 up to 256),
+    query i seeing keys 0 .. K - n + i (the new tokens are the last n keys): a prompt's causal attention in fp32,
+    one flash-attention pass (no [H, n, K] scores) -> [n, H, D] fp32, on `threads` threads (default
+    `default_threads()`). Rows may be views with any row stride (q a slice of the rotated q/k)."""
+    where = "cpu_gemv.causal_attention"
+    if q.dim() != 3 or keys.dim() != 3:
+        raise ValueError(f"{where}: q [n, H, D] and keys [K, Hkv, D], got {tuple(q.shape)} and {tuple(keys.shape)}")
+    n, heads, d = q.shape
+    total, kv_heads = keys.shape[0], keys.shape[1]
+    _check_heads(where, heads, kv_heads, d, 0)
+    if d % 16 or d > 256 or total < n or n < 1 or values.shape != keys.shape or keys.shape[2] != d:
+        raise ValueError(f"{where}: q {tuple(q.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}: "
+                         "expected 1 <= n <= K, matching key and value shapes, D a multiple of 16 up to 256")
+    q, keys, values = (_rows_of_heads(where, name, t, h, d) for name, t, h in
+                       (("q", q, heads), ("keys", keys, kv_heads), ("values", values, kv_heads)))
+    out = torch.empty(n, heads, d)
+    status = _library().akv_causal_attention(q.data_ptr(), q.stride(0), keys.data_ptr(), keys.stride(0),
+                                             values.data_ptr(), values.stride(0), n, total, heads, kv_heads, d,
+                                             scale, out.data_ptr(), threads or default_threads())
+    if status:
+        raise MemoryError(f"cpu_gemv: akv_causal_attention failed ({status})")
     return out
 
 

@@ -23,7 +23,7 @@ from akv_core.model.batch import ForwardBatch, MassProbe, SeqAttention
 from akv_core.model.config import ModelConfig
 from akv_core.model.kv_buffers import KVBuffers
 from akv_core.model.linear import GEMV_ROWS, Projection
-from akv_core.model.prefill import PrefillPath
+from akv_core.model.prefill import PrefillPath, attention_switch
 from akv_core.model.prefill_attention import causal_attention_bf16
 from akv_core.model.rope import Rope
 
@@ -31,8 +31,18 @@ from akv_core.model.rope import Rope
 # end, so the causal upper triangle is mostly skipped instead of computed and masked.
 PREFILL_CHUNK = 512
 
-# The mask of a chunk whose causal attention runs in bf16 products (`_attend_chunk`), never `attend`'s.
-BF16_CAUSAL = "bf16-causal"
+# The mask of a chunk whose causal attention runs in the prefill path's own blockwise kernel (`_attend_chunk`):
+# bf16 products on the bf16 path, the fp32 flash attention of `cpu_gemv` on the float32 one; never `attend`'s.
+BLOCK_CAUSAL = "block-causal"
+
+# The kernels a prompt's causal attention may run on (`CausalLM.prefill_attention`, named in /server_info).
+BF16_BLOCKS, FP32_FLASH, TORCH_SDPA = "bf16 blocks", "fp32 flash (cpu_gemv)", "torch's SDPA"
+
+# The float32 path's C flash attention takes a sequence of at least this many new tokens; on fewer, torch's SDPA
+# is as fast or faster in the model (2 threads, whole forward, `python benchmarks/prefill_attention.py --parts
+# prefill`: 0.76x and 0.84x for 100 and 300 new tokens after about 1,800; 1.08-1.19x from 500 new tokens up,
+# fresh or after a prefix: docs/benchmarks.md, "Prefill attention").
+FLASH_MIN_ROWS = 500
 
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
 
@@ -105,6 +115,20 @@ class CausalLM:
         self._stack: cpu_gemv.DecodeStack | None = None   # built on the first fused decode step
         # The prefill products' path (akv_core.model.prefill); on the bf16 one, prompts attend in bf16 too.
         self.prefill_path: PrefillPath | None = getattr(layers[0].qkv, "prefill_path", None) if layers else None
+        self.prefill_attention = self._prefill_attention()
+
+    def _prefill_attention(self) -> str:
+        """Which kernel a prompt's causal attention runs on: `BF16_BLOCKS` on the bf16 prefill path, `FP32_FLASH`
+        on the float32 path of a CPU where `cpu_gemv` runs with fp32 activations, else (or with
+        `AKV_PREFILL_ATTENTION=sdpa`) `TORCH_SDPA`."""
+        if self.device.type != "cpu" or self.prefill_path is None or attention_switch() == "sdpa":
+            return TORCH_SDPA
+        if self.prefill_path.kind == "bf16":
+            return BF16_BLOCKS
+        if (self.prefill_path.kind == "float32" and self.dtype == torch.float32 and self.config.head_dim % 16 == 0
+                and self.config.head_dim <= 256 and cpu_gemv.available()):
+            return FP32_FLASH
+        return TORCH_SDPA
 
     def _can_fuse_decode(self) -> bool:
         """Whether decode steps can run as five fused CPU kernels per layer (`_decode_fused`): every
@@ -237,10 +261,11 @@ class CausalLM:
     def _chunks(self, seq: SeqAttention) -> list[tuple[slice, Tensor, Tensor | str | None]]:
         """(query rows, visible slots, mask) per attention call of one sequence; the mask "causal"
         marks a fresh prefill (new tokens only), which SDPA handles block-causally without a mask;
-        `BF16_CAUSAL` a prompt's new tokens on the bf16 prefill path, attending in blocks (any prefix)."""
+        `BLOCK_CAUSAL` a prompt's new tokens (any prefix) on the prefill path's own kernel, where it has one."""
         if (seq.mask is None and seq.q_len > GEMV_ROWS and self.attention_probe is None
-                and self.prefill_path is not None and self.prefill_path.kind == "bf16"):
-            return [(slice(0, seq.q_len), seq.kv_slots, BF16_CAUSAL)]
+                and (self.prefill_attention == BF16_BLOCKS
+                     or (self.prefill_attention == FP32_FLASH and seq.q_len >= FLASH_MIN_ROWS))):
+            return [(slice(0, seq.q_len), seq.kv_slots, BLOCK_CAUSAL)]
         if seq.mask is None and seq.q_len > 1 and seq.kv_slots.numel() == seq.q_len:
             return [(slice(0, seq.q_len), seq.kv_slots, "causal")]
         if seq.mask is not None or seq.q_len <= PREFILL_CHUNK:
@@ -300,14 +325,14 @@ class CausalLM:
 
     def _attend_chunk(self, layer: int, seq_index: int, q: Tensor, k: Tensor, v: Tensor, kv: KVBuffers,
                       slots: Tensor, mask: Tensor | str | None) -> Tensor:
-        """`attend`, or for a `BF16_CAUSAL` chunk the blockwise bf16 attention: q and the new k / v are the
-        chunk's rows, `slots` every key it sees (the new ones last; a fresh prompt's are k / v themselves)."""
-        if not (isinstance(mask, str) and mask == BF16_CAUSAL):
+        """`attend`, or for a `BLOCK_CAUSAL` chunk the prefill path's blockwise kernel: q and the new k / v are
+        the chunk's rows, `slots` every key it sees (the new ones last; a fresh prompt's are k / v themselves)."""
+        if not (isinstance(mask, str) and mask == BLOCK_CAUSAL):
             return self.attend(layer, seq_index, q, kv, slots, mask)
+        causal = causal_attention_bf16 if self.prefill_attention == BF16_BLOCKS else cpu_gemv.causal_attention
         if slots.numel() == q.shape[0]:
-            return causal_attention_bf16(q, k, v, self._scale)
-        return causal_attention_bf16(q, kv.k[layer].index_select(0, slots), kv.v[layer].index_select(0, slots),
-                                     self._scale)
+            return causal(q, k, v, self._scale)
+        return causal(q, kv.k[layer].index_select(0, slots), kv.v[layer].index_select(0, slots), self._scale)
 
     def attend(self, layer: int, seq_index: int, q: Tensor, kv: KVBuffers, slots: Tensor,
                mask: Tensor | str | None) -> Tensor:

@@ -20,6 +20,11 @@ float32, 89% greedy agreement; bf16 0.0007 and 100%: docs/engine-model.md, "Pref
 `AKV_PREFILL` forces a path for every precision. A forced bf16 on a CPU without native bf16 runs (torch
 emulates bf16 products, several times slower than fp32) and says so in its name; a forced int8 on a CPU
 without VNNI or AMX is refused. Decode-sized inputs never come here.
+
+A prompt's causal attention follows the path (`CausalLM.prefill_attention`): bf16 blocks on the bf16 path
+(`akv_core.model.prefill_attention`), fp32 flash attention in C on the float32 one
+(`akv_core.kernels.cpu_gemv.causal_attention`, where the C kernels run), else torch's SDPA;
+`AKV_PREFILL_ATTENTION=sdpa` forces SDPA.
 """
 from __future__ import annotations
 
@@ -36,6 +41,10 @@ PREFILL_SWITCH = "AKV_PREFILL"
 PREFILL_CHOICES = ("auto", "bf16", "int8", "float32")
 # "off": prefill products stay on torch's own GEMMs (F.linear) instead of oneDNN's packed ones.
 ONEDNN_SWITCH = "AKV_ONEDNN"
+# "sdpa": a prompt's causal attention on torch's SDPA on every path, instead of the path's own blockwise kernel
+# (bf16 blocks on the bf16 path, `cpu_gemv`'s fp32 flash attention on the float32 one).
+ATTENTION_SWITCH = "AKV_PREFILL_ATTENTION"
+ATTENTION_CHOICES = ("auto", "sdpa")
 # The row count oneDNN lays a packed weight out for (a prefill chunk's; any count runs on it).
 ONEDNN_ROWS_HINT = 512
 
@@ -75,6 +84,15 @@ class PrefillPath:
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.unit})"
+
+
+def attention_switch() -> str:
+    """`AKV_PREFILL_ATTENTION` ("auto" when unset); a ValueError naming it and its choices for another value."""
+    value = os.environ.get(ATTENTION_SWITCH, "auto").strip().lower() or "auto"
+    if value not in ATTENTION_CHOICES:
+        raise ValueError(f"{ATTENTION_SWITCH}: expected one of {', '.join(ATTENTION_CHOICES)}, got "
+                         f"{os.environ[ATTENTION_SWITCH]!r}")
+    return value
 
 
 def prefill_path(precision: str, device: torch.device | str = "cpu", bf16: bool | None = None) -> PrefillPath:

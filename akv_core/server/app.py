@@ -113,8 +113,10 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/server_info", response_model=ServerInfo)
     async def server_info() -> ServerInfo:
-        path = getattr(getattr(state.loop.engine, "model", None), "prefill_path", None)
+        model = getattr(state.loop.engine, "model", None)
+        path = getattr(model, "prefill_path", None)
         return ServerInfo(model=state.model_name, akv=akv_features(), prefill=None if path is None else str(path),
+                          prefill_attention=getattr(model, "prefill_attention", None),
                           max_model_len=getattr(state.loop.engine, "context_length", None))
 
     @app.get("/metrics", response_class=PlainTextResponse)

@@ -406,6 +406,8 @@ class ServerInfo(BaseModel):
     max_model_len: int | None = None
     # The kernels of the prompts' products on this machine (akv_core.model.prefill), e.g. "bf16 (AVX512-BF16)".
     prefill: str | None = None
+    # The kernel of the prompts' causal attention (CausalLM.prefill_attention), e.g. "fp32 flash (cpu_gemv)".
+    prefill_attention: str | None = None
     akv: AKVFeatures
 
 

@@ -1,0 +1,181 @@
+"""A prompt's causal attention in fp32: `cpu_gemv`'s flash attention against torch's SDPA, side by side in one
+run: `python benchmarks/prefill_attention.py`.
+
+Two parts, each alternating the two contenders every round on the same inputs and thread count:
+
+- `attention`: one layer's attention of the embedded model's shape (9 query heads, 3 key heads, head size 64)
+  over a fresh prompt of each `--tokens` count, and over new tokens after a cached prefix (`--continued`,
+  new / keys): `cpu_gemv.causal_attention` against `F.scaled_dot_product_attention(enable_gqa=True)`,
+  causal for a fresh prompt and with the visibility mask after a prefix (as the engine's `attend` calls it),
+  median milliseconds of `--rounds` rounds, and the largest difference of their outputs;
+- `prefill`: the float32 model's whole forward on the float32 path (oneDNN's products) over a fresh prompt
+  of each `--prefill-tokens` count and over new tokens after a cached prefix (`--prefill-continued`, an
+  agent's next turn), with `CausalLM.prefill_attention` set to the C kernel and to torch's SDPA in turn
+  (what `AKV_PREFILL_ATTENTION=sdpa` selects at load); median seconds, new tokens per second, and the
+  largest difference of the logits of the last token.
+
+Ratios are SDPA's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios.
+Wall time on `--threads` threads (torch's and the kernel's count alike).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import `benchmarks` and the packages from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from akv_core.model.llama import FP32_FLASH as KERNEL
+from akv_core.model.llama import TORCH_SDPA as SDPA
+from benchmarks.common import cpu_model, format_table
+
+
+def alternate(contenders: dict[str, Callable[[], Any]],
+              rounds: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Each contender once per round, in turn, after one untimed warm-up call each: (seconds per round, last
+    result) by name."""
+    results = {name: run() for name, run in contenders.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            results[name] = run()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, results
+
+
+def ratio_of_rounds(seconds: dict[str, list[float]]) -> float:
+    """Median over rounds of SDPA's seconds over the kernel's."""
+    return statistics.median(s / k for s, k in zip(seconds[SDPA], seconds[KERNEL]))
+
+
+def attention_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[Any]]:
+    """One row per (new tokens, keys): a fresh prompt where they are equal (SDPA with is_causal), else new tokens
+    after a cached prefix (SDPA with the visibility mask, as the engine's `attend` hands it one)."""
+    from akv_core.kernels import cpu_gemv
+
+    heads, kv_heads, d = 9, 3, 64
+    rows = []
+    for n, total in shapes:
+        generator = torch.Generator().manual_seed(n)
+        q = torch.randn(n, heads, d, generator=generator)
+        keys, values = (torch.randn(total, kv_heads, d, generator=generator) for _ in range(2))
+        qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, keys, values))
+        mask = None if n == total else torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        contenders = {
+            KERNEL: lambda: cpu_gemv.causal_attention(q, keys, values, d ** -0.5),
+            SDPA: lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=mask is None,
+                                                         scale=d ** -0.5, enable_gqa=True)[0].transpose(0, 1)}
+        seconds, results = alternate(contenders, rounds)
+        difference = (results[KERNEL] - results[SDPA]).abs().max().item()
+        rows.append([n if n == total else f"{n} after {total - n}",
+                     *(f"{statistics.median(seconds[name]) * 1e3:.2f}" for name in (KERNEL, SDPA)),
+                     f"{ratio_of_rounds(seconds):.2f}x", f"{difference:.1e}"])
+        print(f"attention {rows[-1][0]} tokens done", flush=True)
+    return rows
+
+
+def shapes_of(fresh: str, continued: str) -> list[tuple[int, int]]:
+    """--tokens "512,2048" and --continued "100/2000" -> [(512, 512), (2048, 2048), (100, 2000)]."""
+    shapes = [(int(n), int(n)) for n in fresh.split(",") if n.strip()]
+    for pair in (p for p in continued.split(",") if p.strip()):
+        new, _, total = pair.partition("/")
+        shapes.append((int(new), int(total)))
+    if any(n < 1 or total < n for n, total in shapes):
+        raise ValueError(f"each shape needs 1 <= new tokens <= keys, got {shapes}")
+    return shapes
+
+
+def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[Any]]:
+    """Per (new tokens, keys): the float32 model's forward over the new tokens, after a cached prefix of the
+    rest (computed once, untimed) where there is one, with each attention in turn."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+    from akv_core.model.loader import load_model
+
+    model = load_model("smollm2")
+    if model.prefill_attention != KERNEL:
+        raise SystemExit(f"the float32 model's prompts attend on {model.prefill_attention!r} here, not {KERNEL!r} "
+                         f"(prefill path {model.prefill_path}; AKV_PREFILL / AKV_PREFILL_ATTENTION set?)")
+    rows = []
+    for n, total in shapes:
+        ids = torch.randint(100, 40000, (total,), generator=torch.Generator().manual_seed(total))
+        kv, prefix = model.new_kv_buffers(total), total - n
+        if prefix:
+            slots = torch.arange(prefix)
+            model.forward(ForwardBatch(ids[:prefix], slots, slots, [SeqAttention(0, prefix, slots)],
+                                       torch.tensor([prefix - 1])), kv)
+        new, visible = torch.arange(prefix, total), torch.arange(total)
+        batch = ForwardBatch(ids[prefix:], new, new, [SeqAttention(0, n, visible)], torch.tensor([n - 1]))
+
+        def forward(attention: str) -> torch.Tensor:
+            model.prefill_attention = attention
+            return model.forward(batch, kv)
+
+        seconds, results = alternate({KERNEL: lambda: forward(KERNEL), SDPA: lambda: forward(SDPA)}, rounds)
+        model.prefill_attention = KERNEL
+        difference = (results[KERNEL] - results[SDPA]).abs().max().item()
+        label = n if n == total else f"{n} after {prefix}"
+        medians = {name: statistics.median(seconds[name]) for name in (KERNEL, SDPA)}
+        rows += [[label, name, f"{medians[name]:.3f}", f"{n / medians[name]:.0f}",
+                  " ".join(f"{s:.3f}" for s in seconds[name]),
+                  f"{ratio_of_rounds(seconds):.2f}x" if name == KERNEL else "",
+                  f"{difference:.1e}" if name == KERNEL else ""] for name in (KERNEL, SDPA)]
+        print(f"prefill {label} tokens done", flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="attention,prefill", help="attention, prefill or both (default)")
+    parser.add_argument("--tokens", default="64,128,512,2048,8192", help="fresh prompts of the attention part")
+    parser.add_argument("--continued", default="100/2000,300/4000",
+                        help="new tokens / keys after a cached prefix, in the attention part")
+    parser.add_argument("--prefill-tokens", default="2048", help="fresh prompts of the prefill part")
+    parser.add_argument("--prefill-continued", default="100/2000",
+                        help="new tokens / keys after a cached prefix, in the prefill part")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    parts = {part.strip() for part in args.parts.split(",") if part.strip()}
+    if not parts or parts - {"attention", "prefill"}:
+        parser.error(f"--parts: expected attention, prefill or both, got {args.parts!r}")
+    try:
+        shapes = shapes_of(args.tokens, args.continued)
+        prefill_shapes = shapes_of(args.prefill_tokens, args.prefill_continued)
+    except ValueError as err:
+        parser.error(f"--tokens, --continued, --prefill-tokens, --prefill-continued: expected counts like "
+                     f"512,2048 and new/keys pairs like 100/2000 ({err})")
+    from akv_core.kernels import cpu_gemv
+    from akv_core.model.linear import cpu_summary
+
+    if not cpu_gemv.available():
+        raise SystemExit(f"cpu_gemv cannot run here: {cpu_gemv.why_unavailable()}")
+    torch.set_num_threads(args.threads)
+    print(f"{cpu_model()} ({cpu_summary()}), {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{args.threads} thread(s); load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+    with torch.inference_mode():
+        if "attention" in parts:
+            rows = attention_rows(shapes, args.rounds)
+            print(f"\none layer's causal attention, 9 / 3 heads of 64, median ms of {args.rounds} rounds")
+            print(format_table(["tokens", "kernel ms", "SDPA ms", "SDPA / kernel", "max |diff|"], rows))
+        if "prefill" in parts:
+            rows = prefill_rows(prefill_shapes, args.rounds)
+            print(f"\nfloat32 prefill (the model's whole forward over the new tokens), median s of {args.rounds} "
+                  "rounds")
+            print(format_table(["tokens", "attention", "s", "tok/s", "rounds (s)", "SDPA / kernel",
+                                "max |logit diff|"], rows))
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,8 @@ Two parts, each alternating the two contenders every round on the same inputs an
   of each `--prefill-tokens` count and over new tokens after a cached prefix (`--prefill-continued`, an
   agent's next turn), with `CausalLM.prefill_attention` set to the C kernel and to torch's SDPA in turn
   (what `AKV_PREFILL_ATTENTION=sdpa` selects at load); median seconds, new tokens per second, and the
-  largest difference of the logits of the last token.
+  largest difference of the logits of the last token. Below `FLASH_MIN_ROWS` new tokens the model attends on
+  SDPA whichever is set, and the row says so.
 
 Ratios are SDPA's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios.
 Wall time on `--threads` threads (torch's and the kernel's count alike).
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from akv_core.model.llama import FLASH_MIN_ROWS
 from akv_core.model.llama import FP32_FLASH as KERNEL
 from akv_core.model.llama import TORCH_SDPA as SDPA
 from benchmarks.common import cpu_model, format_table
@@ -124,7 +126,9 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[An
         seconds, results = alternate({KERNEL: lambda: forward(KERNEL), SDPA: lambda: forward(SDPA)}, rounds)
         model.prefill_attention = KERNEL
         difference = (results[KERNEL] - results[SDPA]).abs().max().item()
-        label = n if n == total else f"{n} after {prefix}"
+        label: int | str = n if n == total else f"{n} after {prefix}"
+        if n < FLASH_MIN_ROWS:
+            label = f"{label} (SDPA both)"
         medians = {name: statistics.median(seconds[name]) for name in (KERNEL, SDPA)}
         rows += [[label, name, f"{medians[name]:.3f}", f"{n / medians[name]:.0f}",
                   " ".join(f"{s:.3f}" for s in seconds[name]),
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--continued", default="100/2000,300/4000",
                         help="new tokens / keys after a cached prefix, in the attention part")
     parser.add_argument("--prefill-tokens", default="2048", help="fresh prompts of the prefill part")
-    parser.add_argument("--prefill-continued", default="100/2000",
+    parser.add_argument("--prefill-continued", default="600/3000",
                         help="new tokens / keys after a cached prefix, in the prefill part")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)

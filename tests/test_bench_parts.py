@@ -295,3 +295,25 @@ def test_akv_bench_outside_a_checkout_says_in_one_line_what_it_needs(tmp_path) -
     assert run.stderr.splitlines() == [
         "error: akv bench cost needs benchmarks/cost.py, which only the source checkout has (the installed "
         "package does not ship benchmarks/): run it from a clone installed with `pip install -e .`"]
+
+
+def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_that_ran(capsys) -> None:
+    """A tiny run of `benchmarks/prefill_attention.py`: both tables, the two contenders agreeing, and a prefill
+    shorter than FLASH_MIN_ROWS marked as SDPA on both sides; bad shapes and parts are named."""
+    from akv_core.kernels import cpu_gemv
+    from benchmarks import prefill_attention
+
+    if not cpu_gemv.available():
+        pytest.skip(f"cpu_gemv: {cpu_gemv.why_unavailable()}")
+    prefill_attention.main(["--tokens", "40", "--continued", "20/90", "--prefill-tokens", "24",
+                            "--prefill-continued", "", "--rounds", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    table = out.split("one layer's causal attention")[1].split("float32 prefill")[0]
+    rows = [line.split() for line in table.splitlines() if line[:2] in ("40", "20")]
+    assert [row[0] for row in rows] == ["40", "20"] and all(float(row[-1]) < 1e-5 for row in rows)
+    prefill = [line for line in out.split("float32 prefill")[1].splitlines() if line.startswith("24 (SDPA both)")]
+    assert len(prefill) == 2 and float(prefill[0].split()[-1]) == 0.0
+    for argv, message in ((["--continued", "90/20"], "--continued"), (["--parts", "decode"], "--parts: expected")):
+        with pytest.raises(SystemExit):
+            prefill_attention.main(argv)
+        assert message in capsys.readouterr().err

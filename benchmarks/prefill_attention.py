@@ -13,7 +13,8 @@ Two parts, each alternating the two contenders every round on the same inputs an
   agent's next turn), with `CausalLM.prefill_attention` set to the C kernel and to torch's SDPA in turn
   (what `AKV_PREFILL_ATTENTION=sdpa` selects at load); median seconds, new tokens per second, and the
   largest difference of the logits of the last token. Below `FLASH_MIN_ROWS` new tokens the model attends on
-  SDPA whichever is set, and the row says so.
+  SDPA whichever is set, and the row says so; `--flash-min-rows N` moves that threshold for the run (to
+  measure where it belongs).
 
 Ratios are SDPA's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios.
 Wall time on `--threads` threads (torch's and the kernel's count alike).
@@ -98,9 +99,10 @@ def shapes_of(fresh: str, continued: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[Any]]:
+def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int, min_rows: int = FLASH_MIN_ROWS) -> list[list[Any]]:
     """Per (new tokens, keys): the float32 model's forward over the new tokens, after a cached prefix of the
-    rest (computed once, untimed) where there is one, with each attention in turn."""
+    rest (computed once, untimed) where there is one, with each attention in turn; the kernel from `min_rows`
+    new tokens."""
     from akv_core.model.batch import ForwardBatch, SeqAttention
     from akv_core.model.loader import load_model
 
@@ -108,6 +110,7 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[An
     if model.prefill_attention != KERNEL:
         raise SystemExit(f"the float32 model's prompts attend on {model.prefill_attention!r} here, not {KERNEL!r} "
                          f"(prefill path {model.prefill_path}; AKV_PREFILL / AKV_PREFILL_ATTENTION set?)")
+    model.flash_min_rows = min_rows
     rows = []
     for n, total in shapes:
         ids = torch.randint(100, 40000, (total,), generator=torch.Generator().manual_seed(total))
@@ -127,7 +130,7 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[An
         model.prefill_attention = KERNEL
         difference = (results[KERNEL] - results[SDPA]).abs().max().item()
         label: int | str = n if n == total else f"{n} after {prefix}"
-        if n < FLASH_MIN_ROWS:
+        if n < min_rows:
             label = f"{label} (SDPA both)"
         medians = {name: statistics.median(seconds[name]) for name in (KERNEL, SDPA)}
         rows += [[label, name, f"{medians[name]:.3f}", f"{n / medians[name]:.0f}",
@@ -147,10 +150,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prefill-tokens", default="2048", help="fresh prompts of the prefill part")
     parser.add_argument("--prefill-continued", default="600/3000",
                         help="new tokens / keys after a cached prefix, in the prefill part")
+    parser.add_argument("--flash-min-rows", type=int, default=FLASH_MIN_ROWS,
+                        help=f"the prefill part's kernel from this many new tokens (default: the engine's, "
+                             f"{FLASH_MIN_ROWS})")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     parts = {part.strip() for part in args.parts.split(",") if part.strip()}
+    if args.flash_min_rows < 1:
+        parser.error(f"--flash-min-rows: expected a count of at least 1, got {args.flash_min_rows}")
     if not parts or parts - {"attention", "prefill"}:
         parser.error(f"--parts: expected attention, prefill or both, got {args.parts!r}")
     try:
@@ -173,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"\none layer's causal attention, 9 / 3 heads of 64, median ms of {args.rounds} rounds")
             print(format_table(["tokens", "kernel ms", "SDPA ms", "SDPA / kernel", "max |diff|"], rows))
         if "prefill" in parts:
-            rows = prefill_rows(prefill_shapes, args.rounds)
+            rows = prefill_rows(prefill_shapes, args.rounds, args.flash_min_rows)
             print(f"\nfloat32 prefill (the model's whole forward over the new tokens), median s of {args.rounds} "
                   "rounds")
             print(format_table(["tokens", "attention", "s", "tok/s", "rounds (s)", "SDPA / kernel",

@@ -299,7 +299,8 @@ def test_akv_bench_outside_a_checkout_says_in_one_line_what_it_needs(tmp_path) -
 
 def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_that_ran(capsys) -> None:
     """A tiny run of `benchmarks/prefill_attention.py`: both tables, the two contenders agreeing, and a prefill
-    shorter than FLASH_MIN_ROWS marked as SDPA on both sides; bad shapes and parts are named."""
+    shorter than FLASH_MIN_ROWS marked as SDPA on both sides, and on the kernel once --flash-min-rows lets it in;
+    bad shapes, parts and thresholds are named."""
     from akv_core.kernels import cpu_gemv
     from benchmarks import prefill_attention
 
@@ -313,7 +314,15 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
     assert [row[0] for row in rows] == ["40", "20"] and all(float(row[-1]) < 1e-5 for row in rows)
     prefill = [line for line in out.split("float32 prefill")[1].splitlines() if line.startswith("24 (SDPA both)")]
     assert len(prefill) == 2 and float(prefill[0].split()[-1]) == 0.0
-    for argv, message in ((["--continued", "90/20"], "--continued"), (["--parts", "decode"], "--parts: expected")):
+    prefill_attention.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
+                            "--flash-min-rows", "22", "--rounds", "1", "--threads", "1"])
+    moved = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("24 ", "20 after 30"))]
+    assert [" ".join(line.split()[:3]) for line in moved] == [
+        "24 fp32 flash", "24 torch's SDPA", "20 after 30", "20 after 30"]
+    assert all("(SDPA both)" in line for line in moved[2:]) and not any("(SDPA both)" in line for line in moved[:2])
+    assert 0.0 < float(moved[0].split()[-1]) < 1e-3 and float(moved[2].split()[-1]) == 0.0
+    for argv, message in ((["--continued", "90/20"], "--continued"), (["--parts", "decode"], "--parts: expected"),
+                          (["--flash-min-rows", "0"], "--flash-min-rows: expected a count")):
         with pytest.raises(SystemExit):
             prefill_attention.main(argv)
         assert message in capsys.readouterr().err

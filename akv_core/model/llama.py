@@ -38,10 +38,12 @@ BLOCK_CAUSAL = "block-causal"
 # The kernels a prompt's causal attention may run on (`CausalLM.prefill_attention`, named in /server_info).
 BF16_BLOCKS, FP32_FLASH, TORCH_SDPA = "bf16 blocks", "fp32 flash (cpu_gemv)", "torch's SDPA"
 
-# The float32 path's C flash attention takes a sequence of at least this many new tokens; on fewer, torch's SDPA
-# is as fast or faster in the model (2 threads, whole forward, `python benchmarks/prefill_attention.py --parts
-# prefill`: 0.76x and 0.84x for 100 and 300 new tokens after about 1,800; 1.08-1.19x from 500 new tokens up,
-# fresh or after a prefix: docs/benchmarks.md, "Prefill attention").
+# The float32 path's C flash attention takes a sequence of at least this many new tokens (`CausalLM.flash_min_rows`);
+# on fewer, torch's SDPA is as fast or faster in the model (2 threads, whole forward, `python
+# benchmarks/prefill_attention.py --parts prefill --prefill-tokens 512 --prefill-continued
+# 100/2000,300/2000,500/4000 --flash-min-rows 1`: 0.84x and 0.93x for 100 and 300 new tokens after 1,900 and
+# 1,700, 1.01x for a fresh 512, 1.05x for 500 after 3,500; 1.08-1.12x for 2,048 fresh and 600 after 2,400:
+# docs/benchmarks.md, "Prefill attention").
 FLASH_MIN_ROWS = 500
 
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
@@ -116,6 +118,7 @@ class CausalLM:
         # The prefill products' path (akv_core.model.prefill); on the bf16 one, prompts attend in bf16 too.
         self.prefill_path: PrefillPath | None = getattr(layers[0].qkv, "prefill_path", None) if layers else None
         self.prefill_attention = self._prefill_attention()
+        self.flash_min_rows = FLASH_MIN_ROWS   # the fewest new tokens the fp32 flash attention takes
 
     def _prefill_attention(self) -> str:
         """Which kernel a prompt's causal attention runs on: `BF16_BLOCKS` on the bf16 prefill path, `FP32_FLASH`
@@ -264,7 +267,7 @@ class CausalLM:
         `BLOCK_CAUSAL` a prompt's new tokens (any prefix) on the prefill path's own kernel, where it has one."""
         if (seq.mask is None and seq.q_len > GEMV_ROWS and self.attention_probe is None
                 and (self.prefill_attention == BF16_BLOCKS
-                     or (self.prefill_attention == FP32_FLASH and seq.q_len >= FLASH_MIN_ROWS))):
+                     or (self.prefill_attention == FP32_FLASH and seq.q_len >= self.flash_min_rows))):
             return [(slice(0, seq.q_len), seq.kv_slots, BLOCK_CAUSAL)]
         if seq.mask is None and seq.q_len > 1 and seq.kv_slots.numel() == seq.q_len:
             return [(slice(0, seq.q_len), seq.kv_slots, "causal")]

@@ -169,13 +169,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"512,2048 and new/keys pairs like 100/2000 ({err})")
     from akv_core.kernels import cpu_gemv
     from akv_core.model.linear import cpu_summary
+    from akv_core.threads import torch_threads
 
     if not cpu_gemv.available():
         raise SystemExit(f"cpu_gemv cannot run here: {cpu_gemv.why_unavailable()}")
-    torch.set_num_threads(args.threads)
     print(f"{cpu_model()} ({cpu_summary()}), {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{args.threads} thread(s); load average {os.getloadavg()[0]:.2f} at the start", flush=True)
-    with torch.inference_mode():
+    with torch_threads(args.threads), torch.inference_mode():   # the caller's count back afterwards
         if "attention" in parts:
             rows = attention_rows(shapes, args.rounds)
             print(f"\none layer's causal attention, 9 / 3 heads of 64, median ms of {args.rounds} rounds")

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import common, cost, headroom, replay, serving
 
@@ -306,6 +307,7 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
 
     if not cpu_gemv.available():
         pytest.skip(f"cpu_gemv: {cpu_gemv.why_unavailable()}")
+    threads = torch.get_num_threads()
     prefill_attention.main(["--tokens", "40", "--continued", "20/90", "--prefill-tokens", "24",
                             "--prefill-continued", "", "--rounds", "1", "--threads", "1"])
     out = capsys.readouterr().out
@@ -314,6 +316,7 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
     assert [row[0] for row in rows] == ["40", "20"] and all(float(row[-1]) < 1e-5 for row in rows)
     prefill = [line for line in out.split("float32 prefill")[1].splitlines() if line.startswith("24 (SDPA both)")]
     assert len(prefill) == 2 and float(prefill[0].split()[-1]) == 0.0
+    assert torch.get_num_threads() == threads   # --threads 1 was the run's alone
     prefill_attention.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
                             "--flash-min-rows", "22", "--rounds", "1", "--threads", "1"])
     moved = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("24 ", "20 after 30"))]

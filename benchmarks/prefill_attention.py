@@ -1,7 +1,9 @@
 """A prompt's causal attention in fp32: `cpu_gemv`'s flash attention against torch's SDPA, side by side in one
 run: `python benchmarks/prefill_attention.py`.
 
-Two parts, each alternating the two contenders every round on the same inputs and thread count:
+The kernel runs on torch's OpenMP threads (`cpu_gemv.openmp_runtime()`); it is also timed on the kernel library's
+own thread pool (`cpu_gemv.own_pool()`), which shares the cores with torch's threads while they still spin after
+the operator before it. Two parts, each alternating the contenders every round on the same inputs and thread count:
 
 - `attention`: one layer's attention of the embedded model's shape (9 query heads, 3 key heads, head size 64)
   over a fresh prompt of each `--tokens` count, and over new tokens after a cached prefix (`--continued`,
@@ -12,11 +14,13 @@ Two parts, each alternating the two contenders every round on the same inputs an
   of each `--prefill-tokens` count and over new tokens after a cached prefix (`--prefill-continued`, an
   agent's next turn), with `CausalLM.prefill_attention` set to the C kernel and to torch's SDPA in turn
   (what `AKV_PREFILL_ATTENTION=sdpa` selects at load); median seconds, new tokens per second, and the
-  largest difference of the logits of the last token. Below `FLASH_MIN_ROWS` new tokens the model attends on
+  largest difference of the logits of the last token; also with the norms and the MLP's SiLU(gate) * up on
+  torch's operators instead of `cpu_gemv.rows_prologue` (`CausalLM.row_kernels` off). Below `FLASH_MIN_ROWS` new tokens the model attends on
   SDPA whichever is set, and the row says so; `--flash-min-rows N` moves that threshold for the run (to
   measure where it belongs).
 
-Ratios are SDPA's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios.
+Ratios are a contender's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios;
+differences are against the kernel's results.
 Wall time on `--threads` threads (torch's and the kernel's count alike).
 """
 from __future__ import annotations
@@ -40,6 +44,9 @@ import torch.nn.functional as F
 from akv_core.model.llama import FLASH_MIN_ROWS
 from akv_core.model.llama import FP32_FLASH as KERNEL
 from akv_core.model.llama import TORCH_SDPA as SDPA
+
+OWN_POOL = f"{KERNEL}, own pool"
+TORCH_ROWS = f"{KERNEL}, torch's row ops"
 from benchmarks.common import cpu_model, format_table
 
 
@@ -57,9 +64,19 @@ def alternate(contenders: dict[str, Callable[[], Any]],
     return seconds, results
 
 
-def ratio_of_rounds(seconds: dict[str, list[float]]) -> float:
-    """Median over rounds of SDPA's seconds over the kernel's."""
-    return statistics.median(s / k for s, k in zip(seconds[SDPA], seconds[KERNEL]))
+def ratio_of_rounds(seconds: dict[str, list[float]], name: str = SDPA) -> float:
+    """Median over rounds of `name`'s seconds over the kernel's."""
+    return statistics.median(s / k for s, k in zip(seconds[name], seconds[KERNEL]))
+
+
+def on_own_pool(run: Callable[[], Any]) -> Callable[[], Any]:
+    """`run` with the prefill attention on the kernel library's own threads."""
+    from akv_core.kernels import cpu_gemv
+
+    def pooled() -> Any:
+        with cpu_gemv.own_pool():
+            return run()
+    return pooled
 
 
 def attention_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[Any]]:
@@ -75,15 +92,16 @@ def attention_rows(shapes: Sequence[tuple[int, int]], rounds: int) -> list[list[
         keys, values = (torch.randn(total, kv_heads, d, generator=generator) for _ in range(2))
         qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, keys, values))
         mask = None if n == total else torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        kernel = lambda: cpu_gemv.causal_attention(q, keys, values, d ** -0.5)  # noqa: E731
         contenders = {
-            KERNEL: lambda: cpu_gemv.causal_attention(q, keys, values, d ** -0.5),
+            KERNEL: kernel, OWN_POOL: on_own_pool(kernel),
             SDPA: lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=mask is None,
                                                          scale=d ** -0.5, enable_gqa=True)[0].transpose(0, 1)}
         seconds, results = alternate(contenders, rounds)
-        difference = (results[KERNEL] - results[SDPA]).abs().max().item()
+        difference = max((results[KERNEL] - results[name]).abs().max().item() for name in (OWN_POOL, SDPA))
         rows.append([n if n == total else f"{n} after {total - n}",
-                     *(f"{statistics.median(seconds[name]) * 1e3:.2f}" for name in (KERNEL, SDPA)),
-                     f"{ratio_of_rounds(seconds):.2f}x", f"{difference:.1e}"])
+                     *(f"{statistics.median(seconds[name]) * 1e3:.2f}" for name in (KERNEL, OWN_POOL, SDPA)),
+                     *(f"{ratio_of_rounds(seconds, name):.2f}x" for name in (OWN_POOL, SDPA)), f"{difference:.1e}"])
         print(f"attention {rows[-1][0]} tokens done", flush=True)
     return rows
 
@@ -110,7 +128,7 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int, min_rows: int =
     if model.prefill_attention != KERNEL:
         raise SystemExit(f"the float32 model's prompts attend on {model.prefill_attention!r} here, not {KERNEL!r} "
                          f"(prefill path {model.prefill_path}; AKV_PREFILL / AKV_PREFILL_ATTENTION set?)")
-    model.flash_min_rows = min_rows
+    model.flash_min_rows, row_kernels = min_rows, model.row_kernels
     rows = []
     for n, total in shapes:
         ids = torch.randint(100, 40000, (total,), generator=torch.Generator().manual_seed(total))
@@ -122,21 +140,22 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int, min_rows: int =
         new, visible = torch.arange(prefix, total), torch.arange(total)
         batch = ForwardBatch(ids[prefix:], new, new, [SeqAttention(0, n, visible)], torch.tensor([n - 1]))
 
-        def forward(attention: str) -> torch.Tensor:
-            model.prefill_attention = attention
+        def forward(attention: str, row_kernels: bool = row_kernels) -> torch.Tensor:
+            model.prefill_attention, model.row_kernels = attention, row_kernels
             return model.forward(batch, kv)
 
-        seconds, results = alternate({KERNEL: lambda: forward(KERNEL), SDPA: lambda: forward(SDPA)}, rounds)
-        model.prefill_attention = KERNEL
-        difference = (results[KERNEL] - results[SDPA]).abs().max().item()
+        contenders = {KERNEL: lambda: forward(KERNEL), OWN_POOL: on_own_pool(lambda: forward(KERNEL)),
+                      **({TORCH_ROWS: lambda: forward(KERNEL, False)} if row_kernels else {}),
+                      SDPA: lambda: forward(SDPA)}
+        seconds, results = alternate(contenders, rounds)
+        model.prefill_attention, model.row_kernels = KERNEL, row_kernels
         label: int | str = n if n == total else f"{n} after {prefix}"
         if n < min_rows:
             label = f"{label} (SDPA both)"
-        medians = {name: statistics.median(seconds[name]) for name in (KERNEL, SDPA)}
+        medians = {name: statistics.median(seconds[name]) for name in contenders}
         rows += [[label, name, f"{medians[name]:.3f}", f"{n / medians[name]:.0f}",
-                  " ".join(f"{s:.3f}" for s in seconds[name]),
-                  f"{ratio_of_rounds(seconds):.2f}x" if name == KERNEL else "",
-                  f"{difference:.1e}" if name == KERNEL else ""] for name in (KERNEL, SDPA)]
+                  " ".join(f"{s:.3f}" for s in seconds[name]), f"{ratio_of_rounds(seconds, name):.2f}x",
+                  f"{(results[KERNEL] - results[name]).abs().max().item():.1e}"] for name in contenders]
         print(f"prefill {label} tokens done", flush=True)
     return rows
 
@@ -174,17 +193,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not cpu_gemv.available():
         raise SystemExit(f"cpu_gemv cannot run here: {cpu_gemv.why_unavailable()}")
     print(f"{cpu_model()} ({cpu_summary()}), {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{args.threads} thread(s); load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+          f"{args.threads} thread(s); the kernel on {cpu_gemv.openmp_runtime() or 'its own pool (no OpenMP runtime)'}"
+          f"; load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     with torch_threads(args.threads), torch.inference_mode():   # the caller's count back afterwards
         if "attention" in parts:
             rows = attention_rows(shapes, args.rounds)
             print(f"\none layer's causal attention, 9 / 3 heads of 64, median ms of {args.rounds} rounds")
-            print(format_table(["tokens", "kernel ms", "SDPA ms", "SDPA / kernel", "max |diff|"], rows))
+            print(format_table(["tokens", "kernel ms", "own pool ms", "SDPA ms", "own pool / kernel", "SDPA / kernel",
+                                "max |diff|"], rows))
         if "prefill" in parts:
             rows = prefill_rows(prefill_shapes, args.rounds, args.flash_min_rows)
             print(f"\nfloat32 prefill (the model's whole forward over the new tokens), median s of {args.rounds} "
                   "rounds")
-            print(format_table(["tokens", "attention", "s", "tok/s", "rounds (s)", "SDPA / kernel",
+            print(format_table(["tokens", "forward", "s", "tok/s", "rounds (s)", "s / kernel's",
                                 "max |logit diff|"], rows))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 

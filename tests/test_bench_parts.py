@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -299,33 +301,40 @@ def test_akv_bench_outside_a_checkout_says_in_one_line_what_it_needs(tmp_path) -
 
 
 def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_that_ran(capsys) -> None:
-    """A tiny run of `benchmarks/prefill_attention.py`: both tables, the two contenders agreeing, and a prefill
-    shorter than FLASH_MIN_ROWS marked as SDPA on both sides, and on the kernel once --flash-min-rows lets it in;
-    bad shapes, parts and thresholds are named."""
+    """A tiny run of `benchmarks/prefill_attention.py`: both tables, the contenders agreeing (the kernel on torch's
+    OpenMP threads and on its own pool bit for bit), a prefill shorter than FLASH_MIN_ROWS marked as SDPA on every
+    side, and on the kernel once --flash-min-rows lets it in; bad shapes, parts and thresholds are named."""
     from akv_core.kernels import cpu_gemv
-    from benchmarks import prefill_attention
+    from benchmarks import prefill_attention as bench
 
     if not cpu_gemv.available():
         pytest.skip(f"cpu_gemv: {cpu_gemv.why_unavailable()}")
     threads = torch.get_num_threads()
-    prefill_attention.main(["--tokens", "40", "--continued", "20/90", "--prefill-tokens", "24",
-                            "--prefill-continued", "", "--rounds", "1", "--threads", "1"])
+    bench.main(["--tokens", "40", "--continued", "20/90", "--prefill-tokens", "24", "--prefill-continued", "",
+                "--rounds", "1", "--threads", "2"])
     out = capsys.readouterr().out
     table = out.split("one layer's causal attention")[1].split("float32 prefill")[0]
     rows = [line.split() for line in table.splitlines() if line[:2] in ("40", "20")]
     assert [row[0] for row in rows] == ["40", "20"] and all(float(row[-1]) < 1e-5 for row in rows)
-    prefill = [line for line in out.split("float32 prefill")[1].splitlines() if line.startswith("24 (SDPA both)")]
-    assert len(prefill) == 2 and float(prefill[0].split()[-1]) == 0.0
-    assert torch.get_num_threads() == threads   # --threads 1 was the run's alone
-    prefill_attention.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
-                            "--flash-min-rows", "22", "--rounds", "1", "--threads", "1"])
-    moved = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("24 ", "20 after 30"))]
-    assert [" ".join(line.split()[:3]) for line in moved] == [
-        "24 fp32 flash", "24 torch's SDPA", "20 after 30", "20 after 30"]
-    assert all("(SDPA both)" in line for line in moved[2:]) and not any("(SDPA both)" in line for line in moved[:2])
-    assert 0.0 < float(moved[0].split()[-1]) < 1e-3 and float(moved[2].split()[-1]) == 0.0
+
+    def forwards(text: str, label: str) -> dict[str, list[str]]:
+        """The prefill table's rows for `label`, by contender: [s, tok/s, rounds, ratio, max |logit diff|]."""
+        split = (re.split(r"\s{2,}", line.strip()) for line in text.split("float32 prefill")[-1].splitlines())
+        return {cells[1]: cells[2:] for cells in split if cells[0] == label}
+
+    prefill = forwards(out, "24 (SDPA both)")
+    assert list(prefill) == [bench.KERNEL, bench.OWN_POOL, bench.TORCH_ROWS, bench.SDPA]
+    assert [float(prefill[name][-1]) for name in (bench.OWN_POOL, bench.SDPA)] == [0.0, 0.0]
+    assert 0.0 < float(prefill[bench.TORCH_ROWS][-1]) < 1e-3   # torch's norms: the same to rounding
+    assert torch.get_num_threads() == threads   # --threads 2 was the run's alone
+    bench.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
+                "--flash-min-rows", "22", "--rounds", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    moved, below = forwards(out, "24"), forwards(out, "20 after 30 (SDPA both)")
+    assert list(moved) == list(below) == [bench.KERNEL, bench.OWN_POOL, bench.TORCH_ROWS, bench.SDPA]
+    assert 0.0 < float(moved[bench.SDPA][-1]) < 1e-3 and float(below[bench.SDPA][-1]) == 0.0
     for argv, message in ((["--continued", "90/20"], "--continued"), (["--parts", "decode"], "--parts: expected"),
                           (["--flash-min-rows", "0"], "--flash-min-rows: expected a count")):
         with pytest.raises(SystemExit):
-            prefill_attention.main(argv)
+            bench.main(argv)
         assert message in capsys.readouterr().err

@@ -228,11 +228,15 @@ def test_reposition_moves_keys_to_compacted_positions(shared):
 
 
 def test_reposition_that_closes_no_gap_changes_nothing(shared):
+    """Nothing is re-rotated and the logits are the plain run's. The second run finds the prompt cached and
+    computes only its last rows, on torch's SDPA; the first attended in one pass over the prompt, on the float32
+    path's attention kernel where it runs: the same sums in another order, so equal to float rounding."""
     engine = new_engine(shared)
     plain, plain_logits = run(engine, agent(3))
     moved, moved_logits = run(engine, agent(3), None, [5])
     assert moved.usage.repos_tokens == 0
-    assert torch.equal(moved_logits, plain_logits)
+    torch.testing.assert_close(moved_logits, plain_logits, atol=2e-4, rtol=0)
+    assert torch.equal(moved_logits.argmax(-1), plain_logits.argmax(-1))
 
 
 def test_restore_after_eviction_equals_the_never_evicted_run(shared):

@@ -320,16 +320,22 @@ def test_concurrent_callers_share_the_pool_safely():
 
 @needs_kernel
 def test_a_forked_child_starts_its_own_workers():
-    """The parent's workers do not exist in a forked child: its threaded calls must start new ones, not wait."""
+    """The parent's workers do not exist in a forked child: its threaded calls must start new ones, not wait; nor
+    do the parent's OpenMP threads, on which the prefill attention ran: the child runs it on its own workers. (The
+    child compares bytes in numpy: torch's own parallel operators wait for those threads in a forked child.)"""
     import os
     import time
 
     layer = Int8Linear(torch.randn(64, 96, generator=generator(35)))
     x = torch.randn(1, 96, generator=generator(36))
+    q, keys = torch.randn(100, 9, 64, generator=generator(37)), torch.randn(100, 3, 64, generator=generator(38))
     expected = cpu_gemv.gemv(x, layer.kernel, threads=2)   # the parent's pool has started
+    attention = cpu_gemv.causal_attention(q, keys, keys, 0.125, 2)   # and its OpenMP threads, where found
     child = os.fork()
     if child == 0:
         ok = torch.equal(cpu_gemv.gemv(x, layer.kernel, threads=2), expected)
+        again = cpu_gemv.causal_attention(q, keys, keys, 0.125, 2)
+        ok = ok and again.numpy().tobytes() == attention.numpy().tobytes()
         os._exit(0 if ok and cpu_gemv.last_threads() == 2 else 1)
     deadline = time.monotonic() + 60
     while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
@@ -486,3 +492,94 @@ def test_causal_attention_reads_strided_rows_and_is_bit_identical_on_any_thread_
 def test_causal_attention_refuses_shapes_it_cannot_take(q, keys, values, message: str):
     with pytest.raises(ValueError, match=message):
         cpu_gemv.causal_attention(torch.zeros(q), torch.zeros(keys), torch.zeros(values), 0.125)
+
+
+@needs_kernel
+@pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="this torch was built without OpenMP")
+def test_the_prefill_attention_runs_on_torchs_openmp_threads_with_the_pools_results():
+    """torch's OpenMP runtime is found among the loaded libraries; the attention run on its threads (the default)
+    equals the run on the kernel's own pool bit for bit, on 2 and 3 threads (the threads' count is reported),
+    and after torch's own parallel operators, whose threads are the ones reused."""
+    runtime = cpu_gemv.openmp_runtime()
+    assert runtime is not None and runtime.startswith(("libgomp", "libomp", "libiomp")), runtime
+    n, heads, kv_heads, d = 300, 9, 3, 64
+    q = torch.randn(n, heads, d, generator=generator(40))
+    keys, values = (torch.randn(n + 50, kv_heads, d, generator=generator(s)) for s in (41, 42))
+    with cpu_gemv.own_pool():
+        pooled = cpu_gemv.causal_attention(q, keys, values, 0.125, 2)
+    for threads in (2, 3):
+        torch.randn(512, 512).exp_()   # torch's threads busy just before
+        assert torch.equal(cpu_gemv.causal_attention(q, keys, values, 0.125, threads), pooled)
+        assert cpu_gemv.last_threads() == threads
+    assert (pooled.double() - causal_reference(q, keys, values, 0.125)).abs().max() < 1e-5
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return weight.double() * x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 63, 64, 300])
+def test_rows_prologue_norms_and_gates_rows_as_the_model_does(rows: int):
+    """RMSNorm of [M, K] rows, SiLU(gate) * up of [M, 2K] rows, and both, against float64; one thread and two give
+    the same bits (each row computed whole by one thread), row counts on both sides of the threaded size."""
+    k, eps = 96, 1e-5
+    x, gate_up = torch.randn(rows, k, generator=generator(50)) * 3, torch.randn(rows, 2 * k, generator=generator(51))
+    weight = torch.rand(k, generator=generator(52)) + 0.5
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    glu = F.silu(gate) * up
+    cases = [(x, dict(norm=weight, eps=eps), rms_norm_reference(x, weight, eps)),
+             (gate_up, dict(glu=True), glu), (gate_up, dict(glu=True, norm=weight, eps=eps),
+                                              rms_norm_reference(glu, weight, eps))]
+    for source, options, expected in cases:
+        one, two = (cpu_gemv.rows_prologue(source, threads=threads, **options) for threads in (1, 2))
+        assert one.shape == (rows, k) and one.is_contiguous() and torch.equal(one, two)
+        assert ((one.double() - expected).abs() / (expected.abs() + 1e-3)).max() < 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize(("shape", "options", "message"), [
+    ((4, 24), {}, "K a multiple of 16"), ((4, 40), {"glu": True}, "K a multiple of 16"),
+    ((0, 32), {}, "at least one row"), ((32,), {}, r"x must be a CPU tensor \[M, K\]"),
+    ((4, 32), {"norm": torch.ones(16)}, r"norm must have shape \(32,\)")])
+def test_rows_prologue_refuses_what_it_cannot_take(shape, options, message: str):
+    with pytest.raises(ValueError, match=message):
+        cpu_gemv.rows_prologue(torch.zeros(shape), **options)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "rotary"), [(5, 64), (100, 64), (70, 32)])
+def test_rotate_and_store_rotates_q_and_k_in_place_and_writes_the_rows_kv_to_their_slots(rows: int, rotary: int):
+    """q and k heads rotated by cos / signed sin over their first `rotary` dims (the rest as they were), v as it
+    was, each row's K/V in its pool slot and no other slot touched; 1 and 2 threads alike."""
+    heads, kv_heads, d, half = 9, 3, 64, rotary // 2
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=generator(60))
+    cos, sin = (torch.randn(rows, rotary, generator=generator(s)) for s in (61, 62))
+    slots = torch.randperm(rows + 20, generator=generator(63))[:rows]
+    heads_of = qkv.view(rows, heads + 2 * kv_heads, d).clone()
+    part = heads_of[:, :heads + kv_heads, :rotary]
+    heads_of[:, :heads + kv_heads, :rotary] = part * cos[:, None] + part.roll(half, dims=-1) * sin[:, None]
+    results = []
+    for threads in (1, 2):
+        rotated, k_pool, v_pool = qkv.clone(), torch.full((rows + 20, kv_heads, d), 7.0), torch.full(
+            (rows + 20, kv_heads, d), 7.0)
+        cpu_gemv.rotate_and_store(rotated, heads, kv_heads, cos, sin, k_pool, v_pool, slots, threads)
+        torch.testing.assert_close(rotated.view_as(heads_of), heads_of, atol=1e-6, rtol=1e-6)
+        assert torch.equal(k_pool[slots], rotated.view_as(heads_of)[:, heads:heads + kv_heads])
+        assert torch.equal(v_pool[slots], qkv.view_as(heads_of)[:, heads + kv_heads:])
+        untouched = torch.ones(rows + 20, dtype=torch.bool).index_fill_(0, slots, False)
+        assert bool((k_pool[untouched] == 7.0).all()) and bool((v_pool[untouched] == 7.0).all())
+        results.append((rotated, k_pool))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out_slots", "message"), [
+    (torch.tensor([0, 1, 30]), "outside the pool's 30 slots"), (torch.tensor([0, 1]), r"one slot per row \(3\)"),
+    (torch.tensor([0.0, 1.0, 2.0]), "out_slots must be an integer CPU tensor")])
+def test_rotate_and_store_refuses_slots_outside_the_pool(out_slots: torch.Tensor, message: str):
+    qkv, cos = torch.zeros(3, 15 * 64), torch.zeros(3, 64)
+    pools = [torch.zeros(30, 3, 64) for _ in range(2)]
+    with pytest.raises(ValueError, match=message):
+        cpu_gemv.rotate_and_store(qkv, 9, 3, cos, cos, *pools, out_slots)

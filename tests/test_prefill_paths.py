@@ -289,3 +289,34 @@ def test_the_float32_paths_flash_attention_gives_sdpas_logits_fresh_after_a_pref
 
     for got, expected in zip(passes(flash), passes(sdpa)):
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)
+
+
+@pytest.mark.model
+@needs_flash
+def test_the_float32_paths_row_kernels_give_torchs_logits_and_the_bf16_path_keeps_torchs_ops():
+    """On the float32 path the norms and the MLP's gate run as `cpu_gemv.rows_prologue`: a 300-token prompt and
+    then a 20-token continuation give the logits of the same model on torch's operators (fp32 both, so within
+    float rounding); on the bf16 path, whose gate / up are bf16, they stay on torch's."""
+    from akv_core.model.batch import ForwardBatch, SeqAttention
+
+    model = load("float32", "float32")
+    assert model.row_kernels
+    ids = torch.randint(100, 40000, (320,), generator=torch.Generator().manual_seed(12))
+
+    def passes(row_kernels: bool) -> list[torch.Tensor]:
+        model.row_kernels = row_kernels
+        kv, out = model.new_kv_buffers(320), []
+        for start, stop in ((0, 300), (300, 320)):
+            slots = torch.arange(start, stop)
+            out.append(model.forward(ForwardBatch(ids[start:stop], slots, slots,
+                                                  [SeqAttention(0, stop - start, torch.arange(stop))],
+                                                  torch.arange(stop - start)), kv))
+        return out
+
+    try:
+        for got, expected in zip(passes(True), passes(False)):
+            torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)
+    finally:
+        model.row_kernels = True
+    if native_bf16():
+        assert not load("int8", "bf16").row_kernels

@@ -44,8 +44,10 @@
  *
  * Built at run time by akv_core/kernels/cpu_gemv.py, only where the CPU has AVX2 and FMA.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE   /* dl_iterate_phdr, RTLD_NOLOAD */
+#include <dlfcn.h>
 #include <immintrin.h>
+#include <link.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -551,6 +553,7 @@ typedef struct {
     _Atomic int arrived;             /* at the current barrier */
     _Atomic unsigned generation;     /* barriers passed */
     _Atomic int64_t next[2];         /* pieces claimed in even / odd phases */
+    int (*thread_of)(void);          /* a member's index, on OpenMP's threads (run_unsynchronized) */
 } Team;
 
 struct Member { Team *team; int thread; int64_t phase; };
@@ -659,7 +662,10 @@ static void *work(void *arg) {
     return NULL;
 }
 
+static int forked;   /* in a forked child: OpenMP's threads, which the child lacks, are never asked for */
+
 static void forget_workers(void) {   /* in a forked child, which has only the forking thread */
+    forked = 1;
     pthread_mutex_init(&pool.busy, NULL);
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
@@ -669,10 +675,14 @@ static void forget_workers(void) {   /* in a forked child, which has only the fo
 
 static void once(void) { pthread_atfork(NULL, NULL, forget_workers); }
 
-/* Start workers (signals blocked: they stay with Python's threads) until `threads` can run; the count that can. */
-static int grow(int threads) {
+static void watch_forks(void) {
     static pthread_once_t registered = PTHREAD_ONCE_INIT;
     pthread_once(&registered, once);
+}
+
+/* Start workers (signals blocked: they stay with Python's threads) until `threads` can run; the count that can. */
+static int grow(int threads) {
+    watch_forks();
     sigset_t all, previous;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &previous);
@@ -709,6 +719,111 @@ static void run_team(Job job, void *context, int64_t threads) {
     for (unsigned left; (left = atomic_load(&team.running)) != 0;) wait_change(&team.running, left);
     if (pooled) pthread_mutex_unlock(&pool.busy);
     last_threads = team.threads;
+}
+
+/* A prompt's attention runs for tens of milliseconds right after torch's own operators, whose OpenMP threads
+ * keep spinning on the cores for a while once an operator ends: a job of our pool started then shares a core with
+ * a spinning thread (3-4 ms lost per call on 2 cores, `python benchmarks/prefill_attention.py --parts attention`).
+ * Such a job runs on torch's OpenMP threads instead: the runtime torch loaded (libgomp, or LLVM's / Intel's,
+ * which export the same GOMP_parallel entry point) is found among the loaded libraries, never loaded anew. Its
+ * jobs claim work as the pool's do and end without a barrier (the runtime joins its threads). Without such a
+ * runtime, after akv_use_openmp(0), and in a forked child (libgomp would wait there for the parent's threads,
+ * which the child does not have), the job runs on the pool. */
+typedef void (*OmpParallel)(void (*)(void *), void *, unsigned, unsigned);
+
+static struct {
+    OmpParallel parallel;
+    int (*thread_num)(void), (*num_threads)(void);
+    char name[128];
+} omp;
+static _Atomic int omp_wanted = 1;
+
+static int find_omp(struct dl_phdr_info *info, size_t size, void *unused) {
+    (void)size; (void)unused;
+    const char *path = info->dlpi_name, *base = path ? strrchr(path, '/') : NULL;
+    base = base ? base + 1 : path;
+    if (!base || (strncmp(base, "libgomp", 7) && strncmp(base, "libiomp", 7) && strncmp(base, "libomp", 6))) return 0;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!handle) return 0;
+    omp.parallel = (OmpParallel)dlsym(handle, "GOMP_parallel");
+    omp.thread_num = (int (*)(void))dlsym(handle, "omp_get_thread_num");
+    omp.num_threads = (int (*)(void))dlsym(handle, "omp_get_num_threads");
+    if (!omp.parallel || !omp.thread_num || !omp.num_threads) { omp.parallel = NULL; return 0; }
+    strncpy(omp.name, base, sizeof(omp.name) - 1);
+    return 1;
+}
+
+static void look_for_omp(void) { dl_iterate_phdr(find_omp, NULL); }
+
+static int omp_found(void) {
+    static pthread_once_t looked = PTHREAD_ONCE_INIT;
+    pthread_once(&looked, look_for_omp);
+    return omp.parallel != NULL;
+}
+
+/* The OpenMP runtime's file name, or "" when none is loaded (or it lacks the entry points). */
+const char *akv_openmp_runtime(void) { return omp_found() ? omp.name : ""; }
+
+/* 0: barrier-free jobs run on the pool too (to compare the two, and for tests); 1 (the default): on OpenMP. */
+void akv_use_openmp(int wanted) { atomic_store(&omp_wanted, wanted != 0); }
+
+static void omp_member(void *team) {
+    Team *t = team;
+    Member me = {t, t->thread_of(), 0};
+    if (me.thread == 0) t->threads = omp.num_threads();
+    t->job(&me);
+}
+
+/* Run a barrier-free `job` on `threads` of torch's OpenMP threads where they can be had, else on the pool. */
+static void run_unsynchronized(Job job, void *context, int64_t threads) {
+    watch_forks();
+    if (threads < 2 || forked || !atomic_load(&omp_wanted) || !omp_found()) {
+        run_team(job, context, threads);
+        return;
+    }
+    Team team = {.threads = 1, .job = job, .context = context, .thread_of = omp.thread_num};
+    omp.parallel(omp_member, &team, (unsigned)(threads < AKV_MAX_THREADS ? threads : AKV_MAX_THREADS), 0);
+    last_threads = team.threads;
+}
+
+/* h(x) [M, K] of a prefill-sized input (the header's prologue: RMSNorm, or SiLU(gate) * up, of each row), rows
+ * shared in pieces of 16 between the threads: the norms and the MLP's gate around oneDNN's products in one pass
+ * over the rows instead of torch's several. */
+typedef struct { const float *x, *norm; int64_t m_rows, k; float eps; int glu; float *h; } RowsPrologue;
+
+static void rows_prologue_job(Member *me) {
+    const RowsPrologue *c = me->team->context;
+    const int64_t width = c->glu ? 2 * c->k : c->k;
+    for (int64_t m0, m1; claim(me, c->m_rows, 16, &m0, &m1);)
+        prologue(c->x + m0 * width, m1 - m0, c->k, c->norm, c->eps, c->glu, c->h + m0 * c->k);
+}
+
+int akv_rows_prologue(const float *x, int64_t m_rows, int64_t k, const float *norm, float eps, int glu, float *h,
+                      int64_t threads) {
+    if (m_rows < 1 || k < 16 || k % 16 || threads < 1) return -2;
+    RowsPrologue c = {x, norm, m_rows, k, eps, glu, h};
+    run_unsynchronized(rows_prologue_job, &c, m_rows < 64 ? 1 : threads);
+    return 0;
+}
+
+/* A prompt's rows: rotate_and_store alone (the rows then attend in akv_causal_attention), rows shared in pieces of
+ * 16. */
+typedef struct { float *qkv; const Attention *at; } Rotation;
+
+static void rotation_job(Member *me) {
+    const Rotation *c = me->team->context;
+    for (int64_t m0, m1; claim(me, c->at->m_rows, 16, &m0, &m1);) rotate_and_store(c->qkv, c->at, m0, m1);
+}
+
+int akv_rotate_and_store(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary,
+                         const float *cos, const float *ssin, float *k_pool, float *v_pool, const int64_t *out_slots,
+                         int64_t threads) {
+    const Attention at = {m_rows, heads, kv_heads, d, rotary, cos, ssin, k_pool, v_pool, out_slots, NULL, NULL, 0.0f,
+                          NULL};
+    if (m_rows < 1 || threads < 1 || !attention_valid(&at)) return -2;
+    Rotation c = {qkv, &at};
+    run_unsynchronized(rotation_job, &c, m_rows < 64 ? 1 : threads);
+    return 0;
 }
 
 /* One product: rows of h(x) quantized once into the shared scratch r (each row by one thread), then its columns
@@ -934,10 +1049,11 @@ typedef struct {
     int64_t keys_pad;       /* K rounded up to whole blocks of CA_KEYS */
 } CausalAttention;
 
-/* s [rows_pad, CA_KEYS] = qs [rows_pad, d] times kt [d, CA_KEYS] (rows_pad a multiple of 6). */
-static void ca_scores(const float *qs, int64_t rows_pad, int64_t d, const float *kt, float *s) {
+/* s [rows_pad, CA_KEYS] = qs [rows_pad, d] times kt [d, CA_KEYS] (rows_pad a multiple of 6), the first `count`
+ * keys' columns (rounded up to 16) only: the softmax reads no further. */
+static void ca_scores(const float *qs, int64_t rows_pad, int64_t d, const float *kt, int64_t count, float *s) {
     for (int64_t r = 0; r < rows_pad; r += CA_TILE_ROWS)
-        for (int64_t c = 0; c < CA_KEYS; c += 16) {
+        for (int64_t c = 0; c < count; c += 16) {
             __m256 acc[CA_TILE_ROWS][2];
             for (int i = 0; i < CA_TILE_ROWS; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
             for (int64_t t = 0; t < d; t++) {
@@ -1029,7 +1145,7 @@ static void ca_unit(const CausalAttention *a, const CaScratch *w, int64_t kh, in
     const int64_t keys = prefix + i1;   /* the last position's keys: 0 .. prefix + i1 - 1 */
     for (int64_t j0 = 0; j0 < keys; j0 += CA_KEYS) {
         const int64_t count = keys - j0 < CA_KEYS ? keys - j0 : CA_KEYS;
-        ca_scores(w->qs, rows_pad, d, kt + j0 * d, w->s);
+        ca_scores(w->qs, rows_pad, d, kt + j0 * d, count, w->s);
         for (int64_t r = 0; r < rows_pad; r++) {   /* row r sees keys up to its position (padding rows: all) */
             const int64_t seen = (r < rows ? prefix + i0 + r % span : keys - 1) - j0 + 1;
             ca_softmax_row(w->s + r * CA_KEYS, seen < count ? seen : count, w->m + r, w->l + r, w->alpha + r);
@@ -1064,6 +1180,13 @@ static void ca_transpose_keys(const CausalAttention *a, int64_t kh, int64_t bloc
     }
 }
 
+static void transpose_keys_job(Member *me) {   /* every (key head, block), shared in pieces of 8 blocks */
+    const CausalAttention *a = me->team->context;
+    const int64_t blocks = a->keys_pad / CA_KEYS;
+    for (int64_t i0, i1; claim(me, a->kv_heads * blocks, 8, &i0, &i1);)
+        for (int64_t i = i0; i < i1; i++) ca_transpose_keys(a, i / blocks, i % blocks);
+}
+
 static void causal_attention_job(Member *me) {
     const CausalAttention *a = me->team->context;
     const int64_t rows_pad = ca_rows_pad(a->heads, a->kv_heads);
@@ -1077,8 +1200,7 @@ static void causal_attention_job(Member *me) {
         const int64_t block = blocks - 1 - u0 / a->kv_heads, kh = u0 % a->kv_heads;
         const int64_t i0 = block * CA_QUERIES, i1 = i0 + CA_QUERIES < a->n ? i0 + CA_QUERIES : a->n;
         ca_unit(a, &w, kh, i0, i1);
-    }
-    barrier(me);
+    }   /* no barrier: run_unsynchronized */
 }
 
 /* See the section's header; returns 0, -2 for shapes it cannot take, -1 when out of memory. */
@@ -1093,9 +1215,8 @@ int akv_causal_attention(const float *q, int64_t q_stride, const float *k, int64
     if (!scratch || !kt) { free(scratch); free(kt); return -1; }
     CausalAttention a = {q, k, v, q_stride, k_stride, v_stride, n, total, heads, kv_heads, d, scale, out, scratch, kt,
                          keys_pad};
-    for (int64_t kh = 0; kh < kv_heads; kh++)
-        for (int64_t block = 0; block < keys_pad / CA_KEYS; block++) ca_transpose_keys(&a, kh, block);
-    run_team(causal_attention_job, &a, threads);
+    run_unsynchronized(transpose_keys_job, &a, threads);   /* two runs: the keys are all transposed before any */
+    run_unsynchronized(causal_attention_job, &a, threads);  /* unit reads them */
     free(scratch); free(kt);
     return 0;
 }

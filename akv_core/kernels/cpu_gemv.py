@@ -25,8 +25,12 @@ contiguity, head counts and slot indices the C code relies on, and raises ValueE
 Each call runs on `default_threads()` threads, which `akv_core.threads.phase_threads` sets for the forward
 pass (`akv_core.threads.kernel_threads`; torch's own count outside one): one rule for torch's operators
 and these kernels. The C library keeps a pool of worker threads (started on first use, grown to the largest
-count asked for) and splits each product's output columns, each decode attention's heads and each prefill
-attention's (key head, block of queries) units between them; results do not depend on the thread count. ctypes releases the GIL for the whole call.
+count asked for) and splits each product's output columns and each decode attention's heads between them. The
+prefill kernels (`causal_attention`'s (key head, block of queries) units, and the rows of `rows_prologue` and
+`rotate_and_store`, the norms, SwiGLU and RoPE around a float32 prefill's products) run on torch's own OpenMP
+threads instead (`openmp_runtime()`), which are still spinning from the operator before them; the pool where
+no OpenMP runtime is loaded, in a forked child, and within `own_pool()`. Results do not depend on the thread
+count, nor on which threads ran them. ctypes releases the GIL for the whole call.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +95,7 @@ def library_name(cc: str) -> str:
 
 def _compile(cc: str, output: Path) -> None:
     """cpu_gemv.c compiled into `output`; Unavailable with the compiler's first lines when it fails."""
-    result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(output), "-lm"], capture_output=True, text=True)
+    result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(output), "-lm", "-ldl"], capture_output=True, text=True)
     if result.returncode != 0:
         raise native_cache.Unavailable(
             f"akv_core/kernels/cpu_gemv.c could not be compiled by {cc} (exit {result.returncode}): "
@@ -122,6 +128,12 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
                      library.akv_last_threads, library.akv_f32_gemv, library.akv_f32_product,
                      library.akv_causal_attention):
         function.restype = ctypes.c_int
+    library.akv_rows_prologue.argtypes = [ptr, i64, i64, ptr, f32, i32, ptr, i64]
+    library.akv_rows_prologue.restype = ctypes.c_int
+    library.akv_rotate_and_store.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64]
+    library.akv_rotate_and_store.restype = ctypes.c_int
+    library.akv_openmp_runtime.restype = ctypes.c_char_p
+    library.akv_use_openmp.argtypes = [i32]
     return library, None
 
 
@@ -133,6 +145,24 @@ def default_threads() -> int:
     """The thread count of the next call: inside `akv_core.threads.kernel_threads(n)`, n; else torch's
     (`akv_core.threads` sets both per forward pass)."""
     return kernel_thread_count() or torch.get_num_threads()
+
+
+def openmp_runtime() -> str | None:
+    """The file name of the OpenMP runtime torch loaded (libgomp, libomp or libiomp5), whose threads run the
+    prefill attention (see `cpu_gemv.c`: torch's threads spin after its operators, so a pool of our own started
+    then shares their cores); None where none is loaded and the kernel's own pool runs it."""
+    return _library().akv_openmp_runtime().decode() or None
+
+
+@contextmanager
+def own_pool() -> Iterator[None]:
+    """Within: the prefill attention runs on the kernel's own thread pool even where torch's OpenMP runtime was
+    found (to time the two side by side; results are the same). Process-wide: not for concurrent callers."""
+    _library().akv_use_openmp(0)
+    try:
+        yield
+    finally:
+        _library().akv_use_openmp(1)
 
 
 def last_threads() -> int:
@@ -376,15 +406,10 @@ def _slot_lists(where: str, out_slots: Tensor, slots: Tensor, offsets: Tensor, r
     return [out_slots, slots, offsets]
 
 
-def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
-                     v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float,
-                     threads: int | None = None, mass: Tensor | None = None) -> Tensor:
-    """One new token per sequence (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by
-    cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
-    [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
-    (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`). With `mass`
-    (`attention_mass_buffer`), each row's attention weights are added into it."""
-    where = "cpu_gemv.decode_attention"
+def _check_rotation(where: str, qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor,
+                    k_pool: Tensor, v_pool: Tensor) -> int:
+    """The pools' slot count, once qkv [M, (H + 2 Hkv) D], cos / signed sin [M, rotary] and the pools are what C
+    rotates in place and writes the new K/V from."""
     d, rows = k_pool.shape[-1], qkv.shape[0]
     if not _f32(qkv) or qkv.dim() != 2:
         raise ValueError(f"{where}: qkv must be a contiguous fp32 CPU [M, (H + 2 Hkv) D], got {tuple(qkv.shape)}")
@@ -395,7 +420,42 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed
     for name, t in (("cos", cos), ("signed_sin", signed_sin)):
         if not _f32(t) or t.shape != (rows, cos.shape[-1]):
             raise ValueError(f"{where}: {name} must be contiguous fp32 [{rows}, rotary], got {tuple(t.shape)}")
-    pool_slots = _check_pools(where, (("k_pool", [k_pool]), ("v_pool", [v_pool])), 1, kv_heads, d)
+    return _check_pools(where, (("k_pool", [k_pool]), ("v_pool", [v_pool])), 1, kv_heads, d)
+
+
+def rotate_and_store(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
+                     v_pool: Tensor, out_slots: Tensor, threads: int | None = None) -> None:
+    """A prompt's rows (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by cos / signed sin
+    [M, rotary] in qkv itself, row m's K/V written to pool slot out_slots[m] (pools [slots, Hkv, D] fp32); the
+    rows shared between `threads` threads (default `default_threads()`). What `decode_attention` does before it
+    attends, for the rows a prefill then attends over with `causal_attention`."""
+    where = "cpu_gemv.rotate_and_store"
+    pool_slots = _check_rotation(where, qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool)
+    out_slots = _int64("out_slots", out_slots, where)
+    if out_slots.numel() != qkv.shape[0] or not out_slots.numel():
+        raise ValueError(f"{where}: out_slots must hold one slot per row ({qkv.shape[0]}), got {out_slots.numel()}")
+    low, high = (int(v) for v in torch.aminmax(out_slots))
+    if low < 0 or high >= pool_slots:
+        raise ValueError(f"{where}: out_slots holds slot {low if low < 0 else high}, outside the pool's {pool_slots} "
+                         "slots")
+    status = _library().akv_rotate_and_store(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, k_pool.shape[-1],
+                                             cos.shape[-1], cos.data_ptr(), signed_sin.data_ptr(), k_pool.data_ptr(),
+                                             v_pool.data_ptr(), out_slots.data_ptr(), threads or default_threads())
+    if status:
+        raise ValueError(f"cpu_gemv: akv_rotate_and_store refused its arguments ({status})")
+
+
+def decode_attention(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, signed_sin: Tensor, k_pool: Tensor,
+                     v_pool: Tensor, out_slots: Tensor, slots: Tensor, offsets: Tensor, scale: float,
+                     threads: int | None = None, mass: Tensor | None = None) -> Tensor:
+    """One new token per sequence (row m of qkv [M, (H + 2 Hkv) D], fp32, contiguous): q and k rotated by
+    cos / signed sin [M, rotary] (in qkv itself), the token's K/V written to pool slot out_slots[m] (pools
+    [slots, Hkv, D] fp32), and attention over sequence m's visible slots slots[offsets[m]:offsets[m + 1]]
+    (int64) read in place -> [M, H D], on `threads` threads (default `default_threads()`). With `mass`
+    (`attention_mass_buffer`), each row's attention weights are added into it."""
+    where = "cpu_gemv.decode_attention"
+    d, rows = k_pool.shape[-1], qkv.shape[0]
+    pool_slots = _check_rotation(where, qkv, heads, kv_heads, cos, signed_sin, k_pool, v_pool)
     indices = _slot_lists(where, out_slots, slots, offsets, rows, pool_slots)
     out = torch.empty(rows, heads * d)
     status = _library().akv_decode_attention(qkv.data_ptr(), rows, heads, kv_heads, d, cos.shape[-1],
@@ -440,6 +500,31 @@ def causal_attention(q: Tensor, keys: Tensor, values: Tensor, scale: float, thre
                                              scale, out.data_ptr(), threads or default_threads())
     if status:
         raise MemoryError(f"cpu_gemv: akv_causal_attention failed ({status})")
+    return out
+
+
+def rows_prologue(x: Tensor, norm: Tensor | None = None, eps: float = 0.0, glu: bool = False,
+                  threads: int | None = None) -> Tensor:
+    """The small operation before a prefill product, one pass over the rows: RMSNorm(x) * norm (x [M, K]), or with
+    `glu` SiLU(gate) * up of x [M, 2K] = [gate | up] (then the norm too, if given) -> [M, K] fp32 contiguous, K a
+    multiple of 16. Sums in fp32 as the model's `rms_norm`, in another order (the same results to rounding)."""
+    where = "cpu_gemv.rows_prologue"
+    if x.dim() != 2 or x.device.type != "cpu":
+        raise ValueError(f"{where}: x must be a CPU tensor [M, K], got {tuple(x.shape)} on {x.device}")
+    x = x.float().contiguous()
+    k = x.shape[1] // 2 if glu else x.shape[1]
+    if k < 16 or k % 16 or (glu and x.shape[1] % 2) or x.shape[0] < 1:
+        raise ValueError(f"{where}: expected at least one row and K a multiple of 16 (x [M, 2K] with glu), "
+                         f"got x {tuple(x.shape)}")
+    if norm is not None:
+        if norm.shape != (k,):
+            raise ValueError(f"{where}: norm must have shape ({k},), got {tuple(norm.shape)}")
+        norm = norm.float().contiguous()
+    out = torch.empty(x.shape[0], k)
+    status = _library().akv_rows_prologue(x.data_ptr(), x.shape[0], k, None if norm is None else norm.data_ptr(),
+                                          eps, int(glu), out.data_ptr(), threads or default_threads())
+    if status:
+        raise ValueError(f"cpu_gemv: akv_rows_prologue refused x {tuple(x.shape)} ({status})")
     return out
 
 

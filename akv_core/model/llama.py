@@ -39,12 +39,12 @@ BLOCK_CAUSAL = "block-causal"
 BF16_BLOCKS, FP32_FLASH, TORCH_SDPA = "bf16 blocks", "fp32 flash (cpu_gemv)", "torch's SDPA"
 
 # The float32 path's C flash attention takes a sequence of at least this many new tokens (`CausalLM.flash_min_rows`);
-# on fewer, torch's SDPA is as fast or faster in the model (2 threads, whole forward, `python
-# benchmarks/prefill_attention.py --parts prefill --prefill-tokens 512 --prefill-continued
-# 100/2000,300/2000,500/4000 --flash-min-rows 1`: 0.84x and 0.93x for 100 and 300 new tokens after 1,900 and
-# 1,700, 1.01x for a fresh 512, 1.05x for 500 after 3,500; 1.08-1.12x for 2,048 fresh and 600 after 2,400:
-# docs/benchmarks.md, "Prefill attention").
-FLASH_MIN_ROWS = 500
+# on fewer, torch's SDPA is as fast (2 threads, whole forward, SDPA's time over the kernel's, `python
+# benchmarks/prefill_attention.py --parts prefill --prefill-tokens 32,64,512 --prefill-continued
+# 40/4000,64/4000,100/2000,300/2000 --flash-min-rows 1 --rounds 5`: 0.97x for a fresh 32, 1.02x for 40 new
+# tokens after 3,960, 1.08x for a fresh 64, 1.10x for 64 after 3,936, 1.07-1.13x for 100-512: docs/benchmarks.md,
+# "Prefill attention").
+FLASH_MIN_ROWS = 64
 
 AttentionProbe = Callable[[int, int, Tensor, Tensor], None]
 
@@ -119,6 +119,11 @@ class CausalLM:
         self.prefill_path: PrefillPath | None = getattr(layers[0].qkv, "prefill_path", None) if layers else None
         self.prefill_attention = self._prefill_attention()
         self.flash_min_rows = FLASH_MIN_ROWS   # the fewest new tokens the fp32 flash attention takes
+        # The norms and the MLP's SiLU(gate) * up as one C pass over the rows (`cpu_gemv.rows_prologue`) where
+        # every activation is fp32 (the float32 prefill path) and the kernels run; else torch's operators.
+        self.row_kernels = (self.device.type == "cpu" and self.dtype == torch.float32 and cpu_gemv.available()
+                            and (self.prefill_path is None or self.prefill_path.kind == "float32")
+                            and config.hidden_size % 16 == 0 and config.intermediate_size % 16 == 0)
 
     def _prefill_attention(self) -> str:
         """Which kernel a prompt's causal attention runs on: `BF16_BLOCKS` on the bf16 prefill path, `FP32_FLASH`
@@ -283,9 +288,11 @@ class CausalLM:
     def _block(self, index: int, w: LayerWeights, x: Tensor, cos: Tensor, sin: Tensor, batch: ForwardBatch,
                kv: KVBuffers, chunks: list | KernelAttention, masses: dict[int, Tensor] | None = None) -> Tensor:
         eps = self.config.rms_norm_eps
+        norm = cpu_gemv.rows_prologue if self.row_kernels else rms_norm
         # The residual stream is this pass's own tensor: it is updated in place.
-        x = x.add_(self._self_attention(index, w, rms_norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks,
-                                        masses))
+        x = x.add_(self._self_attention(index, w, norm(x, w.attn_norm, eps), cos, sin, batch, kv, chunks, masses))
+        if self.row_kernels:
+            return x.add_(w.down(cpu_gemv.rows_prologue(w.gate_up(norm(x, w.mlp_norm, eps)), glu=True)))
         gate, up = w.gate_up(rms_norm(x, w.mlp_norm, eps), out_dtype=torch.bfloat16).chunk(2, dim=-1)
         return x.add_(w.down(F.silu(gate, inplace=True).mul_(up)).to(x.dtype))  # bf16 only in a mixed prefill
 
@@ -301,7 +308,34 @@ class CausalLM:
             return w.o(cpu_gemv.decode_attention(qkv.float().contiguous(), c.num_heads, c.num_kv_heads, a.cos, a.sin,
                                                  kv.k[index], kv.v[index], batch.out_slots, a.slots, a.offsets,
                                                  self._scale, mass=a.mass))
+        q, k, v = self._rotate_and_store(index, w, qkv, cos, sin, batch, kv)
+        q_size = c.num_heads * c.head_dim
+        if masses:
+            self._add_last_row_weights(index, q, batch, kv, masses)
+        if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
+            _, slots, mask = chunks[0][0]
+            return w.o(self._attend_chunk(index, 0, q, k, v, kv, slots, mask).reshape(-1, q_size))
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
+        for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
+            for rows, slots, mask in seq_chunks:
+                lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
+                out[lo:hi] = self._attend_chunk(index, seq_index, q[lo:hi], k[lo:hi], v[lo:hi], kv, slots, mask)
+        return w.o(out.view(-1, q_size))
+
+    def _rotate_and_store(self, index: int, w: LayerWeights, qkv: Tensor, cos: Tensor, sin: Tensor,
+                          batch: ForwardBatch, kv: KVBuffers) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k rotated (after their norms, where the model has them) and v, as [n, heads, D] views, the new K/V
+        written into the pool: in one C pass over the rows on the fp32 path where the kernels run (q and k
+        rotated in qkv itself), else with torch's operators."""
+        c = self.config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        if self.row_kernels and self._attention_kernel and kv.dtype == torch.float32:
+            qkv, n = qkv.contiguous(), qkv.shape[0]
+            cpu_gemv.rotate_and_store(qkv, c.num_heads, c.num_kv_heads, cos.reshape(n, -1).contiguous(),
+                                      sin.reshape(n, -1).contiguous(), kv.k[index], kv.v[index], batch.out_slots)
+            return (qkv[:, :q_size].view(-1, c.num_heads, c.head_dim),
+                    *(qkv[:, start:start + kv_size].view(-1, c.num_kv_heads, c.head_dim)
+                      for start in (q_size, q_size + kv_size)))
         v = qkv[:, q_size + kv_size:].view(-1, c.num_kv_heads, c.head_dim)
         if w.q_norm is None:  # q and k are adjacent in qkv: rotate all their heads in one go
             qk = self.rope.rotate(qkv[:, :q_size + kv_size].view(-1, c.num_heads + c.num_kv_heads, c.head_dim),
@@ -314,17 +348,7 @@ class CausalLM:
             q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.k[index].index_copy_(0, batch.out_slots, k.to(kv.dtype))
         kv.v[index].index_copy_(0, batch.out_slots, v.to(kv.dtype))
-        if masses:
-            self._add_last_row_weights(index, q, batch, kv, masses)
-        if len(chunks) == 1 and len(chunks[0]) == 1:  # one sequence, one call: no gathering buffer
-            _, slots, mask = chunks[0][0]
-            return w.o(self._attend_chunk(index, 0, q, k, v, kv, slots, mask).reshape(-1, q_size))
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, unlike q (a view of qkv)
-        for seq_index, (seq, seq_chunks) in enumerate(zip(batch.seqs, chunks)):
-            for rows, slots, mask in seq_chunks:
-                lo, hi = seq.q_start + rows.start, seq.q_start + rows.stop
-                out[lo:hi] = self._attend_chunk(index, seq_index, q[lo:hi], k[lo:hi], v[lo:hi], kv, slots, mask)
-        return w.o(out.view(-1, q_size))
+        return q, k, v
 
     def _attend_chunk(self, layer: int, seq_index: int, q: Tensor, k: Tensor, v: Tensor, kv: KVBuffers,
                       slots: Tensor, mask: Tensor | str | None) -> Tensor:

@@ -37,6 +37,11 @@
  *                fp32 flash attention: blocks of keys stream past a block of queries with an online
  *                softmax, so no [heads, n, K] score matrix is ever held (section at the end).
  *
+ *   akv_rows_prologue, akv_rotate_and_store: a prefill's rows through the prologue above (RMSNorm, SiLU(gate) *
+ *                up) and through decode attention's first half (RoPE, the new K/V to the pool), around the
+ *                float32 path's products; like akv_causal_attention, on torch's OpenMP threads
+ *                (run_unsynchronized).
+ *
  * Structure: a product quantizes its input rows once (`quantize`), then an inner kernel fills one range of
  * output columns [n0, n1) (`q4_columns`, `q8_columns`); attention rotates and stores the new K/V per row range
  * (`rotate_and_store`), then attends per range of (row, head) items (`attend`). A column's or a head's result
@@ -723,7 +728,8 @@ static void run_team(Job job, void *context, int64_t threads) {
 
 /* A prompt's attention runs for tens of milliseconds right after torch's own operators, whose OpenMP threads
  * keep spinning on the cores for a while once an operator ends: a job of our pool started then shares a core with
- * a spinning thread (3-4 ms lost per call on 2 cores, `python benchmarks/prefill_attention.py --parts attention`).
+ * a spinning thread (a 2,048-token layer's attention: 35.3 ms on the pool against 30.1 ms on OpenMP's threads, on 2
+ * cores, `python benchmarks/prefill_attention.py --parts attention`; docs/benchmarks.md).
  * Such a job runs on torch's OpenMP threads instead: the runtime torch loaded (libgomp, or LLVM's / Intel's,
  * which export the same GOMP_parallel entry point) is found among the loaded libraries, never loaded anew. Its
  * jobs claim work as the pool's do and end without a barrier (the runtime joins its threads). Without such a

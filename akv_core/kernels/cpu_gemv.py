@@ -149,15 +149,16 @@ def default_threads() -> int:
 
 def openmp_runtime() -> str | None:
     """The file name of the OpenMP runtime torch loaded (libgomp, libomp or libiomp5), whose threads run the
-    prefill attention (see `cpu_gemv.c`: torch's threads spin after its operators, so a pool of our own started
-    then shares their cores); None where none is loaded and the kernel's own pool runs it."""
+    prefill kernels (see `cpu_gemv.c`: torch's threads spin after its operators, so a pool of our own started
+    then shares their cores); None where none is loaded and the kernels' own pool runs them."""
     return _library().akv_openmp_runtime().decode() or None
 
 
 @contextmanager
 def own_pool() -> Iterator[None]:
-    """Within: the prefill attention runs on the kernel's own thread pool even where torch's OpenMP runtime was
-    found (to time the two side by side; results are the same). Process-wide: not for concurrent callers."""
+    """Within: the prefill kernels (attention, `rows_prologue`, `rotate_and_store`) run on the library's own
+    thread pool even where torch's OpenMP runtime was found (to time the two side by side; results are the same).
+    Process-wide, and OpenMP is back on afterwards: not for concurrent callers."""
     _library().akv_use_openmp(0)
     try:
         yield

@@ -119,8 +119,9 @@ class CausalLM:
         self.prefill_path: PrefillPath | None = getattr(layers[0].qkv, "prefill_path", None) if layers else None
         self.prefill_attention = self._prefill_attention()
         self.flash_min_rows = FLASH_MIN_ROWS   # the fewest new tokens the fp32 flash attention takes
-        # The norms and the MLP's SiLU(gate) * up as one C pass over the rows (`cpu_gemv.rows_prologue`) where
-        # every activation is fp32 (the float32 prefill path) and the kernels run; else torch's operators.
+        # The norms, the MLP's SiLU(gate) * up and RoPE with the K/V write as one C pass over the rows each
+        # (`cpu_gemv.rows_prologue`, `cpu_gemv.rotate_and_store`) where every activation is fp32 (the float32
+        # prefill path) and the kernels run; else torch's operators.
         self.row_kernels = (self.device.type == "cpu" and self.dtype == torch.float32 and cpu_gemv.available()
                             and (self.prefill_path is None or self.prefill_path.kind == "float32")
                             and config.hidden_size % 16 == 0 and config.intermediate_size % 16 == 0)

@@ -5,7 +5,6 @@ import json
 import re
 
 import numpy as np
-
 import pytest
 import torch
 
@@ -328,11 +327,12 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
     assert 0.0 < float(prefill[bench.TORCH_ROWS][-1]) < 1e-3   # torch's norms: the same to rounding
     assert torch.get_num_threads() == threads   # --threads 2 was the run's alone
     bench.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
-                "--flash-min-rows", "22", "--rounds", "1", "--threads", "1"])
+                "--flash-min-rows", "22", "--rounds", "1", "--threads", "2"])
     out = capsys.readouterr().out
     moved, below = forwards(out, "24"), forwards(out, "20 after 30 (SDPA both)")
     assert list(moved) == list(below) == [bench.KERNEL, bench.OWN_POOL, bench.TORCH_ROWS, bench.SDPA]
     assert 0.0 < float(moved[bench.SDPA][-1]) < 1e-3 and float(below[bench.SDPA][-1]) == 0.0
+    assert float(moved[bench.OWN_POOL][-1]) == 0.0   # the kernel on either set of threads: the same bits
     for argv, message in ((["--continued", "90/20"], "--continued"), (["--parts", "decode"], "--parts: expected"),
                           (["--flash-min-rows", "0"], "--flash-min-rows: expected a count")):
         with pytest.raises(SystemExit):

@@ -294,9 +294,10 @@ def test_the_float32_paths_flash_attention_gives_sdpas_logits_fresh_after_a_pref
 @pytest.mark.model
 @needs_flash
 def test_the_float32_paths_row_kernels_give_torchs_logits_and_the_bf16_path_keeps_torchs_ops():
-    """On the float32 path the norms and the MLP's gate run as `cpu_gemv.rows_prologue`: a 300-token prompt and
-    then a 20-token continuation give the logits of the same model on torch's operators (fp32 both, so within
-    float rounding); on the bf16 path, whose gate / up are bf16, they stay on torch's."""
+    """On the float32 path the norms and the MLP's gate run as `cpu_gemv.rows_prologue` and RoPE with the K/V
+    write as `cpu_gemv.rotate_and_store`: a 300-token prompt and then a 20-token continuation give the logits of
+    the same model on torch's operators (fp32 both, so within float rounding); on the bf16 path, whose gate / up
+    are bf16, they stay on torch's."""
     from akv_core.model.batch import ForwardBatch, SeqAttention
 
     model = load("float32", "float32")

@@ -14,10 +14,11 @@ the operator before it. Two parts, each alternating the contenders every round o
   of each `--prefill-tokens` count and over new tokens after a cached prefix (`--prefill-continued`, an
   agent's next turn), with `CausalLM.prefill_attention` set to the C kernel and to torch's SDPA in turn
   (what `AKV_PREFILL_ATTENTION=sdpa` selects at load); median seconds, new tokens per second, and the
-  largest difference of the logits of the last token; also with the norms and the MLP's SiLU(gate) * up on
-  torch's operators instead of `cpu_gemv.rows_prologue` (`CausalLM.row_kernels` off). Below `FLASH_MIN_ROWS` new tokens the model attends on
-  SDPA whichever is set, and the row says so; `--flash-min-rows N` moves that threshold for the run (to
-  measure where it belongs).
+  largest difference of the logits of the last token; also with the norms, the MLP's SiLU(gate) * up and
+  RoPE on torch's operators instead of `cpu_gemv.rows_prologue` and `cpu_gemv.rotate_and_store`
+  (`CausalLM.row_kernels` off). Below `FLASH_MIN_ROWS` new tokens the model attends on SDPA whichever is
+  set, and the row says so; `--flash-min-rows N` moves that threshold for the run (to measure where it
+  belongs).
 
 Ratios are a contender's time over the kernel's (above 1: the kernel is faster), the median of per-round ratios;
 differences are against the kernel's results.

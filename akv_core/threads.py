@@ -173,12 +173,13 @@ def kernel_threads(count: int) -> Iterator[None]:
 
 
 @contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the body with torch's thread count at `count`, restoring the previous count afterwards."""
+def torch_threads(count: int) -> Iterator[int]:
+    """Run the body with torch's thread count at `count` (what `as` binds), restoring the previous count
+    afterwards."""
     previous = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
-        yield
+        yield count
     finally:
         torch.set_num_threads(previous)
 

@@ -44,7 +44,8 @@ def _route(model: Any, path: str) -> None:
 def measure_steps(rows_tried: Sequence[int], threads_tried: Sequence[int], context: int, rounds: int,
                   repeats: int) -> list[dict[str, Any]]:
     from akv_core.model.loader import load_model
-    from benchmarks.engine import _decode_batch, torch_threads
+    from akv_core.threads import torch_threads
+    from benchmarks.engine import _decode_batch
 
     model = load_model("smollm2")
     generator = torch.Generator().manual_seed(0)

@@ -72,7 +72,7 @@ from akv_core.model.loader import load_model
 from akv_core.model.locate import embedded_gguf
 from akv_core.model.prefill import PREFILL_SWITCH
 from akv_core.model.reference import transformers_reference
-from akv_core.threads import phase_threads
+from akv_core.threads import phase_threads, torch_threads
 from benchmarks.common import cpu_model
 
 PEER = "llama.cpp"
@@ -200,16 +200,6 @@ def llama_cpp_threads(llm: Any, threads: int) -> None:
     import llama_cpp
 
     llama_cpp.llama_set_n_threads(llm.ctx, threads, threads)
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[int]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(previous)
 
 
 @torch.inference_mode()

@@ -45,10 +45,10 @@ import torch.nn.functional as F
 from akv_core.model.llama import FLASH_MIN_ROWS
 from akv_core.model.llama import FP32_FLASH as KERNEL
 from akv_core.model.llama import TORCH_SDPA as SDPA
+from benchmarks.common import cpu_model, format_table
 
 OWN_POOL = f"{KERNEL}, own pool"
 TORCH_ROWS = f"{KERNEL}, torch's row ops"
-from benchmarks.common import cpu_model, format_table
 
 
 def alternate(contenders: dict[str, Callable[[], Any]],
@@ -152,7 +152,7 @@ def prefill_rows(shapes: Sequence[tuple[int, int]], rounds: int, min_rows: int =
         model.prefill_attention, model.row_kernels = KERNEL, row_kernels
         label: int | str = n if n == total else f"{n} after {prefix}"
         if n < min_rows:
-            label = f"{label} (SDPA both)"
+            label = f"{label} (all on SDPA)"
         medians = {name: statistics.median(seconds[name]) for name in contenders}
         rows += [[label, name, f"{medians[name]:.3f}", f"{n / medians[name]:.0f}",
                   " ".join(f"{s:.3f}" for s in seconds[name]), f"{ratio_of_rounds(seconds, name):.2f}x",

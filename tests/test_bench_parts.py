@@ -321,7 +321,7 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
         split = (re.split(r"\s{2,}", line.strip()) for line in text.split("float32 prefill")[-1].splitlines())
         return {cells[1]: cells[2:] for cells in split if cells[0] == label}
 
-    prefill = forwards(out, "24 (SDPA both)")
+    prefill = forwards(out, "24 (all on SDPA)")
     assert list(prefill) == [bench.KERNEL, bench.OWN_POOL, bench.TORCH_ROWS, bench.SDPA]
     assert [float(prefill[name][-1]) for name in (bench.OWN_POOL, bench.SDPA)] == [0.0, 0.0]
     assert 0.0 < float(prefill[bench.TORCH_ROWS][-1]) < 1e-3   # torch's norms: the same to rounding
@@ -329,7 +329,7 @@ def test_the_prefill_attention_benchmark_prints_both_parts_and_names_the_kernel_
     bench.main(["--parts", "prefill", "--prefill-tokens", "24", "--prefill-continued", "20/50",
                 "--flash-min-rows", "22", "--rounds", "1", "--threads", "2"])
     out = capsys.readouterr().out
-    moved, below = forwards(out, "24"), forwards(out, "20 after 30 (SDPA both)")
+    moved, below = forwards(out, "24"), forwards(out, "20 after 30 (all on SDPA)")
     assert list(moved) == list(below) == [bench.KERNEL, bench.OWN_POOL, bench.TORCH_ROWS, bench.SDPA]
     assert 0.0 < float(moved[bench.SDPA][-1]) < 1e-3 and float(below[bench.SDPA][-1]) == 0.0
     assert float(moved[bench.OWN_POOL][-1]) == 0.0   # the kernel on either set of threads: the same bits

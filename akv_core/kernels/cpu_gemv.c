@@ -559,6 +559,7 @@ typedef struct {
     _Atomic unsigned generation;     /* barriers passed */
     _Atomic int64_t next[2];         /* pieces claimed in even / odd phases */
     int (*thread_of)(void);          /* a member's index, on OpenMP's threads (run_unsynchronized) */
+    int joined;                      /* how many OpenMP threads ran the job (run_unsynchronized) */
 } Team;
 
 struct Member { Team *team; int thread; int64_t phase; };
@@ -776,7 +777,7 @@ void akv_use_openmp(int wanted) { atomic_store(&omp_wanted, wanted != 0); }
 static void omp_member(void *team) {
     Team *t = team;
     Member me = {t, t->thread_of(), 0};
-    if (me.thread == 0) t->threads = omp.num_threads();
+    if (me.thread == 0) t->joined = omp.num_threads();
     t->job(&me);
 }
 
@@ -787,15 +788,18 @@ static void run_unsynchronized(Job job, void *context, int64_t threads) {
         run_team(job, context, threads);
         return;
     }
-    Team team = {.threads = 1, .job = job, .context = context, .thread_of = omp.thread_num};
-    omp.parallel(omp_member, &team, (unsigned)(threads < AKV_MAX_THREADS ? threads : AKV_MAX_THREADS), 0);
-    last_threads = team.threads;
+    const int asked = (int)(threads < AKV_MAX_THREADS ? threads : AKV_MAX_THREADS);
+    Team team = {.threads = asked, .job = job, .context = context, .thread_of = omp.thread_num};
+    omp.parallel(omp_member, &team, (unsigned)asked, 0);
+    last_threads = team.joined;
 }
 
 /* h(x) [M, K] of a prefill-sized input (the header's prologue: RMSNorm, or SiLU(gate) * up, of each row), rows
  * shared in pieces of 16 between the threads: the norms and the MLP's gate around oneDNN's products in one pass
  * over the rows instead of torch's several. */
 typedef struct { const float *x, *norm; int64_t m_rows, k; float eps; int glu; float *h; } RowsPrologue;
+
+#define AKV_THREADED_ROWS 64   /* fewer rows run on the calling thread alone: a team costs more than it saves */
 
 static void rows_prologue_job(Member *me) {
     const RowsPrologue *c = me->team->context;
@@ -808,7 +812,7 @@ int akv_rows_prologue(const float *x, int64_t m_rows, int64_t k, const float *no
                       int64_t threads) {
     if (m_rows < 1 || k < 16 || k % 16 || threads < 1) return -2;
     RowsPrologue c = {x, norm, m_rows, k, eps, glu, h};
-    run_unsynchronized(rows_prologue_job, &c, m_rows < 64 ? 1 : threads);
+    run_unsynchronized(rows_prologue_job, &c, m_rows < AKV_THREADED_ROWS ? 1 : threads);
     return 0;
 }
 
@@ -828,7 +832,7 @@ int akv_rotate_and_store(float *qkv, int64_t m_rows, int64_t heads, int64_t kv_h
                           NULL};
     if (m_rows < 1 || threads < 1 || !attention_valid(&at)) return -2;
     Rotation c = {qkv, &at};
-    run_unsynchronized(rotation_job, &c, m_rows < 64 ? 1 : threads);
+    run_unsynchronized(rotation_job, &c, m_rows < AKV_THREADED_ROWS ? 1 : threads);
     return 0;
 }
 

@@ -377,8 +377,8 @@ def used_indices(reuses: Sequence[Reuse], visible: Sequence[bool]) -> tuple[int,
 
 
 def lost_reuses(reuses: Sequence[Reuse], visible: Sequence[bool]) -> list[Reuse]:
-    """At-risk reuses whose every holder is hidden: content only tool results held, none shown."""
-    return [r for r in reuses if r.at_risk and not any(visible[h] for h in r.holders)]
+    """Reuses whose every holder is hidden, whatever their roles: no visible message held the content."""
+    return [r for r in reuses if not any(visible[h] for h in r.holders)]
 
 
 def common_items(histories: Sequence[Sequence[Mapping[str, Any]]], share: float = 0.5,

@@ -7,9 +7,11 @@ environment answers with what followed it in the recording (tool results, user t
 policy is scored on exactly the requests the real agent made, and text policies edit the same
 history through the harness's editor.
 
-The score is *fidelity*: of the at-risk reuses of a trace (distinctive content an assistant
-message reused that only tool results held, `policy_dsl/reuse.py`), the share whose content was
-still visible to the model when it was reused; 1.0 for a trace without at-risk reuses. Traces
+The score is *fidelity*: of the reuses of a trace (distinctive content an assistant message
+copied from earlier messages after the task, `policy_dsl/reuse.py`), the share whose content some
+message still visible to the model held when it was reused; 1.0 for a trace without reuses.
+Every holder counts, whatever its role: a policy that hides the agent's own messages or the
+user's turns loses what only they held, as one that hides tool results does. Traces
 are split train / held-out by a seeded hash of their id, so adding traces never moves one.
 """
 from __future__ import annotations
@@ -91,10 +93,10 @@ class TraceSuite:
     def scripted_agent(self, task: Task) -> TraceAgent:
         return TraceAgent(self._trace(task))
 
-    def at_risk_reuses(self, trace_id: str) -> int:
-        """How many reuses of the trace are at risk (the denominator of its score, whatever the policy)."""
+    def scored_reuses(self, trace_id: str) -> int:
+        """How many reuses the trace has (the denominator of its score, whatever the policy)."""
         trace = self.trace(trace_id)
-        return sum(sum(r.at_risk for r in self.finder.reuses(trace.messages, i)) for i in trace.assistant_indices())
+        return sum(len(self.finder.reuses(trace.messages, i)) for i in trace.assistant_indices())
 
     def _trace(self, task: Task) -> Trace:
         return self.trace(task.id)
@@ -138,13 +140,13 @@ class TraceAgent:
 
 class TraceEnv:
     """A recorded run's environment: answers each assistant message with what followed it, and
-    counts the at-risk reuses whose content no visible message held when the agent reused it."""
+    counts the reuses whose content no visible message held when the agent reused it."""
 
     def __init__(self, trace: Trace, finder: ReuseFinder) -> None:
         self.trace, self.reuse_finder = trace, finder
         self._assistants = trace.assistant_indices()
         self._step = 0
-        self.at_risk = 0
+        self.reuses = 0
         self.lost: list[tuple[int, str]] = []  # (message index, item) of each lost reuse
 
     def respond(self, view: AgentView, message: Message) -> list[Message]:
@@ -155,24 +157,24 @@ class TraceEnv:
         return [dict(m) for m in self.trace.messages[index + 1:end]]
 
     def _judge(self, view: AgentView, message: Message, index: int) -> None:
-        """Count this step's at-risk reuses (on the recorded history) lost under the view."""
-        recorded = [r for r in self.reuse_finder.reuses(self.trace.messages, index) if r.at_risk]
+        """Count this step's reuses (on the recorded history) lost under the view: every holder hidden."""
+        recorded = self.reuse_finder.reuses(self.trace.messages, index)
         if not recorded:
             return
         shown = {r.item: r for r in self.reuse_finder.reuses([*view.messages, message], len(view.messages))}
-        self.at_risk += len(recorded)
+        self.reuses += len(recorded)
         self.lost += [(index, r.item) for r in recorded if not _still_visible(shown.get(r.item), view.visible)]
 
     def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         raise RuntimeError("a recorded run answers with its recorded messages (respond), not by tool calls")
 
     def grade(self, answer: str | None) -> Grade:
-        """Fidelity: 1 - lost / at-risk reuses (1.0 when the trace has none)."""
+        """Fidelity: 1 - lost / reuses (1.0 when the trace has none)."""
         if self._step < len(self._assistants):
             raise RuntimeError(f"trace {self.trace.id!r} ended after {self._step} of {len(self._assistants)} steps")
-        score = 1.0 - len(self.lost) / self.at_risk if self.at_risk else 1.0
+        score = 1.0 - len(self.lost) / self.reuses if self.reuses else 1.0
         shown = ", ".join(f"{item!r} at message {i}" for i, item in self.lost[:5])
-        return Grade(score, f"{len(self.lost)} of {self.at_risk} at-risk reuses lost" + (f": {shown}" if shown else ""))
+        return Grade(score, f"{len(self.lost)} of {self.reuses} reuses lost" + (f": {shown}" if shown else ""))
 
     def close(self) -> None:
         pass

@@ -252,7 +252,7 @@ def _contains(text: str, item: str) -> bool:
 class _Entry:
     """What one message holds, read once: role, normalized text, held forms, call names."""
 
-    __slots__ = ("refs", "role", "text", "forms", "names", "_families")
+    __slots__ = ("refs", "role", "text", "forms", "names", "_families", "_items")
 
     def __init__(self, message: Mapping[str, Any]) -> None:
         self.refs = _refs(message)
@@ -261,6 +261,12 @@ class _Entry:
         self.forms = _held_forms(self.text)
         self.names = frozenset(name for name, _ in _raw_calls(message) if name)
         self._families: list[tuple[str, ...]] | None = None
+        self._items: frozenset[str] | None = None
+
+    def items(self) -> frozenset[str]:
+        if self._items is None:
+            self._items = frozenset(item for family in self.families() for item in family)
+        return self._items
 
     def families(self) -> list[tuple[str, ...]]:
         if self._families is None:  # only asked of assistant messages
@@ -354,6 +360,11 @@ class ReuseFinder:
                     covered.update(holders)
                     out.append(Reuse(item, holders, all(roles[h] == "tool" for h in holders)))
         return out
+
+    def items_of(self, messages: Sequence[Mapping[str, Any]]) -> list[frozenset[str]]:
+        """Per message, the distinctive items its text holds (its candidates, found as a step's are;
+        before the exclusions of a history): what `covered` compares across messages."""
+        return [self._entries[self._entry(message)].items() for message in messages]
 
     def _holders(self, item: str, at: Mapping[int, list[int]]) -> tuple[int, ...]:
         if not _SPACE.search(item):

@@ -12,10 +12,11 @@ from akv_cli.options import DB_HELP
 from akv_cli.runs import _with_store
 
 traces_app = typer.Typer(help="Recorded agent runs (traces): import, list, show, export.", no_args_is_help=True)
-FORMAT_HELP = ("openai (chat JSON Lines), swe-agent (.traj), mini-swe-agent (.traj.json), akv (this "
+FORMAT_HELP = ("openai (chat JSON Lines, gateway logs), messages (one JSON list of messages), swe-agent (.traj), "
+               "mini-swe-agent (.traj.json, 1.x and 2.x), tau-bench (a results array of runs), akv (this "
                "project's own JSON Lines: `akv traces export`, `akv proxy --record`) or akv-run (a trajectory "
                "of `akv run`: trajectories/<task>.jsonl; kv policies only) (default: detected from each "
-               "file's name and content).")
+               "file's content; docs/traces.md lists them).")
 
 
 def register(app: typer.Typer) -> None:

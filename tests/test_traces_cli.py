@@ -47,7 +47,7 @@ def test_a_bad_file_imports_nothing_and_names_file_and_line(env) -> None:
     code, out, _ = akv(env, "traces", "list", "--json")
     assert json.loads(out)["trace_sets"] == []  # the good file of each import was not kept either
     code, _, err = akv(env, "traces", "import", str(DATA / "openai.jsonl"), "--name", "t", "--format", "csv")
-    assert code == 2 and "unknown trace format 'csv'" in err
+    assert code == 2 and "openai.jsonl:1: --format 'csv' is not a trace format" in err
     code, _, err = akv(env, "traces", "import", str(DATA / "openai.jsonl"), "--name", "localcomp")
     assert code == 2 and "--name: 'localcomp' is already the name of a suite" in err
 

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 Message = dict[str, Any]  # an OpenAI-format chat message
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# What a trace's metadata may say about its run, each key only where the log says it.
+METADATA_KEYS = ("task", "trial", "reward", "resolved", "model", "agent", "agent_version", "exit_status",
+                 "submission")
 
 
 class TraceError(ValueError):
@@ -44,7 +47,10 @@ class Trace:
     the assistant's text and get the observation back as the next user message (mini-swe-agent,
     SWE-agent without function calling); `formats.as_tool_calls` offers those in tool-call form.
     `requests` has one entry per assistant message, in order (without a recorded usage when the
-    log has none). `provenance` says where the trace came from (format, file, line, model).
+    log has none). `provenance` says where the trace came from (format, file, line, and what the
+    file says of itself); `metadata` what the run was and how it ended, under the keys of
+    METADATA_KEYS where the log says (task, trial, reward, resolved, model, agent, agent version,
+    exit status, submission).
     """
 
     id: str
@@ -53,6 +59,7 @@ class Trace:
     requests: tuple[TraceRequest, ...] = ()
     actions: str = "tools"
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def assistant_indices(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
@@ -70,6 +77,8 @@ class Trace:
         out["requests"] = [r.to_dict() for r in self.requests]
         out["actions"] = self.actions
         out["provenance"] = dict(self.provenance)
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
         return out
 
 
@@ -77,7 +86,7 @@ def with_requests(trace: Trace) -> Trace:
     """The trace with one request per assistant message, keeping the recorded ones (by index)."""
     recorded = {r.index: r for r in trace.requests}
     requests = tuple(recorded.get(i, TraceRequest(i)) for i in trace.assistant_indices())
-    return Trace(trace.id, trace.messages, trace.tools, requests, trace.actions, trace.provenance)
+    return replace(trace, requests=requests)
 
 
 def check_trace(trace: Trace, where: str) -> None:

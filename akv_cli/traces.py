@@ -12,11 +12,13 @@ from akv_cli.options import DB_HELP
 from akv_cli.runs import _with_store
 
 traces_app = typer.Typer(help="Recorded agent runs (traces): import, list, show, export.", no_args_is_help=True)
-FORMAT_HELP = ("openai (chat JSON Lines, gateway logs), messages (one JSON list of messages), swe-agent (.traj), "
-               "mini-swe-agent (.traj.json, 1.x and 2.x), tau-bench (a results array of runs), akv (this "
-               "project's own JSON Lines: `akv traces export`, `akv proxy --record`) or akv-run (a trajectory "
-               "of `akv run`: trajectories/<task>.jsonl; kv policies only) (default: detected from each "
-               "file's content; docs/traces.md lists them).")
+FORMAT_HELP = ("The format of every FILE (default: detected from each file's content): openai (chat JSON Lines, "
+               "gateway logs), messages (one JSON list of messages), swe-agent (.traj), mini-swe-agent (.traj.json, "
+               "1.x and 2.x), tau-bench (a results array of runs), openhands (event streams, evaluation "
+               "output.jsonl), anthropic (Messages API requests and replies), claude-code (session logs), adp "
+               "(Agent Data Protocol trajectories), otel (OpenTelemetry GenAI spans), akv (`akv traces export`, "
+               "`akv proxy --record`) or akv-run (a trajectory of `akv run`; kv policies only). docs/traces.md "
+               "lists them.")
 
 
 def register(app: typer.Typer) -> None:

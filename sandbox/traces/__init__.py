@@ -7,7 +7,9 @@ recorded request (the history before each assistant message) the usage and laten
 - `model.py`: `Trace`, `TraceRequest` and their checks;
 - `formats.py`: the formats, which reader reads a file (detection), the checks every trace passes;
 - `readers/`: one module per source of files (OpenAI chat logs and message lists, SWE-agent,
-  mini-swe-agent, tau-bench, this project's own exports), each saying what it reads and drops;
+  mini-swe-agent, tau-bench, OpenHands, Anthropic Messages logs, Claude Code sessions, the Agent
+  Data Protocol, OpenTelemetry GenAI spans, this project's own exports), each saying what it reads
+  and drops;
 - `actions.py`: agents that act in text, told apart and offered in tool-call form;
 - `runs.py`: `akv run` trajectories as traces (format akv-run);
 - `reading.py`: what the readers share with the recording: a file's JSON, OpenAI's keys, `extends`;

@@ -9,6 +9,11 @@ Formats (each reader's docstring, under `readers/`, says field by field what it 
 | `swe-agent` | readers/swe_agent.py | SWE-agent `.traj` |
 | `mini-swe-agent` | readers/mini_swe_agent.py | mini-swe-agent 1.x and 2.x `.traj.json` |
 | `tau-bench` | readers/tau_bench.py | tau-bench results: one JSON array of runs |
+| `openhands` | readers/openhands.py | OpenHands event streams and evaluation `output.jsonl` |
+| `anthropic` | readers/anthropic.py | Anthropic Messages requests and replies as gateways log them |
+| `claude-code` | readers/claude_code.py | Claude Code session logs (`~/.claude/projects/`) |
+| `adp` | readers/adp.py | Agent Data Protocol standardized trajectories |
+| `otel` | readers/otel.py | OpenTelemetry GenAI chat spans (OTLP JSON) |
 | `akv` | readers/akv.py | `akv traces export`, `akv proxy --record` |
 | `akv-run` | runs.py | a trajectory `akv run` wrote |
 
@@ -33,7 +38,8 @@ from typing import Callable
 
 from sandbox.traces.actions import BASH_TOOL, as_tool_calls, text_actions, uses_tools
 from sandbox.traces.model import Trace, TraceError, check_trace, with_requests
-from sandbox.traces.readers import akv, mini_swe_agent, openai, swe_agent, tau_bench
+from sandbox.traces.readers import adp, akv, anthropic, claude_code, mini_swe_agent, openai, openhands, otel, \
+    swe_agent, tau_bench
 from sandbox.traces.reading import Source, extends, read_source
 
 __all__ = ["ACTIONS", "BASH_TOOL", "FORMATS", "Located", "as_tool_calls", "detect_format", "extends",
@@ -78,6 +84,11 @@ READERS = (Reader(openai.FORMAT, openai.claims, openai.read),
            Reader(swe_agent.FORMAT, swe_agent.claims, swe_agent.read),
            Reader(mini_swe_agent.FORMAT, mini_swe_agent.claims, mini_swe_agent.read),
            Reader(tau_bench.FORMAT, tau_bench.claims, tau_bench.read),
+           Reader(openhands.FORMAT, openhands.claims, openhands.read),
+           Reader(anthropic.FORMAT, anthropic.claims, anthropic.read),
+           Reader(claude_code.FORMAT, claude_code.claims, claude_code.read),
+           Reader(adp.FORMAT, adp.claims, adp.read),
+           Reader(otel.FORMAT, otel.claims, otel.read),
            Reader(akv.FORMAT, akv.claims, akv.read),
            Reader("akv-run", _claims_run, _read_run))
 FORMATS = tuple(reader.name for reader in READERS)

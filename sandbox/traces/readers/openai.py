@@ -6,7 +6,8 @@ such object reads as one line. Messages are kept as given (content a string, nul
 Older function calling (an assistant `function_call` answered by a `function` message)
 reads as a tool call and its tool message. A gateway log line may add its request's reply
 (`"response"`: an assistant message or a chat completion; or `"choices": [{"message": ...}]`),
-`"usage"` and `"latency_s"`/`"latency_ms"`: the reply is appended, the request recorded at its
+`"usage"` and `"latency_s"`/`"latency_ms"`, or hold the request body under `"request"` (or
+`"request_body"`) and the reply under `"response"` (or `"response_body"`): the reply is appended, the request recorded at its
 index. A line whose history (reply included) starts with a whole earlier trace of the file
 (`extends`) continues it: the longer history replaces it, request records merge by index, the id
 stays the first line's (gateways log a completion id per request, so ids never stop this). Other
@@ -27,7 +28,7 @@ assistant message (its `output`: `message` items' `output_text` parts joined as 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from sandbox.traces.model import Message, Trace, TraceError, TraceRequest, check_trace
 from sandbox.traces.reading import Source, dig, extends, file_provenance, file_stem, openai_message
@@ -40,7 +41,7 @@ def claims(source: Source) -> bool:
     """JSON Lines of histories (objects with `messages` and no other format's keys, or lists), or one
     such object as the whole file; no line with Anthropic's top-level `system` or content blocks."""
     records = source.records()
-    first = records[0][1]
+    first = request_record(records[0][1])
     if isinstance(first, list):
         return not source.whole
     return isinstance(first, Mapping) and isinstance(first.get("messages"), list) and \
@@ -49,10 +50,15 @@ def claims(source: Source) -> bool:
 
 
 def anthropic_request(record: Any) -> bool:
-    """Whether a record is an Anthropic Messages request: a top-level `system`, or content blocks
-    only Anthropic's API writes (tool_use, tool_result, thinking)."""
-    return isinstance(record, Mapping) and isinstance(record.get("messages"), list) and (
-        "system" in record or any(anthropic_blocks(m) for m in record["messages"]))
+    """Whether a log line is an Anthropic Messages request or reply: a top-level `system`, content
+    blocks only Anthropic's API writes (tool_use, tool_result, thinking), or a reply of type
+    "message"."""
+    record = request_record(record)
+    if not isinstance(record, Mapping) or not isinstance(record.get("messages"), list):
+        return False
+    reply = record.get("response")
+    return "system" in record or any(anthropic_blocks(m) for m in record["messages"]) or (
+        isinstance(reply, Mapping) and reply.get("type") == "message")
 
 
 def anthropic_blocks(message: Any) -> bool:
@@ -63,10 +69,15 @@ def anthropic_blocks(message: Any) -> bool:
 
 
 def read(source: Source) -> list[tuple[int, Trace]]:
+    return merge_lines(source.path, ((number, _line(source.path, number, record)) for number, record in source.records()))
+
+
+def merge_lines(path: Path, lines: Iterable[tuple[int, Trace]]) -> list[tuple[int, Trace]]:
+    """Traces of a log of requests, one (line, trace) per logged request: a line whose history starts
+    with a whole earlier trace continues it (`extends`; the module docstring), any other starts one."""
     traces: list[tuple[int, Trace]] = []
-    for number, record in source.records():
-        trace = _line(source.path, number, record)
-        check_trace(trace, f"{source.path}:{number}")
+    for number, trace in lines:
+        check_trace(trace, f"{path}:{number}")
         continued = [i for i, (_, earlier) in enumerate(traces) if extends(earlier.messages, trace.messages)]
         if continued:
             i = max(continued, key=lambda k: len(traces[k][1].messages))
@@ -74,7 +85,7 @@ def read(source: Source) -> list[tuple[int, Trace]]:
             continue
         for first, earlier in traces:
             if earlier.id == trace.id:
-                raise TraceError(f"{source.path}:{number}: id {trace.id!r} already names the trace of line {first}, "
+                raise TraceError(f"{path}:{number}: id {trace.id!r} already names the trace of line {first}, "
                                  "which this line does not continue: expected a new id or a history starting with "
                                  "that trace")
         traces.append((number, trace))
@@ -93,24 +104,38 @@ def read_messages(source: Source) -> list[tuple[int, Trace]]:
     return [(1, Trace(file_stem(source.path), messages, provenance=file_provenance(MESSAGES, source.path)))]
 
 
+def request_record(record: Any) -> Any:
+    """A gateway log line as one object: `{"request": BODY, "response": ...}` (or `request_body` /
+    `response_body`) flattened to the body with the reply beside it; any other value as it is."""
+    if not isinstance(record, Mapping):
+        return record
+    body = record.get("request", record.get("request_body"))
+    if not isinstance(body, Mapping):
+        return record
+    rest = {k: v for k, v in record.items() if k not in ("request", "request_body", "response_body")}
+    reply = record.get("response", record.get("response_body"))
+    return {**body, **rest, **({"response": reply} if reply is not None else {})}
+
+
 def _line(path: Path, number: int, record: Any) -> Trace:
     where = f"{path}:{number}"
+    record = request_record(record)
     if isinstance(record, list):
         record = {"messages": record}
     if not isinstance(record, Mapping) or not isinstance(record.get("messages"), list):
         raise TraceError(f'{where}: expected a JSON object with a "messages" list, or a JSON list of messages')
     messages, requests = legacy_functions(list(record["messages"])), ()
     reply, usage = _reply(where, record)
-    latency = _latency(where, record)
+    seconds = latency(where, record)
     if reply is not None:
         messages.append(reply)
-    if reply is not None or usage is not None or latency is not None:
+    if reply is not None or usage is not None or seconds is not None:
         if not messages or not isinstance(messages[-1], Mapping) or messages[-1].get("role") != "assistant":
             raise TraceError(f'{where}: usage or latency without a reply: expected "response" or "choices" '
                              "with the assistant message, or a history ending with it")
         if usage is not None and not isinstance(usage, Mapping):
             raise TraceError(f'{where}: "usage" is {usage!r}: expected a JSON object (OpenAI usage)')
-        requests = (TraceRequest(len(messages) - 1, usage, latency),)
+        requests = (TraceRequest(len(messages) - 1, usage, seconds),)
     tools = record.get("tools") or []
     if not isinstance(tools, list):
         raise TraceError(f'{where}: "tools" is {tools!r}: expected a list of tool schemas')
@@ -158,7 +183,8 @@ def _reply(where: str, record: Mapping[str, Any]) -> tuple[Message | None, Any]:
     return {**openai_message(reply), "role": "assistant", "content": reply.get("content")}, usage
 
 
-def _latency(where: str, record: Mapping[str, Any]) -> float | None:
+def latency(where: str, record: Mapping[str, Any]) -> float | None:
+    """The line's `latency_s` (or `latency_ms`) in seconds; None without one."""
     for key, scale in (("latency_s", 1.0), ("latency_ms", 0.001)):
         value = record.get(key)
         if value is None:

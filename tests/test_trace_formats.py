@@ -366,7 +366,8 @@ def test_mini_swe_agent_2_responses_api_items(tmp_path: Path) -> None:
     assert trace.messages[2]["content"] == "Listing." and trace.messages[2]["tool_calls"][0]["id"] == "fc_1"
     assert trace.messages[3] == {"role": "tool", "tool_call_id": "fc_1", "content": "a.py\nb.py"}
     assert [r.usage for r in trace.requests] == [
-        {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49, "prompt_tokens_details": {"cached_tokens": 32}},
+        {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49,
+         "prompt_tokens_details": {"cached_tokens": 32}},
         {"prompt_tokens": 60, "completion_tokens": 12, "total_tokens": 72}]
 
 
@@ -375,3 +376,32 @@ def test_a_bare_message_list_is_one_trace_in_text_actions() -> None:
     assert trace.id == "messages" and trace.actions == "text" and len(trace.requests) == 2
     assert trace.provenance == {"format": "messages", "file": "messages.traj.json", "line": 1}
     assert _roles(as_tool_calls(trace)) == ["system", "user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_swe_agent_last_step_from_the_trajectory_when_the_history_lacks_it(tmp_path: Path) -> None:
+    [whole] = read_traces(DATA / "sweagent-text.traj")
+    doc = json.loads((DATA / "sweagent-text.traj").read_text())
+    doc["history"] = doc["history"][:-1]  # saved before the submitting step reached it
+    path = tmp_path / "short.traj"
+    path.write_text(json.dumps(doc))
+    [trace] = read_traces(path)
+    assert len(trace.requests) == len(whole.requests) == len(doc["trajectory"])
+    assert trace.messages[-1] == {"role": "assistant", "content": doc["trajectory"][-1]["response"]}
+    assert trace.provenance["last_step_from_trajectory"] is True and "last_step_from_trajectory" not in whole.provenance
+    assert as_tool_calls(trace).messages[-1]["tool_calls"][0]["function"]["arguments"] == '{"command": "submit"}'
+
+
+def test_text_actions_are_detected_in_any_format_but_not_in_a_chat_with_a_snippet(tmp_path: Path) -> None:
+    [log] = read_traces(Path(__file__).resolve().parents[1] / "examples" / "traces" / "openai.jsonl")
+    assert log.actions == "text" and log.provenance["lines"] == [1, 2, 3]
+    assert _roles(as_tool_calls(log)) == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    chat = [{"role": "user", "content": "How do I list hidden files?"},
+            {"role": "assistant", "content": "Use:\n```bash\nls -a\n```"},
+            {"role": "user", "content": "Thanks! And how do I count them?"},
+            {"role": "assistant", "content": "Pipe it to wc: `ls -A | wc -l`."},
+            {"role": "user", "content": "Great."},
+            {"role": "assistant", "content": "Glad to help."}]
+    path = _write_lines(tmp_path / "chat.jsonl", [{"id": "chat", "messages": chat}])
+    assert read_traces(path)[0].actions == "tools"  # one snippet in three replies is advice, not an agent's action
+    assert read_traces(path, actions="text")[0].actions == "text"
+    assert read_traces(DATA / "mswea.traj.json", actions="tools")[0].actions == "tools"

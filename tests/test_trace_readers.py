@@ -144,7 +144,8 @@ def test_adp_actions_and_observations_as_tool_calls() -> None:
     assert _roles(trace) == ["user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
     calls = [m["tool_calls"][0]["function"] for m in trace.messages if m.get("tool_calls")]
     assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "execute_code"]
-    assert json.loads(calls[0]["arguments"]) == {"command": "grep -n 'def _build_date' -A 12 /testbed/dateutil/parser.py"}
+    assert json.loads(calls[0]["arguments"]) == {
+        "command": "grep -n 'def _build_date' -A 12 /testbed/dateutil/parser.py"}
     assert json.loads(calls[2]["arguments"])["language"] == "python"
     assert trace.messages[3]["reasoning_content"].startswith("Clamping hides")
     assert trace.metadata == {"reward": 1.0} and trace.provenance["details"] == ["dataset", "instance"]
@@ -190,3 +191,24 @@ def test_otel_sdk_span_lines_and_content_capture_off(tmp_path: Path) -> None:
     off.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=rf"^{off}:1: span 'chat gpt-4.1' has no gen_ai.input.messages"):
         read_traces(off)
+
+
+@pytest.mark.parametrize("format", sorted(set(DETECTED.values())))
+def test_a_format_forced_on_another_formats_file_is_refused_by_file_and_line(format: str) -> None:
+    """Every reader refuses what it cannot read with FILE:LINE, the format it was told and --format."""
+    for path, actual in DETECTED.items():
+        if actual == format or path.parent != EXAMPLES:
+            continue
+        try:
+            read_traces(path, format)
+        except TraceError as error:
+            assert str(error).startswith(f"{path}:"), error
+            assert f"(read as {format}, as --format says; --format FORMAT reads it as another" in str(error), error
+        else:  # a file another reader also reads whole: only where the formats share a shape
+            assert (format, actual) in SHARED, (format, actual)
+
+
+# Formats one of whose files the other reads too, by design: a JSON list of messages is one history
+# in a JSON Lines file of histories; a message list of mini-swe-agent's is one of an `openai` line.
+SHARED = {("openai", "messages"), ("openai", "akv"), ("openai", "anthropic"), ("anthropic", "openai"),
+          ("anthropic", "messages"), ("anthropic", "akv")}

@@ -15,7 +15,7 @@ message answering it (same content, `name` "bash"). Any other user message (the 
 turn, the reply to a message without an action) stays, and so does an assistant message without
 an action. Indices do not change.
 
-`text_actions`: whether a history is such a run: no tool calls or tool messages, and at least
+`text_actions`: whether a history is such a run: no tool calls or tool messages, and more than
 half of the assistant messages that have a next message carry an action that a user message
 answers (so a chat whose assistant once shows a shell snippet is not taken for one).
 """
@@ -52,7 +52,7 @@ def text_actions(messages: Sequence[Any]) -> bool:
             continue
         asked += 1
         answered += dig(following, "role") == "user" and split_action(dig(message, "content")) is not None
-    return answered > 0 and 2 * answered >= asked
+    return 2 * answered > asked
 
 
 def as_tool_calls(trace: Trace) -> Trace:

@@ -7,8 +7,8 @@ Older function calling (an assistant `function_call` answered by a `function` me
 reads as a tool call and its tool message. A gateway log line may add its request's reply
 (`"response"`: an assistant message or a chat completion; or `"choices": [{"message": ...}]`),
 `"usage"` and `"latency_s"`/`"latency_ms"`, or hold the request body under `"request"` (or
-`"request_body"`) and the reply under `"response"` (or `"response_body"`): the reply is appended, the request recorded at its
-index. A line whose history (reply included) starts with a whole earlier trace of the file
+`"request_body"`) and the reply under `"response"` (or `"response_body"`): the reply is appended,
+the request recorded at its index. A line whose history (reply included) starts with a whole earlier trace of the file
 (`extends`) continues it: the longer history replaces it, request records merge by index, the id
 stays the first line's (gateways log a completion id per request, so ids never stop this). Other
 lines start new traces, which may not reuse an id. `model` is the metadata's model; `provenance`
@@ -69,7 +69,8 @@ def anthropic_blocks(message: Any) -> bool:
 
 
 def read(source: Source) -> list[tuple[int, Trace]]:
-    return merge_lines(source.path, ((number, _line(source.path, number, record)) for number, record in source.records()))
+    return merge_lines(source.path, ((number, _line(source.path, number, record))
+                                     for number, record in source.records()))
 
 
 def merge_lines(path: Path, lines: Iterable[tuple[int, Trace]]) -> list[tuple[int, Trace]]:
@@ -100,6 +101,8 @@ def claims_messages(source: Source) -> bool:
 
 
 def read_messages(source: Source) -> list[tuple[int, Trace]]:
+    if not isinstance(source.document, list):
+        raise TraceError(f"{source.path}:1: expected one JSON list of chat messages (objects with a role)")
     messages = tuple(legacy_functions(list(source.document)))
     return [(1, Trace(file_stem(source.path), messages, provenance=file_provenance(MESSAGES, source.path)))]
 

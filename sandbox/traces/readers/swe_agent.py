@@ -7,7 +7,8 @@ reviewer's or a retry loop's other agents are dropped): OpenAI keys (role, conte
 a cache sees (their count is in the provenance). When the last step of `trajectory` is missing
 from `history` (some versions save the history before the submitting step), its `response` is
 appended as the last assistant message, so that step's request is not lost; its observation (the
-patch) reached no model and is left out. Actions: "tools" with function calling, else "text". The id is `instance_id` if present, else the file stem.
+patch) reached no model and is left out. Actions: "tools" with function calling, else "text".
+The id is `instance_id` if present, else the file stem.
 
 Metadata: model (`replay_config`'s agent model name), agent "swe-agent", agent_version
 (`info.swe_agent_version`), exit_status and submission (`info`). Provenance: environment,

@@ -129,7 +129,8 @@ def _summary(trace: Any) -> dict[str, Any]:
     return {"id": trace.id, "split": split_of(trace.id), "messages": len(trace.messages),
             "requests": len(trace.requests), "tool_results": sum(m.get("role") == "tool" for m in scored.messages),
             "chars": sum(len(content_text(m)) for m in trace.messages), "actions": trace.actions,
-            "format": trace.provenance.get("format", ""), "model": trace.metadata.get("model", ""),
+            "format": trace.provenance.get("format", ""),
+            "model": trace.metadata.get("model") or trace.provenance.get("model") or "",  # the proxy's: provenance
             "outcome": _outcome(trace.metadata), "metadata": dict(trace.metadata),
             "provenance": dict(trace.provenance)}
 

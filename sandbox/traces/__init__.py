@@ -12,6 +12,7 @@ recorded request (the history before each assistant message) the usage and laten
   and drops;
 - `actions.py`: agents that act in text, told apart and offered in tool-call form;
 - `runs.py`: `akv run` trajectories as traces (format akv-run);
+- `importing.py`: `akv traces import`, one file at a time, ids that never collide by accident;
 - `reading.py`: what the readers share with the recording: a file's JSON, OpenAI's keys, `extends`;
 - `recording.py`: `akv proxy --record`, the proxy's answered requests as a trace set (format akv-proxy);
 - `records.py`: traces to and from the store's records;

@@ -8,9 +8,6 @@ from typing import Any, Mapping
 
 Message = dict[str, Any]  # an OpenAI-format chat message
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# What a trace's metadata may say about its run, each key only where the log says it.
-METADATA_KEYS = ("task", "trial", "reward", "resolved", "model", "agent", "agent_version", "exit_status",
-                 "submission")
 
 
 class TraceError(ValueError):
@@ -45,12 +42,11 @@ class Trace:
 
     `actions` is "tools" for native tool calls and "text" for agents that write their action in
     the assistant's text and get the observation back as the next user message (mini-swe-agent,
-    SWE-agent without function calling); `formats.as_tool_calls` offers those in tool-call form.
+    SWE-agent without function calling); `actions.as_tool_calls` offers those in tool-call form.
     `requests` has one entry per assistant message, in order (without a recorded usage when the
     log has none). `provenance` says where the trace came from (format, file, line, and what the
-    file says of itself); `metadata` what the run was and how it ended, under the keys of
-    METADATA_KEYS where the log says (task, trial, reward, resolved, model, agent, agent version,
-    exit status, submission).
+    file says of itself); `metadata` what the run was and how it ended, each key only where the log
+    says it: task, trial, reward, resolved, model, agent, agent_version, exit_status, submission.
     """
 
     id: str

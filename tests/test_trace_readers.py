@@ -4,6 +4,7 @@ detection: every example and test file is claimed by exactly its own format's re
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,44 @@ def test_a_format_forced_on_another_formats_file_is_refused_by_file_and_line(for
 # in a JSON Lines file of histories; a message list of mini-swe-agent's is one of an `openai` line.
 SHARED = {("openai", "messages"), ("openai", "akv"), ("openai", "anthropic"), ("anthropic", "openai"),
           ("anthropic", "messages"), ("anthropic", "akv")}
+
+
+def _mutated(value: object, rng: random.Random) -> object:
+    """`value` with one nested field deleted or replaced by a value of another type."""
+    paths, stack = [], [((), value)]
+    while stack:
+        path, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in items:
+            paths.append((*path, key))
+            stack.append(((*path, key), child))
+    if not paths:
+        return value
+    *parents, key = rng.choice(paths)
+    node = value
+    for parent in parents:
+        node = node[parent]
+    if rng.random() < 0.4:
+        del node[key]
+    else:
+        node[key] = rng.choice([None, 3, "s", [], {}, [1], {"a": 1}])
+    return value
+
+
+@pytest.mark.parametrize("path", sorted(p for p in DETECTED if p.parent == EXAMPLES), ids=lambda p: p.name)
+def test_a_damaged_file_is_read_or_refused_never_crashes(path: Path, tmp_path: Path) -> None:
+    """Each example with one field removed or of another type, 40 times: read, or a TraceError."""
+    rng = random.Random(path.name)
+    lines = path.name.endswith(".jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()] if lines else [json.loads(path.read_text())]
+    damaged = tmp_path / path.name
+    for _ in range(40):
+        copy = json.loads(json.dumps(records))
+        n = rng.randrange(len(copy))
+        copy[n] = _mutated(copy[n], rng)
+        damaged.write_text("".join(json.dumps(r) + "\n" for r in copy) if lines else json.dumps(copy[0]))
+        for format in (None, DETECTED[path]):
+            try:
+                read_located(damaged, format)
+            except TraceError as error:
+                assert str(error).startswith(f"{damaged}:"), error

@@ -102,7 +102,10 @@ def check_trace(trace: Trace, where: str) -> None:
         if role not in ROLES:
             raise TraceError(f"{where}: message {i} has role {role!r}; expected one of {', '.join(ROLES)}")
         if role == "assistant":
-            for call in message.get("tool_calls") or ():
+            calls = message.get("tool_calls") or ()
+            if not isinstance(calls, (list, tuple)):
+                raise TraceError(f"{where}: message {i} has tool_calls {calls!r:.60}: expected a list of tool calls")
+            for call in calls:
                 any_call = True
                 if isinstance(call, Mapping) and call.get("id"):
                     open_calls.add(str(call["id"]))

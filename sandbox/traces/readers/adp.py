@@ -97,9 +97,9 @@ def _trajectory(path: Path, line: int, record: Any) -> Trace:
 
 def _action(messages: list[Message], item: Mapping[str, Any], calls: int, open_calls: list[str]) -> int:
     """Append the action to the assistant message it belongs to (a new one after an observation)."""
-    kind, description = item["class_"], item.get("description") or ""
+    kind, description = item["class_"], _text(item.get("description"))
     if kind == "message_action":
-        text = "\n\n".join(part for part in (description, str(item.get("content") or "")) if part)
+        text = "\n\n".join(part for part in (description, _text(item.get("content"))) if part)
         call = None
     else:
         calls += 1
@@ -120,6 +120,13 @@ def _action(messages: list[Message], item: Mapping[str, Any], calls: int, open_c
     if item.get("reasoning_content"):
         last["reasoning_content"] = item["reasoning_content"]
     return calls
+
+
+def _text(value: Any) -> str:
+    """A text field as text: a string as it is, nothing as "", anything else as JSON."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _call(item: Mapping[str, Any]) -> tuple[str, Any]:

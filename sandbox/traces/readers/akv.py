@@ -31,6 +31,9 @@ def _trace(where: str, record: Any) -> Trace:
                       record["actions"], dict(record.get("provenance", {})), dict(record.get("metadata", {})))
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise TraceError(f"{where}: {expected}; {type(error).__name__}: {error}") from error
+    if not all(isinstance(m, Mapping) for m in trace.messages) or not all(
+            isinstance(r.index, int) for r in trace.requests):
+        raise TraceError(f"{where}: {expected}; messages must be objects and request indices integers")
     if not isinstance(trace.id, str) or trace.actions not in ("tools", "text"):
         raise TraceError(f"{where}: id {trace.id!r}, actions {trace.actions!r}: "
                          'expected a string id and actions "tools" or "text"')

@@ -152,8 +152,9 @@ def tools_of(tools: Any) -> tuple[Mapping[str, Any], ...]:
 
 def openai_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     """Anthropic usage as an OpenAI usage object (module docstring)."""
-    read, written = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
-    fresh, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    read, written, fresh, completion = (_count(usage.get(key)) for key in (
+        "cache_read_input_tokens", "cache_creation_input_tokens", "input_tokens", "output_tokens"))
+    read, written = read or 0, written or 0
     out: dict[str, Any] = {}
     if isinstance(fresh, int):
         out["prompt_tokens"] = fresh + read + written
@@ -163,3 +164,8 @@ def openai_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
         out["total_tokens"] = out["prompt_tokens"] + completion
     out["prompt_tokens_details"] = {"cached_tokens": read, "cache_creation_input_tokens": written}
     return out
+
+
+def _count(value: Any) -> int | None:
+    """A token count, or None where the log has none (or something else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -82,7 +82,7 @@ def read(source: Source) -> list[tuple[int, Trace]]:
 def _path(events: Mapping[str, tuple[int, Mapping[str, Any]]], leaf: str, sidechain: bool = False) -> list[str]:
     """The uuids from the root to `leaf` (a sidechain's path stops where the sidechain starts)."""
     path, seen, uuid = [], set(), leaf
-    while uuid in events and uuid not in seen:
+    while isinstance(uuid, str) and uuid in events and uuid not in seen:
         if sidechain and not events[uuid][1].get("isSidechain"):
             break
         seen.add(uuid)
@@ -105,7 +105,7 @@ def _segments(events: Mapping[str, tuple[int, Mapping[str, Any]]], leaf: str) ->
     each compaction's `logicalParentUuid` (the leaf the compaction summarized)."""
     segments: list[list[str]] = []
     seen: set[str] = set()
-    while leaf in events and leaf not in seen:
+    while isinstance(leaf, str) and leaf in events and leaf not in seen:
         path = _path(events, leaf)
         seen.update(path)
         segments.insert(0, path)

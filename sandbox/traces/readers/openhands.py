@@ -125,7 +125,8 @@ def _conversation(path: Path, line: int, events: Sequence[Any]) -> tuple[tuple[M
                              "name": metadata.get("function_name"), "content": event.get("content", "")})
         elif event.get("action") == "system":
             messages.append({"role": "system", "content": dig(event, "args", "content") or ""})
-            tools = tuple(dig(event, "args", "tools") or ())
+            schemas = dig(event, "args", "tools")
+            tools = tuple(schemas) if isinstance(schemas, list) else ()
         elif event.get("action") == "message":
             role = "user" if event["source"] == "user" else "assistant"
             messages.append({"role": role, "content": dig(event, "args", "content") or event.get("message", "")})

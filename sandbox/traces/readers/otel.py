@@ -83,8 +83,10 @@ def _spans(source: Source) -> Iterator[tuple[int, Mapping[str, Any]]]:
     for line, record in source.records():
         if isinstance(record, Mapping) and isinstance(record.get("resourceSpans"), list):
             for resource in record["resourceSpans"]:
-                for scope in dig(resource, "scopeSpans") or dig(resource, "instrumentationLibrarySpans") or ():
-                    for span in dig(scope, "spans") or ():
+                for scope in _list(dig(resource, "scopeSpans") or dig(resource, "instrumentationLibrarySpans")):
+                    for span in _list(dig(scope, "spans")):
+                        if not isinstance(span, Mapping):
+                            raise TraceError(f"{source.path}:{line}: a span is {span!r:.60}: expected a JSON object")
                         yield line, span
         elif isinstance(record, Mapping) and isinstance(record.get("attributes"), (Mapping, list)):
             yield line, record
@@ -96,10 +98,14 @@ def _spans(source: Source) -> Iterator[tuple[int, Mapping[str, Any]]]:
 def _attributes(span: Mapping[str, Any]) -> dict[str, Any]:
     """The span's attributes as a flat object, its details event's attributes over them."""
     out = _flat(span.get("attributes"))
-    for event in span.get("events") or ():
+    for event in _list(span.get("events")):
         if dig(event, "name") == DETAILS_EVENT:
             out.update(_flat(event.get("attributes")))
     return out
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _flat(attributes: Any) -> dict[str, Any]:
@@ -116,14 +122,14 @@ def _value(value: Any) -> Any:
         return value
     if "stringValue" in value:
         return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
+    if "intValue" in value:  # int64s are strings in OTLP JSON
+        return int(value["intValue"]) if str(value["intValue"]).lstrip("-").isdigit() else value["intValue"]
     if "doubleValue" in value:
-        return float(value["doubleValue"])
+        return value["doubleValue"]
     if "boolValue" in value:
         return bool(value["boolValue"])
     if "arrayValue" in value:
-        return [_value(v) for v in dig(value, "arrayValue", "values") or ()]
+        return [_value(v) for v in _list(dig(value, "arrayValue", "values"))]
     if "kvlistValue" in value:
         return _flat(dig(value, "kvlistValue", "values"))
     return None
@@ -155,11 +161,13 @@ def _request(path: Path, line: int, span: Mapping[str, Any], attributes: Mapping
     if INPUT not in attributes:
         raise TraceError(f"{where}: span {name!r} has no {INPUT}: expected spans recorded with message content "
                          "capture on (the GenAI conventions' gen_ai.input.messages and gen_ai.output.messages)")
-    messages = [*_system(attributes.get("gen_ai.system_instructions")),
+    messages = [*_system(where, attributes.get("gen_ai.system_instructions")),
                 *(m for message in _json(where, attributes[INPUT], INPUT) for m in _messages(where, message))]
     output = _json(where, attributes.get(OUTPUT), OUTPUT) if OUTPUT in attributes else []
     requests: tuple[TraceRequest, ...] = ()
     if output:
+        if not isinstance(output[0], Mapping):
+            raise TraceError(f"{where}: {OUTPUT} starts with {output[0]!r:.60}: expected a message object")
         messages += _messages(where, {**output[0], "role": "assistant"})
         requests = (TraceRequest(len(messages) - 1, _usage(attributes), _seconds(span)),)
     model = attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model")
@@ -176,18 +184,17 @@ def _json(where: str, value: Any, name: str) -> list[Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
-            raise TraceError(f"{where}: {name} is not JSON ({error.msg}): expected a JSON array of messages") from error
+            raise TraceError(f"{where}: {name} is not JSON ({error.msg}): expected a JSON array") from error
     if not isinstance(value, list):
         raise TraceError(f"{where}: {name} is {value!r:.60}: expected a JSON array")
     return value
 
 
-def _system(value: Any) -> list[Message]:
+def _system(where: str, value: Any) -> list[Message]:
     if value is None:
         return []
-    parts = json.loads(value) if isinstance(value, str) else value
-    text = "".join(str(dig(p, "content") or "") for p in parts if dig(p, "type") == "text") \
-        if isinstance(parts, list) else ""
+    parts = _json(where, value, "gen_ai.system_instructions")
+    text = "".join(str(dig(p, "content") or "") for p in parts if dig(p, "type") == "text")
     return [{"role": "system", "content": text}] if text else []
 
 

@@ -3,7 +3,8 @@ collide by accident.
 
 Streaming: `TraceImport.records()` reads a file, yields the store records of its traces and only then
 reads the next, so an import holds one file's traces at a time (the store writes each record and
-lets it go, `store.traces.TraceStore.add`): memory is bounded by the largest file, not the total.
+lets it go, `store.traces.TraceStore.add`): memory is bounded by the largest file, not the total
+(a file of many runs, a JSON Lines log or a tau-bench array, is read whole).
 An error in any file raises inside the store's one transaction, so nothing is imported.
 
 Ids (`--id-from`, `IdOptions`):

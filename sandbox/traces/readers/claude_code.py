@@ -45,10 +45,9 @@ _MESSAGE_TYPES = ("user", "assistant")
 
 def claims(source: Source) -> bool:
     """JSON Lines of events with `sessionId`, `uuid` and a `type`, one at least a user or assistant message."""
-    events = [r for _, r in source.records() if isinstance(r, Mapping)]
     return not source.whole and any(
-        "sessionId" in e and "uuid" in e and e.get("type") in _MESSAGE_TYPES and isinstance(e.get("message"), Mapping)
-        for e in events[:50])
+        isinstance(e, Mapping) and "sessionId" in e and "uuid" in e and e.get("type") in _MESSAGE_TYPES
+        and isinstance(e.get("message"), Mapping) for _, e in source.records())
 
 
 def read(source: Source) -> list[tuple[int, Trace]]:

@@ -27,6 +27,15 @@ def _contract(url: str) -> None:
         with pytest.raises(TraceConflict, match="'t2' is already in 'a' with other content"):
             store.traces.add("a", [trace("t4"), trace("t2", "changed")])
         assert [t.trace_id for t in store.traces.get("a")] == ["t1", "t2", "t3"]  # t4 did not land either
+
+        def failing():  # an import that reads its files as it writes: a bad file rolls back what came before
+            yield trace("t5")
+            raise ValueError("a bad file")
+        with pytest.raises(ValueError, match="a bad file"):
+            store.traces.add("a", failing())
+        assert store.traces.held("a") == {t: (f"d-{t}-hello", {"format": "openai", "line": 1})
+                                          for t in ("t1", "t2", "t3")}
+        assert store.traces.held("none") == {}
         got = store.traces.get("a")[0]
         assert got.messages == trace("t1").messages and got.requests[0]["usage"] == {"prompt_tokens": 9}
         store.traces.put("a", trace("t1", "longer", digest="d-new"))  # a conversation that went on

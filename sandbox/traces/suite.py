@@ -24,7 +24,7 @@ from akv_core.chat import content_text
 from policy_dsl.reuse import Reuse, ReuseFinder, common_items, used_indices
 
 from sandbox.suites.base import AgentAction, AgentView, Grade, Message, Task
-from sandbox.traces.formats import as_tool_calls
+from sandbox.traces.actions import as_tool_calls
 from sandbox.traces.model import Trace
 from sandbox.traces.records import trace_of
 

@@ -65,7 +65,7 @@ def import_traces(files: list[Path] = typer.Argument(..., help="Files to read, a
             typer.echo(f"note: {line}", err=True)
         for line in report.warnings:
             typer.echo(f"warning: {line}", err=True)
-        splits = [split_of(i) for i in report.ids]
+        splits = [split_of(key) for key in report.split_keys]
         typer.echo(f"{name}: {added} traces added, {unchanged} unchanged; {report.requests} requests; "
                    f"{splits.count('train')} train, {splits.count('heldout')} heldout (use it as --suite {name})")
     _with_store(db, body)
@@ -123,10 +123,10 @@ def _summary(trace: Any) -> dict[str, Any]:
     from akv_core.chat import content_text
 
     from sandbox.traces.actions import as_tool_calls
-    from sandbox.traces.suite import split_of
+    from sandbox.traces.suite import split_key, split_of
 
     scored = as_tool_calls(trace)
-    return {"id": trace.id, "split": split_of(trace.id), "messages": len(trace.messages),
+    return {"id": trace.id, "split": split_of(split_key(trace)), "messages": len(trace.messages),
             "requests": len(trace.requests), "tool_results": sum(m.get("role") == "tool" for m in scored.messages),
             "chars": sum(len(content_text(m)) for m in trace.messages), "actions": trace.actions,
             "format": trace.provenance.get("format", ""),

@@ -158,3 +158,21 @@ def test_hiding_the_agents_own_message_loses_what_only_it_held(tmp_path):
     assert hidden.score == 0.0
     tools_only, _ = _run(suite, trace, "rolling-3")
     assert tools_only.score == 1.0
+
+
+def test_runs_of_one_task_share_a_split():
+    """Trials of one task (tau-bench's, a SWE-bench instance run twice) are near copies: all of them go
+    to the side their task's key hashes to, so no held-out task was tuned on through a sibling run."""
+    from dataclasses import replace
+
+    runs = [replace(repair_trace(f"task-{task}-trial-{trial}"), metadata={"task": task})
+            for task in range(12) for trial in range(4)]
+    suite = _suite(*runs)
+    for split in ("train", "heldout"):
+        tasks = {t.id.rsplit("-trial-", 1)[0] for t in suite.tasks(split)}
+        other = {t.id.rsplit("-trial-", 1)[0] for t in suite.tasks("heldout" if split == "train" else "train")}
+        assert not tasks & other
+    assert {len(suite.tasks(s)) % 4 for s in ("train", "heldout")} == {0}
+    assert {split_of(str(task)) for task in range(12)} == {"train", "heldout"}
+    plain = repair_trace("no-task")  # no task in its metadata: its id decides
+    assert _suite(plain).tasks(split_of("no-task"))[0].id == "no-task"

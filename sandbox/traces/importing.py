@@ -40,6 +40,7 @@ from sandbox.traces.formats import Located, read_located
 from sandbox.traces.model import Trace, TraceError
 from sandbox.traces.reading import file_stem
 from sandbox.traces.records import stored_of
+from sandbox.traces.suite import split_key
 
 ID_SOURCES = ("auto", "path", "field")
 MAX_ID = 200  # the store's trace_id column
@@ -60,6 +61,7 @@ class ImportReport:
     traces: int = 0
     requests: int = 0
     ids: list[str] = field(default_factory=list)
+    split_keys: list[str] = field(default_factory=list)  # per trace, what decides its split (`suite.split_key`)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -114,6 +116,7 @@ class TraceImport:
         self.report.traces += 1
         self.report.requests += len(trace.requests)
         self.report.ids.append(trace.id)
+        self.report.split_keys.append(split_key(trace))
         if not any(m.get("role") == "tool" for m in as_tool_calls(trace).messages):
             self.report.warnings.append(
                 f"{path}:{line}: trace {trace.id!r} has no tool results: tool-based policies have nothing to drop "

@@ -33,10 +33,18 @@ HELDOUT_SHARE = 0.5
 EDITION = 1  # the design of this suite: split rule, score, use records
 
 
-def split_of(trace_id: str, seed: int = 0) -> str:
-    """train or heldout, from a hash of the seed and the trace's id alone (stable as traces are added)."""
-    digest = hashlib.sha256(f"{seed}\0{trace_id}".encode()).digest()
+def split_of(key: str, seed: int = 0) -> str:
+    """train or heldout, from a hash of the seed and the trace's split key alone (stable as traces are added)."""
+    digest = hashlib.sha256(f"{seed}\0{key}".encode()).digest()
     return "heldout" if int.from_bytes(digest[:8], "big") / 2 ** 64 < HELDOUT_SHARE else "train"
+
+
+def split_key(trace: Trace) -> str:
+    """What decides a trace's split: the task it ran (its metadata's `task`, where the log names one),
+    else its id. Runs of one task (tau-bench's trials, a SWE-bench instance from two run folders) are
+    near copies of each other: they go to the same side, so a held-out task is one nobody tuned on."""
+    task = trace.metadata.get("task")
+    return str(task) if task not in (None, "") else trace.id
 
 
 class TraceSuite:
@@ -85,7 +93,7 @@ class TraceSuite:
     def tasks(self, split: str) -> list[Task]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} for {self.name}: expected train or heldout")
-        return [_task(t, self.name, split) for t in self.traces() if split_of(t.id, self.seed) == split]
+        return [_task(t, self.name, split) for t in self.traces() if split_of(split_key(t), self.seed) == split]
 
     def open(self, task: Task) -> TraceEnv:
         return TraceEnv(self._trace(task), self.finder)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from akv_cli.errors import fail
+from akv_cli.options import key_option
 from akv_core.model.precisions import PRECISIONS
 
 
@@ -74,6 +75,7 @@ def serve(
     except ModelNotFoundError as error:
         fail(str(error))
     _check_context(model, context, rope_scaling)
+    api_key = key_option(api_key, "AKV_SERVE_API_KEY", "--api-key")
     _check_access(host, api_key)
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")

@@ -29,6 +29,7 @@ from akv_core.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     Choice,
+    CpuKernels,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -116,7 +117,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         model = getattr(state.loop.engine, "model", None)
         path = getattr(model, "prefill_path", None)
         return ServerInfo(model=state.model_name, akv=akv_features(), prefill=None if path is None else str(path),
-                          prefill_attention=getattr(model, "prefill_attention", None),
+                          prefill_attention=getattr(model, "prefill_attention", None), cpu_kernels=_cpu_kernels(model),
                           max_model_len=getattr(state.loop.engine, "context_length", None))
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -128,6 +129,16 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
               responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         return await _chat(state, body, request)
+
+
+def _cpu_kernels(model: Any) -> CpuKernels | None:
+    """The C kernels' state for a model on the CPU (`CausalLM.kernels_refusal`); None on another device."""
+    if model is None or getattr(model, "device", None) is None or model.device.type != "cpu":
+        return None
+    refusal = model.kernels_refusal
+    if refusal is None:
+        return CpuKernels(available=True)
+    return CpuKernels(available=False, reason=refusal.reason, fix=refusal.fix)
 
 
 def _card(state: ServerState) -> ModelCard:

@@ -5,8 +5,9 @@ written in one layout: `<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</t
 point of it, `CallCloser.closing()` is the shortest text that completes it: the rest of the tag,
 the name (the first declared one the name so far begins), `"arguments": {}` if they were not
 reached, and the arguments closed where they stand (`JsonPrefix`: a string cut short ends with a
-quote, a key cut short gets `null`, a number or literal is completed, open objects and arrays are
-closed). The result is always valid JSON; what the schema requires past the cut is not invented.
+quote, a key without its value gets one, `null` unless the caller names another, a number or
+literal is completed, open objects and arrays are closed). The result is always valid JSON; the
+properties a schema requires past the cut are not made up.
 
 The engine asks before taking each sampled token whether the call could still be closed within the
 tokens left after it (`constrain.CallConstraint`); where it could not, it writes the closing instead.

@@ -2,12 +2,12 @@
 
 Each trace of a trace set is replayed under `full`, its hindsight oracle (each message dropped
 right after its last use, made from the `full` run), the expert (`expert`: the paper's keep-12
-window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard, Text
-Engineering (the full-scale baselines `akv evolve` uses on a trace set: `TraceSuite.baselines`)
-and any `--policy`, on the replay backend (the engine's own accounting, one fresh cache per trace). Per
+window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard, Text Engineering
+(the full-scale baselines `akv evolve` uses on a trace set: `TraceSuite.baselines`) and any
+`--policy`, on the replay backend (the engine's own accounting, one fresh cache per trace). Per
 policy: the mean fidelity score, the reuses lost out of the at-risk ones (`docs/traces.md`), the
-cost per trace and its change against `full` and against the expert, and the seconds the
-policy's scoring took with the requests it replayed (the scoring speed).
+cost per trace and its change against `full` and against the expert, and the seconds the policy's
+scoring took with the requests it replayed (the scoring speed).
 
     python benchmarks/traces.py --suite NAME [--split all|train|heldout] [--policy P ...] [--json]
     python benchmarks/traces.py --synthetic 15     # 15 generated code-repair traces of 68 requests, up

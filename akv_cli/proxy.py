@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 
 from akv_cli.errors import fail
-from akv_cli.options import DB_HELP
+from akv_cli.options import DB_HELP, key_option
 
 if TYPE_CHECKING:
     from akv_proxy.access import ProxyAccess
@@ -65,6 +65,8 @@ def proxy(
         upstream_root(upstream)
     except ValueError as error:
         fail(str(error))
+    api_key = key_option(api_key, "AKV_PROXY_API_KEY", "--api-key")
+    upstream_api_key = key_option(upstream_api_key, "AKV_UPSTREAM_API_KEY", "--upstream-api-key")
     access = _access(host, api_key, _upstream_key(upstream_api_key), max_body_bytes,
                      allow_unauthenticated_summaries, compiled.mode)
     recorder = _recorder(record, db) if record is not None else None
@@ -80,8 +82,10 @@ def proxy(
 
 
 def _upstream_key(given: str | None) -> str | None:
-    """--upstream-api-key (or AKV_UPSTREAM_API_KEY), else the deprecated AKV_API_KEY, with one warning line."""
-    if given is None and os.environ.get("AKV_API_KEY"):
+    """--upstream-api-key (or AKV_UPSTREAM_API_KEY), else the deprecated AKV_API_KEY, with one warning line
+    (set but empty, it is refused like an empty --upstream-api-key)."""
+    if given is None and os.environ.get("AKV_API_KEY") is not None:
+        key_option(None, "AKV_API_KEY", "--upstream-api-key")
         typer.echo("warning: AKV_API_KEY is deprecated as the proxy's upstream key; set AKV_UPSTREAM_API_KEY "
                    "(or --upstream-api-key) instead", err=True)
         return os.environ["AKV_API_KEY"]

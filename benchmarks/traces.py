@@ -2,7 +2,8 @@
 
 Each trace of a trace set is replayed under `full`, its hindsight oracle (each message dropped
 right after its last use, made from the `full` run), the expert (`expert`: the paper's keep-12
-window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard and any
+window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard, Text Engineering
+(the full-scale baselines `akv evolve` uses on a trace set: `TraceSuite.baselines`) and any
 `--policy`, on the replay backend (the engine's own accounting, one fresh cache per trace). Per
 policy: the mean fidelity score, the reuses lost out of all (`docs/traces.md`), the
 cost per trace and its change against `full` and against the expert, and the seconds the
@@ -31,9 +32,12 @@ from typing import Any
 
 from benchmarks.common import format_table
 from benchmarks.headroom import FULL, ORACLE, _built_suite, run_task_policies
+from sandbox.traces.suite import TraceSuite
 
-EXPERT = "expert"
-POLICIES = (FULL, EXPERT, "keep-12", "rolling-3", "turn-based", "token-based", "standard")
+EXPERT = TraceSuite.baselines["expert"]
+# Upstream's options, then every baseline `akv evolve` scores a trace set against (Standard, Text Engineering).
+POLICIES = tuple(dict.fromkeys((FULL, EXPERT, "keep-12", "rolling-3", "turn-based", "token-based",
+                                *TraceSuite.baselines.values())))
 SPLITS = ("train", "heldout")
 
 

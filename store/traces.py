@@ -8,12 +8,37 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable, Mapping
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from store.errors import TraceConflict, TraceSetNotFound
+from store.database import default_url, display_url, open_read_only
+from store.errors import StoreError, TraceConflict, TraceSetNotFound
+from store.migrations import check_known, current_version
 from store.records import StoredTrace, TraceSetInfo
 from store.schema import TraceRow, TraceSet, utcnow
+
+
+def trace_set_names(url: str | None = None) -> list[str]:
+    """The names of the trace sets at `url` (default: AKV_DB, else the data folder's database), read
+    without writing anything: nothing is migrated (a schema from before trace sets has none), nothing
+    is created where no database exists (none then). StoreError if it cannot be read, or its schema
+    is newer than this code."""
+    url = url or default_url(create_folder=False)
+    engine = open_read_only(url)
+    if engine is None:
+        return []
+    try:
+        with engine.connect() as conn:
+            check_known(current_version(conn))
+            if not inspect(conn).has_table(TraceSet.__tablename__):
+                return []
+            return list(conn.scalars(select(TraceSet.name).order_by(TraceSet.name)))
+    except SQLAlchemyError as err:
+        reason = str(getattr(err, "orig", err)).splitlines()[0]
+        raise StoreError(f"--db: cannot read {display_url(url)}: {reason}") from None
+    finally:
+        engine.dispose()
 
 
 class TraceStore:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.traces.suite import TraceSuite
 from test_cli_support import akv_in_process as akv
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -88,7 +89,9 @@ def test_bench_traces_scores_the_built_ins_and_a_lossless_oracle(env) -> None:
     code, out, err = akv(env, "bench", "traces", "--suite", "ex", "--json")
     assert code == 0, err
     rows = {p["policy"]: p for p in json.loads(out)["policies"]}
-    assert {"full", "expert", "keep-12", "rolling-3", "turn-based", "token-based", "standard", "oracle"} <= set(rows)
+    assert {"full", "expert", "keep-12", "rolling-3", "turn-based", "token-based", "standard", "text-engineering",
+            "oracle"} <= set(rows)
+    assert set(TraceSuite.baselines.values()) <= set(rows)   # every baseline `akv evolve` uses on a trace set
     assert rows["full"]["score"] == 1.0 and rows["full"]["lost_reuses"] == 0
     assert rows["oracle"]["score"] == 1.0 and rows["oracle"]["cost_usd"] < rows["full"]["cost_usd"]
     assert rows["rolling-3"]["lost_reuses"] > 0 and rows["rolling-3"]["cost_usd"] < rows["full"]["cost_usd"]

@@ -48,6 +48,15 @@ class CoverageIndex:
                     break
         return count
 
+    def first_said_again(self, j: int) -> list[int | None]:
+        """Per item of message j, ascending: the first boundary from which it is said again with
+        everything visible (j itself for an item the prompt holds; None: never in this history)."""
+        firsts = []
+        for item in self.items[j]:
+            holders = self.holders[item]
+            firsts.append(j if holders[0] == PROMPT else next((k for k in holders if k > j), None))
+        return sorted(firsts, key=lambda k: (k is None, k or 0))
+
     def covered(self, j: int, i: int, gone: AbstractSet[int], share: int) -> bool:
         """Whether at least `share` percent of message j's items are said again (never, without items)."""
         items = len(self.items[j])

@@ -136,6 +136,18 @@ def _reused_by(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> tuple
     return tuple(tuple(ks) for ks in out)
 
 
+def call_texts(messages: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Per message, the call it answers (tool messages) or makes (assistant messages) as `call
+    contains` reads it; "" elsewhere. The history must have the shape `view_history` checks."""
+    roles = [str(m.get("role")) for m in messages]
+    return tuple(_tool_facts(messages, roles)[4])
+
+
+def coverage_index(messages: Sequence[Mapping[str, Any]]) -> CoverageIndex:
+    """The coverage index `covered` reads (`policy_dsl/coverage.py`) for a well-formed history."""
+    return _coverage(messages, [str(m.get("role")) for m in messages])
+
+
 def _coverage(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> CoverageIndex:
     """The coverage index, the prompt being the system messages and the user messages before the
     first assistant message (the task), as use records exclude them."""

@@ -123,7 +123,13 @@ def _task(trace: Trace, suite: str, split: str) -> Task:
     system = next((content_text(m) for m in history if m.get("role") in ("system", "developer")), "")
     prompt = next((content_text(m) for m in history if m.get("role") == "user"), "")
     return Task(trace.id, suite, split, system, prompt, tuple(trace.tools),
-                {"provenance": dict(trace.provenance)}, history, len(trace.assistant_indices()))
+                {"provenance": dict(trace.provenance), "group": agent_of(trace)}, history,
+                len(trace.assistant_indices()))
+
+
+def agent_of(trace: Trace) -> str:
+    """The agent that wrote a trace, as far as its log says: its metadata's agent, else its format."""
+    return str(trace.metadata.get("agent") or trace.provenance.get("format") or "unknown")
 
 
 class TraceAgent:

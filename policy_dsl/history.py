@@ -5,6 +5,7 @@ cumulative: a longer history never changes what a prefix looked like.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -269,12 +270,20 @@ def _call_text(name: str | None, call: Mapping[str, Any]) -> str:
     they are, a line each; decoded from JSON when they parse, the raw text otherwise)."""
     function = call.get("function")
     arguments = function.get("arguments") if isinstance(function, Mapping) else None
-    if isinstance(arguments, str) and len(arguments) <= MAX_ARGUMENT_CHARS:
+    if isinstance(arguments, str):
+        return _decoded_call_text(name or "", arguments)   # the same call is read at every request
+    return "\n".join([name or "", *_values(arguments)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_call_text(name: str, arguments: str) -> str:
+    decoded: Any = arguments
+    if len(arguments) <= MAX_ARGUMENT_CHARS:
         try:
-            arguments = json.loads(arguments)
+            decoded = json.loads(arguments)
         except (ValueError, RecursionError):
             pass
-    return "\n".join([name or "", *_values(arguments)])
+    return "\n".join([name, *_values(decoded)])
 
 
 def _values(node: Any) -> list[str]:

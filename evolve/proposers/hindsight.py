@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, round_size
+from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, results_of, round_size
 from evolve.reflection import COVER_SHARES
 
 MAX_RULES = 4            # rules added to a base window
@@ -41,6 +41,7 @@ MIN_SUPPORT = 3          # a phrase or a call word must occur in this many tasks
 CALL_SHARE = 0.15        # ... and in this share of the tasks with tool results
 TOOL_SHARE = 0.5         # a tool is named only when this share of the tasks with tool results call it
 CALL_WORDS = 12          # most call words kept (by the tasks they occur in)
+MIN_GAIN = 0.005         # a rule is added only for at least this share of what the oracle saves
 _SEGMENT = re.compile(r"&&|\|\||[|;]")
 _COMMAND = re.compile(r"[A-Za-z_][\w.-]*(?: -[A-Za-z]+)?")
 
@@ -212,12 +213,13 @@ def compose(results: Sequence[Result], rules: Sequence[Rule], budget: int,
     windows = [rule for rule in rules if rule.event == "window"]
     others = [rule for rule in rules if rule.event != "window" and np.any(drops[rule] < table.steps)]
     found: dict[tuple[str, ...], Composition] = {}
+    floor = MIN_GAIN * table.oracle_saved()
     for base in [None, *windows]:
         start = drops[base] if base is not None else table.never
         if table.lost(start) > budget:
             continue
         for efficient in (False, True):
-            chosen = _greedy(table, drops, others, budget, start, efficient)
+            chosen = _greedy(table, drops, others, budget, start, efficient, floor)
             rules_of = tuple([base] if base is not None else []) + tuple(chosen)
             if not rules_of:
                 continue
@@ -230,7 +232,7 @@ def compose(results: Sequence[Result], rules: Sequence[Rule], budget: int,
 
 
 def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], budget: int, start: np.ndarray,
-            efficient: bool) -> list[Rule]:
+            efficient: bool, floor: float = 0.0) -> list[Rule]:
     current, saved, lost, chosen = start, table.saved(start), table.lost(start), []
     for _ in range(MAX_RULES):
         best: tuple[float, str, Rule, np.ndarray, float, int] | None = None
@@ -239,7 +241,7 @@ def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], 
                 continue
             merged = np.minimum(current, drops[rule])
             more = table.saved(merged) - saved
-            if more <= 0:
+            if more <= floor or best is not None and more < best[0]:   # a value is never above what it saves
                 continue
             losing = table.lost(merged)
             if losing > budget:
@@ -252,3 +254,57 @@ def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], 
         chosen.append(best[2])
         current, saved, lost = best[3], best[4], best[5]
     return chosen
+
+
+ROLES = ("tool", "assistant", "user")   # what a rule may drop: never the prompt
+BUDGET_SHARES = (1.0, 0.5, 0.25, 0.0)   # of the parent's losses: as many, half, a quarter, none
+Option = tuple[list[str], str, dict[str, Any]]   # rule lines, the edit note, what the timelines predict
+
+
+def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[Mapping[str, Any]],
+                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse]) -> list[Option]:
+    """Proposals distilled from `timelines` (`full`'s, where nothing was hidden) against a parent that
+    ran the same histories (`parent`, task by task): the rule sets that save more than the parent
+    within as many losses as it had, half, a quarter and none; those no other set beats in both first
+    (the most saving first), then the others, then the best with one rule left out."""
+    results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
+    table = Table(results, reuses)
+    own = parent_drops(results, parent)
+    budget, saved, ceiling = table.lost(own), table.saved(own), table.oracle_saved() or 1.0
+    rules = hindsight_rules(results, said)
+    found: dict[tuple[str, ...], Composition] = {}
+    for share in BUDGET_SHARES:
+        for c in compose(results, rules, int(budget * share), reuses):
+            if c.saved > saved:
+                found.setdefault(tuple(c.texts()), c)
+    chosen = _undominated(list(found.values()))
+    options: list[Option] = []
+    for c in chosen:
+        note = (f"hindsight: {len(c.rules)} rules losing {c.lost} copied strings on the train timelines "
+                f"(the parent {budget}): {c.saved / ceiling:.0%} of the oracle's saving, the parent {saved / ceiling:.0%}")
+        options.append((c.texts(), note, {"predicted": {"lost": c.lost, "budget": c.budget, "parent_lost": budget,
+                                                        "saved_share": round(c.saved / ceiling, 4),
+                                                        "parent_share": round(saved / ceiling, 4)}}))
+    if chosen and len(chosen[0].rules) > 1:
+        best = chosen[0].texts()
+        options += [(best[:i] + best[i + 1:], f"hindsight: the best set without rule {i + 1}", {})
+                    for i in range(len(best))]
+    return options
+
+
+def _undominated(found: Sequence[Composition]) -> list[Composition]:
+    """The rule sets no other saves as much at no more losses, the most saving first; then the rest, so
+    a later proposal still has somewhere to go."""
+    def dominated(c: Composition) -> bool:
+        return any(o.saved >= c.saved and o.lost <= c.lost and (o.saved, -o.lost) != (c.saved, -c.lost)
+                   for o in found)
+
+    order = sorted(found, key=lambda c: (-c.saved, c.lost, c.texts()))
+    return [c for c in order if not dominated(c)] + [c for c in order if dominated(c)]
+
+
+def parent_drops(results: Sequence[Result], parent: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """The step at which the parent dropped each of `results` (NEVER where it kept it), from its timelines."""
+    dropped = {(n, int(m["i"])): int(m["dropped"]) for n, t in enumerate(parent) for m in t["messages"]
+               if m.get("dropped") is not None}
+    return np.array([dropped.get((r.task, r.index), NEVER) for r in results], dtype=np.int64)

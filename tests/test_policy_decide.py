@@ -391,7 +391,7 @@ def test_only_messages_no_policy_hides_count_as_the_prompt_and_none_covers_itsel
     ('role tool and call contains "src/calc/ops.py"', {"4": [3], "8": [7], "10": [9], "14": [13]}),
     ('role tool and call contains "str_replace_editor"', {"14": [13]}),        # the tool's name is in the call
     ('role tool and not call contains "pytest"', {"4": [3], "8": [7], "10": [9], "14": [13]}),
-    ('call contains "cat src/calc/ops.py\\n"', {}),
+    ('role tool and call contains "Cat "', {}),  # case-sensitive
 ])
 def test_call_contains_reads_the_call_behind_a_result(selector: str, expected: dict) -> None:
     source = f"mode kv\non each turn: drop {selector}\nreposition never\n"

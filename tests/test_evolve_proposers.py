@@ -18,6 +18,9 @@ from evolve.proposers.prompt import build_prompt
 from evolve.proposers.mutate import MutateProposer
 from evolve.proposers.optuna_search import OptunaProposer, Structure
 from evolve.proposers.tree import get_at, set_at
+from policy_dsl import nodes as n
+from policy_dsl import parse
+from policy_dsl.validator import walk
 from store import EvaluationRecord, PolicyInfo, Store, TaskResult
 
 
@@ -50,6 +53,26 @@ def test_mutate_children_are_valid_new_and_carry_their_lineage():
         assert len(proposal.parent_ids) == 1 and proposal.generation == 1 and proposal.meta["edits"]
         hashes.add(proposal.hash)
     assert len(hashes) > 1
+
+
+def test_mutate_learns_covered_and_call_contains_from_the_population():
+    """Its vocabulary is what the library and the population hold: a parent reading coverage and calls
+    lends them to the other parent's children, and its own children tune the share within 1..100."""
+    reading = check_policy('mode kv\non each tool_response: drop role tool and covered >= 80 percent\n'
+                           'on each turn: drop role tool and call contains "grep " and age >= 2 turns\n'
+                           'reposition after each drop\n').text
+    front = [candidate(1, "expert-8k"), Candidate(2, reading, 0, 0.5, 0.01, candidate(1, "expert-8k").results)]
+    known = {check_policy(c.text).hash for c in front}
+    proposer = MutateProposer(MutateProposerConfig(crossover_rate=0.3), library_texts())
+    lent, shares = set(), set()
+    for seed in range(60):
+        proposal = proposer.ask(context(front, seed, known))
+        assert proposal.rejection_reason is None, proposal.rejection_reason
+        nodes = list(walk(parse(proposal.text)))
+        if proposal.parent_ids == (1,):
+            lent |= {type(x) for x in nodes if isinstance(x, (n.Covered, n.CallContains))}
+        shares |= {x.share.value for x in nodes if isinstance(x, n.Covered)}
+    assert lent == {n.Covered, n.CallContains} and len(shares) > 1 and all(1 <= v <= 100 for v in shares)
 
 
 def test_crossover_has_two_parents():

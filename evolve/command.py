@@ -142,7 +142,8 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo,
         if name == "mutate":
             proposers[name] = MutateProposer(config.mutate, library)
         elif name == "optuna":
-            proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed)
+            proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed,
+                                             config.validation.margin)
         elif name == "reflect":
             from evolve.proposers.reflect import ReflectProposer
 

@@ -149,6 +149,30 @@ def test_optuna_tells_pruned_trials_with_their_subset_means(tmp_path):
     assert optuna.load_study(study_name=proposal.meta["study"], storage=url).trials[1].state == TrialState.PRUNED
 
 
+def test_with_the_expert_known_optuna_searches_the_champion_rules_objective(tmp_path):
+    """One number to minimize: cost relative to the expert within the margin of its score, and past
+    every such point, how far short a point falls; not score and cost traded against each other."""
+    from evolve.proposers.optuna_search import SHORT, rule_objective
+
+    assert rule_objective(0.99, 0.8, (1.0, 1.0), 0.02) == pytest.approx(0.8)
+    assert rule_objective(0.97, 0.1, (1.0, 1.0), 0.02) == pytest.approx(SHORT + 0.01)   # cheap but short
+    assert rule_objective(0.98, 1.2, (1.0, 1.0), 0.02) < rule_objective(0.979, 0.01, (1.0, 1.0), 0.02)
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    Store.open(url).close()
+    expert, parent = candidate(1, "expert", 1.0, 0.010), candidate(2, "expert-8k", 0.99, 0.008)
+    ctx = ProposerContext((expert, parent), (expert, parent), frozenset(), random.Random(0), 0, reference_id=1)
+    proposer = OptunaProposer(OptunaProposerConfig(), url, "run-r", seed=0, margin=0.02)
+    proposal = proposer.ask(ctx)
+    assert proposal.meta["study"].endswith("/rule") and proposal.meta["reference"] == [1.0, 0.010]
+    proposer.tell(proposal, 9, Outcome("evaluated", 0.995, 0.006))
+    study = optuna.load_study(study_name=proposal.meta["study"], storage=url)
+    assert len(study.directions) == 1 and study.directions[0] == optuna.study.StudyDirection.MINIMIZE
+    told = study.trials[proposal.meta["trial"]]
+    assert told.values == [pytest.approx(0.6)] and told.user_attrs["score"] == 0.995
+    entered = {t.user_attrs["policy_id"]: t.values[0] for t in study.trials if t.user_attrs.get("source") == "population"}
+    assert entered == {1: pytest.approx(1.0), 2: pytest.approx(0.8)}   # both within the margin of the expert
+
+
 def test_structures_abstract_values_and_ranges_only():
     assert Structure.of(load_checked("expert-8k").ast).key == Structure.of(load_checked("expert").ast).key
     assert Structure.of(load_checked("rolling-3").ast).key == Structure.of(load_checked("expert-8k").ast).key

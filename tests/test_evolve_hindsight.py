@@ -105,3 +105,22 @@ def test_reflect_on_traces_reflects_on_the_expert_first(timelines) -> None:
     assert proposal.rejection_reason is None and proposal.parent_ids == (2,)
     assert proposal.meta["reflected_on"] == 1 and "predicted" in proposal.meta
     assert np.isfinite(proposal.meta["predicted"]["saved_share"])
+
+
+def test_the_llm_proposer_is_shown_the_same_evidence(timelines) -> None:
+    from evolve.proposers.hindsight import evidence
+    from evolve.proposers.prompt import fit_prompt
+
+    full = Candidate(1, "mode kv\n", 0, 1.0, 0.02, (), timelines["full"])
+    window = Candidate(3, resolve_policy("rolling-3").source, 0, 0.6, 0.01, (), timelines["rolling-3"])
+    lines = evidence(full, window)
+    assert "the parent saves" in lines[0] and "loses" in lines[0]
+    assert "tool results (call `cat`)" in lines[1]
+    assert "saves 80% of the oracle's saving and loses 0 more copied strings" in lines[2]   # the parent: 62%
+    count = lambda text: len(text) // 3   # noqa: E731 - an estimate is enough here
+    roomy = fit_prompt("system", window, [], [window], 8192, 256, 2, count, lines)
+    assert "What the train timelines say in hindsight" in roomy.text and not roomy.shortened
+    bare = fit_prompt("system", window, [], [window], 8192, 16, 0, count)
+    tight = fit_prompt("system", window, [], [window], bare.tokens + 16 + 10, 16, 0, count, lines)
+    assert "in hindsight" not in tight.text and tight.shortened   # the evidence goes before the parent does
+    assert evidence(full, Candidate(4, "mode kv\n", 0, 1.0, 0.0, (), {})) == []   # another run's histories

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from evolve.context import Candidate
 from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, results_of, round_size
 from evolve.reflection import COVER_SHARES
 
@@ -303,8 +304,75 @@ def _undominated(found: Sequence[Composition]) -> list[Composition]:
     return [c for c in order if not dominated(c)] + [c for c in order if dominated(c)]
 
 
+def needs_of(population: Sequence[Candidate]) -> Candidate | None:
+    """The evaluated policy whose timelines show the agent's needs best: use records on every step, no
+    summary rewriting the history (its timeline covers only the steps after the last rewrite), the
+    highest score, then the fewest drops: `full` when it is a baseline."""
+    recorded = [c for c in population if c.timelines and all(t.get("uses_recorded") and not t.get("rewrites")
+                                                             for t in c.timelines.values())]
+
+    def drops(c: Candidate) -> int:
+        return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
+
+    return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
+
+
 def parent_drops(results: Sequence[Result], parent: Sequence[Mapping[str, Any]]) -> np.ndarray:
     """The step at which the parent dropped each of `results` (NEVER where it kept it), from its timelines."""
     dropped = {(n, int(m["i"])): int(m["dropped"]) for n, t in enumerate(parent) for m in t["messages"]
                if m.get("dropped") is not None}
     return np.array([dropped.get((r.task, r.index), NEVER) for r in results], dtype=np.int64)
+
+
+EVIDENCE_RULES = 6   # single rules the evidence names
+
+
+def evidence(needs: Candidate, parent: Candidate) -> list[str]:
+    """What reflect reads in the train timelines, as lines for a model's prompt: how much the
+    hindsight oracle would save and how much of it the parent gets at what losses, where the tokens
+    paid after their last read are (by role and by the call behind a tool result), and the single
+    rules a deployed policy could run that save the most within the parent's losses, with what they
+    save and lose there. Empty unless the timelines are of recorded traces the parent ran too."""
+    timelines = [needs.timelines[t] for t in sorted(needs.timelines)]
+    reuses = reuses_of(timelines)
+    if reuses is None or any(t not in parent.timelines for t in needs.timelines):
+        return []
+    results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
+    said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
+    table = Table(results, reuses)
+    own = parent_drops(results, [parent.timelines[t] for t in sorted(needs.timelines)])
+    budget, ceiling = table.lost(own), table.oracle_saved() or 1.0
+    lines = [f"the hindsight oracle (each message dropped right after its last read) saves {ceiling:,.0f} visible "
+             f"token-requests on the train traces; the parent saves {table.saved(own) / ceiling:.0%} of that and "
+             f"loses {budget} copied strings (reuses whose every holder it had hidden)"]
+    wasted = _wasted(results, own)
+    total = sum(wasted.values()) or 1.0
+    kinds = sorted(wasted.items(), key=lambda item: -item[1])[:8]
+    lines.append("tokens the parent keeps visible after their last read, by kind: "
+                 + "; ".join(f"{kind} {share / total:.0%}" for kind, share in kinds))
+    same: dict[bytes, tuple[float, int, str]] = {}   # rules that drop the same messages: the shortest stands
+    for rule in hindsight_rules(results, said):
+        drops = np.minimum(own, table.drops(rule))
+        lost = table.lost(drops)
+        key, text = drops.tobytes(), rule.text()
+        if lost <= budget and (key not in same or len(text) < len(same[key][2])):
+            same[key] = (table.saved(drops) / ceiling, -lost, text)
+    best = sorted(same.values(), key=lambda s: (-s[0], -s[1], len(s[2]), s[2]))[:EVIDENCE_RULES]
+    lines += [f"added to the parent, `{text}` saves {share:.0%} of the oracle's saving and loses {-lost - budget} "
+              "more copied strings" for share, lost, text in best]
+    return lines
+
+
+def _wasted(results: Sequence[Result], drops: np.ndarray) -> dict[str, float]:
+    """Visible token-requests after the last read that `drops` still pays for, by role (tool results
+    also by the first command word of their call)."""
+    out: dict[str, float] = {}
+    for r, drop in zip(results, drops):
+        paid = max(0, min(int(drop), r.steps) - max(r.last_read + 1, r.arrived)) * r.tokens
+        if not paid:
+            continue
+        word = _COMMAND.match((r.call.splitlines()[1:] or [""])[0].strip()) if r.role == "tool" else None
+        kind = {"tool": "tool results", "assistant": "the agent's messages", "user": "user turns"}[r.role]
+        key = f"{kind} (call `{word.group()}`)" if word else kind
+        out[key] = out.get(key, 0.0) + paid
+    return out

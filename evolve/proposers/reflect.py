@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from evolve.candidate import Checked, check_policy
 from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import Proposer
-from evolve.proposers.hindsight import Option, hindsight_options, reuses_of
+from evolve.proposers.hindsight import Option, hindsight_options, needs_of, reuses_of
 from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, results_of, round_size
 from policy_dsl import PolicyError
 from store.records import Proposal
@@ -143,7 +143,7 @@ class ReflectProposer(Proposer):
         self._options: dict[tuple[int, int], list[Option]] = {}  # (needs, parent) -> proposals in order
 
     def ask(self, context: ProposerContext) -> Proposal:
-        needs = _needs(context.population)
+        needs = needs_of(context.population)
         parents = _parents(context, needs)
         if needs is None or not parents:
             return self._reject(context.pick_parent(), "no train timeline with use records to reflect on")
@@ -202,19 +202,6 @@ def _same_histories(needs: Mapping[str, Mapping[str, Any]], parent: Mapping[str,
     """Whether the parent ran the very histories `needs` shows (recorded traces do, whatever the policy)."""
     return all(t in parent and [m["role"] for m in parent[t]["messages"]] == [m["role"] for m in needs[t]["messages"]]
                for t in needs)
-
-
-def _needs(population: Sequence[Candidate]) -> Candidate | None:
-    """The evaluated policy whose timelines show the agent's needs best: use records on every step, no
-    summary rewriting the history (its timeline covers only the steps after the last rewrite), the
-    highest score, then the fewest drops: `full` when it is a baseline."""
-    recorded = [c for c in population if c.timelines and all(t.get("uses_recorded") and not t.get("rewrites")
-                                                             for t in c.timelines.values())]
-
-    def drops(c: Candidate) -> int:
-        return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
-
-    return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
 
 
 def _variants(chosen: Sequence[tuple[Rule, Rule | None]], parent: Candidate) -> Iterable[tuple[list[str], str]]:

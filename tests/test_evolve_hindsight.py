@@ -75,11 +75,14 @@ def test_the_losses_it_scores_are_the_reuses_the_replay_loses(timelines) -> None
     reuses = reuses_of(needs)
     assert reuses is not None and all("group" in t and "covered" in t["messages"][3] for t in needs)
     results = [r for n, t in enumerate(needs) for r in results_of(t, n, roles=ROLES)]
-    table = Table(results, reuses)
+    table = Table(results, reuses, len(needs))
     for policy in ("expert", "rolling-3"):
         drops = parent_drops(results, _ordered(timelines[policy]))
         assert table.lost(drops) == sum(t["lost"] for t in timelines[policy].values())
-    assert table.lost(table.never) == 0 and table.saved(table.never) == 0.0
+        # ... and what they cost is what the score lost: the mean over traces of 1 - score
+        scores = [t["score"] for t in timelines[policy].values()]
+        assert table.loss(drops) == pytest.approx(sum(1 - s for s in scores) / len(scores))
+    assert table.lost(table.never) == 0 and table.loss(table.never) == 0.0 and table.saved(table.never) == 0.0
     assert sum(t["lost"] for t in timelines["rolling-3"].values()) > 0  # a window of three hides the grep hits
 
 
@@ -91,7 +94,7 @@ def test_distillation_recovers_the_planted_rule(timelines) -> None:
     best, note, predicted = options[0]
     assert any('call contains "cat "' in line for line in best), best
     assert not any('call contains "grep ' in line for line in best)
-    assert predicted["predicted"]["lost"] <= predicted["predicted"]["parent_lost"]
+    assert predicted["predicted"]["score_points"] <= predicted["predicted"]["parent_points"]
     assert predicted["predicted"]["saved_share"] > predicted["predicted"]["parent_share"]
     assert "hindsight" in note
 

@@ -44,6 +44,7 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 Space = dict[str, tuple[int, int]]  # tunable path -> (lo, hi)
 SHORT = 10.0  # where the objective of a trial below the margin starts: past any cost relative to the expert
+EXPLOIT = 0.75  # share of proposals whose parent is the rule's best policy with tunable numbers
 
 
 def rule_objective(score: float, cost: float, reference: tuple[float, float], margin: float) -> float:
@@ -132,8 +133,16 @@ class OptunaProposer(Proposer):
         return study
 
     def _parent(self, context: ProposerContext) -> tuple[Candidate, Any] | None:
+        """A policy with tunable numbers: from the front in a random order; with the expert known, most
+        often (EXPLOIT) the one the champion rule's objective ranks first, so that the search tunes
+        the structures that could win rather than, say, a summary threshold no trace ever reaches."""
         order = list(context.front)
         context.rng.shuffle(order)
+        reference = context.reference
+        if reference is not None and context.rng.random() < EXPLOIT:
+            judge = (reference.score, reference.cost)
+            ranked = sorted(context.population, key=lambda c: rule_objective(c.score, c.cost, judge, self.margin))
+            order = ranked + [c for c in order if c not in ranked]
         for candidate in order + [c for c in context.population if c not in order]:
             ast = check_policy(candidate.text).ast
             if tunables(ast):

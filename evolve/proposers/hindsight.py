@@ -49,16 +49,18 @@ _COMMAND = re.compile(r"[A-Za-z_][\w.-]*(?: -[A-Za-z]+)?")
 
 @dataclass(frozen=True)
 class Composition:
-    """A rule set (a base window or none, then the rules added) with what it does on the timelines."""
+    """A rule set (a base: the parent's own rules, a window or none; then the rules added) with what it
+    does on the timelines."""
 
     rules: tuple[Rule, ...]
     saved: float     # visible tokens no longer paid for, summed over the requests
     lost: int        # copied strings lost (reads, without reuses)
     loss: float      # what they cost the score (`Table.loss`)
     budget: float    # the loss it was chosen within
+    base: tuple[str, ...] = ()   # the parent's own rule lines, kept as they are ahead of `rules`
 
     def texts(self) -> list[str]:
-        return [rule.text() for rule in self.rules]
+        return [*self.base, *(rule.text() for rule in self.rules)]
 
 
 Reuse = tuple[int, int, tuple[int, ...]]  # (task, step, the messages holding the copied string)
@@ -88,29 +90,33 @@ class Table:
         self.steps = np.array([r.steps for r in results], dtype=np.int64)
         self.never = np.full(len(results), NEVER, dtype=np.int64)
         self._drops: dict[Rule, np.ndarray] = {}
+        tools: dict[int, list[int]] = {}   # per task, its tool results in order (what a window counts)
+        for k, r in enumerate(results):
+            if r.role == "tool":
+                tools.setdefault(r.task, []).append(k)
+        self._tools = [sorted(ks, key=lambda k: results[k].index) for ks in tools.values()]
         self.unit = 1.0   # the loss of one copied string, on average: what `efficient` counts in
-        if reuses is None:
-            owners = [(k, u) for k, r in enumerate(results) for u in r.uses]
-        else:
-            position = {(r.task, r.index): k for k, r in enumerate(results)}
-            owners = []
-            for task, step, holders in reuses:
-                found = [position.get((task, h)) for h in holders]
-                if holders and None not in found:   # a holder no rule hides keeps it
-                    owners += [(k, step) for k in found]
-                    owners.append((-1, -1))   # the end of one copied string's holders
         self._grouped = reuses is not None
-        self.use_owner = np.array([k for k, _u in owners], dtype=np.int64)
-        self.use_step = np.array([u for _k, u in owners], dtype=np.int64)
-        if self._grouped:
-            ends = np.flatnonzero(self.use_owner < 0)
-            self._starts = np.concatenate(([0], ends[:-1] + 1)) if ends.size else np.zeros(0, dtype=np.int64)
-            self._entry_step = self.use_step[ends - 1] if ends.size else np.zeros(0, dtype=np.int64)
+        if reuses is None:   # reads: each use record of a message
+            owners = [(k, u) for k, r in enumerate(results) for u in r.uses]
+            self.use_owner = np.array([k for k, _u in owners], dtype=np.int64)
+            self.use_step = np.array([u for _k, u in owners], dtype=np.int64)
+        else:                # copied strings: each one's holders, one run after another
+            position = {(r.task, r.index): k for k, r in enumerate(results)}
             copied: dict[int, int] = {}   # per task, every copied string: the score's denominator
             for task, _step, _holders in reuses:
                 copied[task] = copied.get(task, 0) + 1
-            weights = [1.0 / (copied[task] * max(1, tasks)) for task, _step, holders in reuses
-                       if holders and None not in (position.get((task, h)) for h in holders)]
+            holders_of, starts, steps, weights = [], [], [], []
+            for task, step, holders in reuses:
+                found = [position.get((task, h)) for h in holders]
+                if holders and None not in found:   # a holder no rule hides keeps it
+                    starts.append(len(holders_of))
+                    holders_of += found
+                    steps.append(step)
+                    weights.append(1.0 / (copied[task] * max(1, tasks)))
+            self.use_owner = np.array(holders_of, dtype=np.int64)
+            self._starts = np.array(starts, dtype=np.int64)
+            self._entry_step = np.array(steps, dtype=np.int64)
             self._weight = np.array(weights, dtype=np.float64)
             self.unit = float(np.mean(self._weight)) if weights else 1.0
 
@@ -119,6 +125,22 @@ class Table:
         if rule not in self._drops:
             self._drops[rule] = np.array(drop_steps(rule, self.results), dtype=np.int64)
         return self._drops[rule]
+
+    def window(self, n: int, others: np.ndarray) -> np.ndarray:
+        """`others` with a window of the n latest visible tool results laid over it, as the language runs
+        `on each tool_response: drop role tool keep last n` ahead of the other rules: at each tool result's
+        arrival the window keeps the n newest still visible, so what the other rules dropped leaves room
+        for an older result (the rule-by-rule drops of `drops` cannot see that)."""
+        out = others.copy()
+        for ordered in self._tools:
+            visible: list[int] = []
+            for k in ordered:
+                shown = self.results[k].arrived
+                visible = [j for j in visible if out[j] > shown] + [k]
+                for j in visible[:-n] if len(visible) > n else ():
+                    out[j] = min(out[j], shown)
+                visible = visible[-n:]
+        return out
 
     def saved(self, drops: np.ndarray) -> float:
         return float(np.sum(self.tokens * np.clip(self.steps - drops, 0, None)))
@@ -137,8 +159,7 @@ class Table:
         return float(np.sum(self._weight[self._lost(drops)]))
 
     def _lost(self, drops: np.ndarray) -> np.ndarray:
-        shown = np.where(self.use_owner >= 0, drops[np.maximum(self.use_owner, 0)], 0)
-        latest = np.maximum.reduceat(shown, self._starts)   # the last holder to go: gone from then on
+        latest = np.maximum.reduceat(drops[self.use_owner], self._starts)   # the last holder to go
         return latest <= self._entry_step
 
     def oracle_saved(self) -> float:
@@ -228,30 +249,50 @@ def shared_tools(results: Sequence[Result]) -> list[str]:
                   if all(len(tasks & mine) >= TOOL_SHARE * len(mine) for mine in groups.values()))
 
 
-def compose(table: Table, rules: Sequence[Rule], budget: float) -> list[Composition]:
+def compose(table: Table, rules: Sequence[Rule], budget: float,
+            parent: tuple[tuple[str, ...], np.ndarray] | None = None, only_parent: bool = False) -> list[Composition]:
     """Rule sets whose losses cost the score at most `budget` (`Table.loss`), the most saving first: for
-    each base (no window, or each window), rules added greedily, each for the tokens it adds (and, as a
-    second path, for what it adds per loss)."""
+    each base (no window, each window, and with `parent` its own rule lines and the steps they drop at:
+    tightened only), rules added greedily, each for the tokens it adds (and, as a second path, for what
+    it adds per loss)."""
     drops = {rule: table.drops(rule) for rule in rules}
     windows = [rule for rule in rules if rule.event == "window"]
-    others = [rule for rule in rules if rule.event != "window" and np.any(drops[rule] < table.steps)]
+    others = _distinct([rule for rule in rules if rule.event != "window"], drops, table)
     found: dict[tuple[str, ...], Composition] = {}
     floor = MIN_GAIN * table.oracle_saved()
-    for base in [None, *windows]:
-        start = drops[base] if base is not None else table.never
+    bases: list[tuple[tuple[str, ...], tuple[Rule, ...], np.ndarray]] = []
+    if parent is not None and parent[0]:   # first: a window of the same text below is the same set
+        bases.append((parent[0], (), parent[1]))
+    if not only_parent:
+        bases += [((), (), table.never)] + [((), (w,), drops[w]) for w in windows]
+    for lines, kept, start in bases:
         if table.loss(start) > budget:
             continue
         for efficient in (False, True):
             chosen = _greedy(table, drops, others, budget, start, efficient, floor)
-            rules_of = tuple([base] if base is not None else []) + tuple(chosen)
-            if not rules_of:
+            if not chosen and not kept:
                 continue
             current = start
             for rule in chosen:
                 current = np.minimum(current, drops[rule])
-            made = Composition(rules_of, table.saved(current), table.lost(current), table.loss(current), budget)
+            made = Composition(kept + tuple(chosen), table.saved(current), table.lost(current), table.loss(current),
+                               budget, lines)
             found.setdefault(tuple(made.texts()), made)
     return sorted(found.values(), key=lambda c: (-c.saved, c.lost, c.texts()))
+
+
+def _distinct(rules: Sequence[Rule], drops: dict[Rule, np.ndarray], table: Table) -> list[Rule]:
+    """The rules that drop anything, one per set of drop steps (the shortest text stands for rules that
+    drop the same messages at the same steps), the most saving alone first: the greedy search then
+    meets a good rule early and skips the many that cannot beat it."""
+    same: dict[bytes, Rule] = {}
+    for rule in rules:
+        if not np.any(drops[rule] < table.steps):
+            continue
+        key = drops[rule].tobytes()
+        if key not in same or (len(rule.text()), rule.text()) < (len(same[key].text()), same[key].text()):
+            same[key] = rule
+    return sorted(same.values(), key=lambda r: (-table.saved(drops[r]), r.text()))
 
 
 def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], budget: float, start: np.ndarray,
@@ -285,12 +326,15 @@ Option = tuple[list[str], str, dict[str, Any]]   # rule lines, the edit note, wh
 
 
 def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[Mapping[str, Any]],
-                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse]) -> list[Option]:
+                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse],
+                      parent_rules: Sequence[str] = ()) -> list[Option]:
     """Proposals distilled from `timelines` (`full`'s, where nothing was hidden) against a parent that
-    ran the same histories (`parent`, task by task): the rule sets that save more than the parent
-    while their losses cost the score as much as the parent's did, half, a quarter and nothing; those
-    no other set beats in both first (the most saving first), then the others, then the best with one
-    rule left out."""
+    ran the same histories (`parent`, task by task; `parent_rules` its rule lines): the rule sets that
+    save more than the parent while their losses cost the score as much as the parent's did, half, a
+    quarter and nothing. First the parent tightened (its rules kept, the rules added that lose nothing
+    more on the timelines: a window over the visible results then holds more that is new, so it loses
+    less, and no trace costs more), then those no other set beats in both (the most saving first),
+    then the others, then the best with one rule left out."""
     results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
     table = Table(results, reuses, len(timelines))
     own = parent_drops(results, parent)
@@ -301,7 +345,9 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
         for c in compose(table, rules, budget * share):
             if c.saved > saved:
                 found.setdefault(tuple(c.texts()), c)
-    chosen = _undominated(list(found.values()))
+    tightened = [c for c in _tightened(table, rules, parent_rules, own, budget) if c.saved > saved]
+    chosen = tightened[:1] + _undominated([c for c in found.values() if tuple(c.texts()) not in
+                                           {tuple(t.texts()) for t in tightened[:1]}])
     options: list[Option] = []
     for c in chosen:
         note = (f"hindsight: {len(c.rules)} rules losing {c.lost} copied strings, {100 * c.loss:.2f} points of "
@@ -316,6 +362,43 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
         options += [(best[:i] + best[i + 1:], f"hindsight: the best set without rule {i + 1}", {})
                     for i in range(len(best))]
     return options
+
+
+TIGHTEN_SLACK = (1.0, 1.5, 2.0, 3.0)   # budgets the tightening searches with, in the parent's losses
+_WINDOW = re.compile(r"^on each tool_responses?: drop role tool keep last (\d+)")
+
+
+def _tightened(table: Table, rules: Sequence[Rule], parent_rules: Sequence[str], own: np.ndarray,
+               budget: float) -> list[Composition]:
+    """The parent's rules kept and rules added, losing no more than the parent: searched from the
+    parent's own drops, whose window (`keep last N` over tool results, when the parent's first rule is
+    one) the added rules leave room in, so the search runs with slack and each set found is scored
+    again with the window laid over the added rules, kept if it loses no more than the parent then."""
+    if not parent_rules:
+        return []
+    window = _WINDOW.match(parent_rules[0])
+    out: dict[tuple[str, ...], Composition] = {}
+    for slack in TIGHTEN_SLACK if window else (1.0,):
+        for c in compose(table, rules, budget * slack, (tuple(parent_rules), own), only_parent=True):
+            if not c.base:
+                continue
+            added = table.never
+            for rule in c.rules:
+                added = np.minimum(added, table.drops(rule))
+            drops = table.window(int(window.group(1)), np.minimum(added, _beyond_window(own, parent_rules, table))) \
+                if window else np.minimum(own, added)
+            exact = Composition(c.rules, table.saved(drops), table.lost(drops), table.loss(drops), budget, c.base)
+            if exact.loss <= budget:
+                out.setdefault(tuple(exact.texts()), exact)
+    return sorted(out.values(), key=lambda c: (-c.saved, c.loss, c.texts()))
+
+
+def _beyond_window(own: np.ndarray, parent_rules: Sequence[str], table: Table) -> np.ndarray:
+    """The drops of the parent's rules after its window (none for the expert): the parent's drops of
+    messages other than tool results, where its window cannot have made them."""
+    if len(parent_rules) == 1:
+        return table.never
+    return np.where(np.array([r.role != "tool" for r in table.results]), own, NEVER)
 
 
 def _undominated(found: Sequence[Composition]) -> list[Composition]:

@@ -86,6 +86,7 @@ class Table:
 
     def __init__(self, results: Sequence[Result], reuses: Sequence[Reuse] | None = None, tasks: int = 1) -> None:
         self.results = list(results)
+        self.tasks = max(1, tasks)
         self.tokens = np.array([r.tokens for r in results], dtype=np.float64)
         self.steps = np.array([r.steps for r in results], dtype=np.int64)
         self.never = np.full(len(results), NEVER, dtype=np.int64)
@@ -106,7 +107,7 @@ class Table:
             copied: dict[int, int] = {}   # per task, every copied string: the score's denominator
             for task, _step, _holders in reuses:
                 copied[task] = copied.get(task, 0) + 1
-            holders_of, starts, steps, weights = [], [], [], []
+            holders_of, starts, steps, weights, owners = [], [], [], [], []
             for task, step, holders in reuses:
                 found = [position.get((task, h)) for h in holders]
                 if holders and None not in found:   # a holder no rule hides keeps it
@@ -114,6 +115,8 @@ class Table:
                     holders_of += found
                     steps.append(step)
                     weights.append(1.0 / (copied[task] * max(1, tasks)))
+                    owners.append(task)
+            self._entry_task = np.array(owners, dtype=np.int64)
             self.use_owner = np.array(holders_of, dtype=np.int64)
             self._starts = np.array(starts, dtype=np.int64)
             self._entry_step = np.array(steps, dtype=np.int64)
@@ -151,6 +154,13 @@ class Table:
         if not self._grouped:
             return int(np.sum(self.use_step >= drops[self.use_owner]))
         return int(np.sum(self._lost(drops)))
+
+    def task_loss(self, drops: np.ndarray) -> np.ndarray:
+        """Per task, what its losses cost the score (with reuses; without, zeros)."""
+        if not self._grouped or not self.use_owner.size:
+            return np.zeros(self.tasks)
+        lost = self._lost(drops)
+        return np.bincount(self._entry_task[lost], self._weight[lost], minlength=self.tasks)
 
     def loss(self, drops: np.ndarray) -> float:
         """What the losses cost the score (with reuses; without, the reads lost)."""
@@ -249,23 +259,17 @@ def shared_tools(results: Sequence[Result]) -> list[str]:
                   if all(len(tasks & mine) >= TOOL_SHARE * len(mine) for mine in groups.values()))
 
 
-def compose(table: Table, rules: Sequence[Rule], budget: float,
-            parent: tuple[tuple[str, ...], np.ndarray] | None = None, only_parent: bool = False) -> list[Composition]:
+def compose(table: Table, rules: Sequence[Rule], budget: float) -> list[Composition]:
     """Rule sets whose losses cost the score at most `budget` (`Table.loss`), the most saving first: for
-    each base (no window, each window, and with `parent` its own rule lines and the steps they drop at:
-    tightened only), rules added greedily, each for the tokens it adds (and, as a second path, for what
-    it adds per loss)."""
+    each base (no window, or each window), rules added greedily, each for the tokens it adds (and, as a
+    second path, for what it adds per loss)."""
     drops = {rule: table.drops(rule) for rule in rules}
     windows = [rule for rule in rules if rule.event == "window"]
     others = _distinct([rule for rule in rules if rule.event != "window"], drops, table)
     found: dict[tuple[str, ...], Composition] = {}
     floor = MIN_GAIN * table.oracle_saved()
-    bases: list[tuple[tuple[str, ...], tuple[Rule, ...], np.ndarray]] = []
-    if parent is not None and parent[0]:   # first: a window of the same text below is the same set
-        bases.append((parent[0], (), parent[1]))
-    if not only_parent:
-        bases += [((), (), table.never)] + [((), (w,), drops[w]) for w in windows]
-    for lines, kept, start in bases:
+    bases = [((), table.never)] + [((w,), drops[w]) for w in windows]
+    for kept, start in bases:
         if table.loss(start) > budget:
             continue
         for efficient in (False, True):
@@ -276,7 +280,7 @@ def compose(table: Table, rules: Sequence[Rule], budget: float,
             for rule in chosen:
                 current = np.minimum(current, drops[rule])
             made = Composition(kept + tuple(chosen), table.saved(current), table.lost(current), table.loss(current),
-                               budget, lines)
+                               budget)
             found.setdefault(tuple(made.texts()), made)
     return sorted(found.values(), key=lambda c: (-c.saved, c.lost, c.texts()))
 
@@ -310,7 +314,7 @@ def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], 
             losing = table.loss(merged)
             if losing > budget:
                 continue
-            value = more / (1 + (losing - lost) / table.unit) if efficient else more
+            value = more / (1 + max(0.0, losing - lost) / table.unit) if efficient else more
             if best is None or (-value, rule.text()) < (-best[0], best[1]):
                 best = (value, rule.text(), rule, merged, saved + more, losing)
         if best is None:
@@ -331,10 +335,9 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
     """Proposals distilled from `timelines` (`full`'s, where nothing was hidden) against a parent that
     ran the same histories (`parent`, task by task; `parent_rules` its rule lines): the rule sets that
     save more than the parent while their losses cost the score as much as the parent's did, half, a
-    quarter and nothing. First the parent tightened (its rules kept, the rules added that lose nothing
-    more on the timelines: a window over the visible results then holds more that is new, so it loses
-    less, and no trace costs more), then those no other set beats in both (the most saving first),
-    then the others, then the best with one rule left out."""
+    quarter and nothing. First the parent tightened (`_tightened`: its rules kept and rules added, no
+    trace losing more than under it, then within its whole loss), then those no other set beats in
+    both (the most saving first), then the others, then the best with one rule left out."""
     results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
     table = Table(results, reuses, len(timelines))
     own = parent_drops(results, parent)
@@ -346,8 +349,8 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
             if c.saved > saved:
                 found.setdefault(tuple(c.texts()), c)
     tightened = [c for c in _tightened(table, rules, parent_rules, own, budget) if c.saved > saved]
-    chosen = tightened[:1] + _undominated([c for c in found.values() if tuple(c.texts()) not in
-                                           {tuple(t.texts()) for t in tightened[:1]}])
+    kept = {tuple(c.texts()) for c in tightened}
+    chosen = tightened + _undominated([c for c in found.values() if tuple(c.texts()) not in kept])
     options: list[Option] = []
     for c in chosen:
         note = (f"hindsight: {len(c.rules)} rules losing {c.lost} copied strings, {100 * c.loss:.2f} points of "
@@ -364,33 +367,73 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
     return options
 
 
-TIGHTEN_SLACK = (1.0, 1.5, 2.0, 3.0)   # budgets the tightening searches with, in the parent's losses
 _WINDOW = re.compile(r"^on each tool_responses?: drop role tool keep last (\d+)")
+
+
+PRICES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)   # what a loss costs in saved tokens, in TIGHTEN_RATE units
+TIGHTEN_RULES = 150                        # candidate rules the tightening looks at (the most saving alone)
 
 
 def _tightened(table: Table, rules: Sequence[Rule], parent_rules: Sequence[str], own: np.ndarray,
                budget: float) -> list[Composition]:
-    """The parent's rules kept and rules added, losing no more than the parent: searched from the
-    parent's own drops, whose window (`keep last N` over tool results, when the parent's first rule is
-    one) the added rules leave room in, so the search runs with slack and each set found is scored
-    again with the window laid over the added rules, kept if it loses no more than the parent then."""
+    """The parent's rules kept and rules added: first while no trace loses more than it did under the
+    parent (the score can only rise, trace by trace, and no trace costs more); then, for each price
+    of a loss in saved tokens (PRICES, in units of what the oracle saves beyond the parent per loss of
+    the parent's), the rules that add the most saving net of that price, kept when the set loses no
+    more than the parent in all. The parent's window (`keep last N` over tool results, when its first
+    rule is one) is laid over the added rules at every step: what they drop leaves the window room
+    for older results, so a rule can even lose less than none, which `compose` cannot see."""
     if not parent_rules:
         return []
-    window = _WINDOW.match(parent_rules[0])
+    found = _WINDOW.match(parent_rules[0])
+    beyond = _beyond_window(own, parent_rules, table)
+
+    def dropped(added: np.ndarray) -> np.ndarray:
+        return table.window(int(found.group(1)), np.minimum(added, beyond)) if found else np.minimum(own, added)
+
+    drops = {r: table.drops(r) for r in rules}
+    candidates = _distinct([r for r in rules if r.event != "window"], drops, table)[:TIGHTEN_RULES]
+    ceiling, floor = table.task_loss(own) + 1e-12, MIN_GAIN * table.oracle_saved()
+    rate = max(table.oracle_saved() - table.saved(own), floor) / max(table.loss(own), table.unit)
     out: dict[tuple[str, ...], Composition] = {}
-    for slack in TIGHTEN_SLACK if window else (1.0,):
-        for c in compose(table, rules, budget * slack, (tuple(parent_rules), own), only_parent=True):
-            if not c.base:
-                continue
-            added = table.never
-            for rule in c.rules:
-                added = np.minimum(added, table.drops(rule))
-            drops = table.window(int(window.group(1)), np.minimum(added, _beyond_window(own, parent_rules, table))) \
-                if window else np.minimum(own, added)
-            exact = Composition(c.rules, table.saved(drops), table.lost(drops), table.loss(drops), budget, c.base)
-            if exact.loss <= budget:
-                out.setdefault(tuple(exact.texts()), exact)
+    for price in (None, *PRICES):
+        chosen: list[Rule] = []
+        added, current = table.never, dropped(table.never)
+        for _ in range(MAX_RULES):
+            best: tuple[float, Rule, np.ndarray, np.ndarray] | None = None
+            saved, loss = table.saved(current), table.loss(current)
+            for rule in candidates:
+                if rule in chosen:
+                    continue
+                merged = np.minimum(added, drops[rule])
+                trial = dropped(merged)
+                more = table.saved(trial) - saved
+                if price is None:   # safe: no trace may lose more than under the parent
+                    value = more if not np.any(table.task_loss(trial) > ceiling) else -1.0
+                else:
+                    value = more - price * rate * (table.loss(trial) - loss)
+                if value > floor and (best is None or value > best[0]):
+                    best = (value, rule, merged, trial)
+            if best is None:
+                break
+            chosen.append(best[1])
+            added, current = best[2], best[3]
+        for rule in list(chosen):   # a rule the others make redundant goes: the same drops without it
+            rest = [r for r in chosen if r is not rule]
+            if rest and np.array_equal(dropped(_union(rest, drops, table)), current):
+                chosen = rest
+        if chosen and table.loss(current) <= budget + 1e-12:
+            made = Composition(tuple(chosen), table.saved(current), table.lost(current), table.loss(current), budget,
+                               tuple(parent_rules))
+            out.setdefault(tuple(made.texts()), made)
     return sorted(out.values(), key=lambda c: (-c.saved, c.loss, c.texts()))
+
+
+def _union(rules: Sequence[Rule], drops: Mapping[Rule, np.ndarray], table: Table) -> np.ndarray:
+    out = table.never
+    for rule in rules:
+        out = np.minimum(out, drops[rule])
+    return out
 
 
 def _beyond_window(own: np.ndarray, parent_rules: Sequence[str], table: Table) -> np.ndarray:

@@ -8,7 +8,9 @@ A trace set of real traffic (a suite with recorded runs): the full-scale baselin
 `standard`, `text-engineering`) and the expert as the seed; the reflect-led mix without a model
 (`reflect`, `optuna`, `mutate`; `llm` too when an endpoint is given: a strong model gets the same
 evidence reflect reads); every train and every held-out trace; a score margin of half a point
-(TRACE_MARGIN); and a candidate budget that fits the
+(TRACE_MARGIN); no parents validated beside their children (on recorded traffic a tuned child runs
+much as its parent, and a wider Holm family costs the paired cost test power it needs there: a few
+long traces carry most of the cost); and a candidate budget that fits the
 suite: a policy scores a recorded request in milliseconds on replay, so the budget is the number
 of candidates whose train runs replay about TRACE_REQUESTS requests, at least TRACE_CANDIDATES[0]
 and at most TRACE_CANDIDATES[1]. `chosen_defaults` says what it chose, one line each.
@@ -131,6 +133,8 @@ def _trace_defaults(config: EvolveConfig, suite: Any) -> tuple[EvolveConfig, str
         chosen["heldout_limit"] = None
     if "margin" not in named and validation.fidelity == "references":
         chosen["margin"] = TRACE_MARGIN
+    if "parents" not in named:   # a tuned child runs much as its parent does: a second place in the family
+        chosen["parents"] = False  # costs the rule's cost test more than it gives on recorded traffic
     if chosen:
         update["validation"] = validation.model_copy(update=chosen)
     config = config.model_copy(update=update)

@@ -115,7 +115,9 @@ class Evolution:
         rows = self.cascade.train_results()
         verdicts = train_verdicts({p.policy_id: rows[p.policy_id] for p in points if p.policy_id not in excluded},
                                   rows[expert], self.config.validation, self.config.seed)
-        finalists = pick_finalists(verdicts, self.config.validation.top_k, behaviours)
+        expert_rows = rows[expert]
+        dearer = {pid: sum(a.cost_usd > b.cost_usd for a, b in zip(rows[pid], expert_rows)) for pid in verdicts}
+        finalists = pick_finalists(verdicts, self.config.validation.top_k, behaviours, dearer)
         if self.config.validation.parents:
             beating = [p for p in points if p.policy_id in verdicts and verdicts[p.policy_id].eligible]
             parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}

@@ -37,17 +37,21 @@ def train_verdicts(rows: Mapping[int, Sequence[TaskResult]], expert: Sequence[Ta
             for pid, results in rows.items()}
 
 
-def pick_finalists(verdicts: Mapping[int, Verdict], top_k: int, behaviours: Mapping[int, str] | None = None) -> list[int]:
+def pick_finalists(verdicts: Mapping[int, Verdict], top_k: int, behaviours: Mapping[int, str] | None = None,
+                   dearer: Mapping[int, int] | None = None) -> list[int]:
     """The `top_k` policies that beat the expert on train (cheaper, significantly, at a score
     non-inferior by the rule's margin), the most promising first: those that lose no score against
-    it, cheapest first, then the others, cheapest first. A policy that does not beat the expert on
-    train is never a finalist: it would only widen the Holm family of those that could win.
+    it, then the others; among each, first those that cost no more than the expert on any train task
+    (`dearer`: per policy, on how many it costs more), as the rule's paired cost test is surest of
+    them, then the rest; cheapest first within. A policy that does not beat the expert on train is
+    never a finalist: it would only widen the Holm family of those that could win.
 
     Policies with the same train behaviour (`behaviours`: `outcome_digests`) count once, as the
     earliest of them; `twins` names the others.
     """
-    eligible = [(v.score_delta < 0, v.cost_delta, pid) for pid, v in verdicts.items() if v.eligible]
-    ranked = [pid for _losing, _cost, pid in sorted(eligible)]
+    eligible = [(v.score_delta < 0, (dearer or {}).get(pid, 0) > 0, v.cost_delta, pid)
+                for pid, v in verdicts.items() if v.eligible]
+    ranked = [pid for *_order, pid in sorted(eligible)]
     seen: set[str] = set()
     finalists = []
     for pid in ranked:

@@ -79,6 +79,19 @@ def test_only_points_that_beat_the_expert_on_train_are_finalists_the_safest_chea
     assert pick_finalists(nothing, 2) == []
 
 
+def test_of_those_beating_the_expert_the_ones_never_dearer_on_a_task_come_first():
+    """The paired cost test is surest of a policy that costs no more than the expert on any task: a
+    cheaper mean carried by a few tasks, dearer on others, comes after a steady one."""
+    config = ValidationConfig(resamples=300, permutations=300)
+    expert = _rows(0.95, [1.0] * 10)
+    rows = {1: _rows(0.95, [0.6] * 9 + [1.4]),   # 32% cheaper on the mean, dearer on one task
+            2: _rows(0.95, [0.9] * 10)}          # 10% cheaper everywhere
+    verdicts = train_verdicts(rows, expert, config, 0)
+    assert all(v.eligible for v in verdicts.values())
+    assert pick_finalists(verdicts, 2) == [1, 2]                      # cheapest first without the counts
+    assert pick_finalists(verdicts, 2, dearer={1: 1, 2: 0}) == [2, 1]
+
+
 def test_a_finalists_parent_scored_on_train_is_validated_too():
     """The child beats its parent on train, so only the child is a finalist; the parent joins it."""
     points = [Point(5, 1.0, 0.70), Point(12, 1.0, 0.65), Point(8, 0.9, 0.60), Point(9, 0.5, 0.9)]

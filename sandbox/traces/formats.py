@@ -347,10 +347,10 @@ def _akv_trace(where: str, record: Any) -> Trace:
     if not isinstance(record, Mapping):
         raise TraceError(f"{where}: {expected}")
     try:
-        requests = tuple(TraceRequest(r["index"], r.get("usage"), r.get("latency_s")) for r in record["requests"])
+        requests = tuple(TraceRequest.from_dict(r) for r in record["requests"])
         trace = Trace(record["id"], tuple(record["messages"]), tuple(record.get("tools", ())), requests,
                       record["actions"], dict(record.get("provenance", {})))
-    except (KeyError, TypeError, AttributeError) as error:
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise TraceError(f"{where}: {expected}; {type(error).__name__}: {error}") from error
     if not isinstance(trace.id, str) or trace.actions not in ("tools", "text"):
         raise TraceError(f"{where}: id {trace.id!r}, actions {trace.actions!r}: "

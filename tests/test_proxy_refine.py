@@ -1,7 +1,7 @@
 """`akv proxy --refine`: a proxy that records its traffic, evolves on it in a process of its own and promotes
 only a candidate the champion rule crowns over the live policy and the expert; its guards and its figures.
 
-The traffic is an archive-search agent's (`refine_traffic.py`): sixteen conversations recorded through the
+The traffic is an archive-search agent's (`benchmarks/archive_agent.py`): sixteen conversations recorded through the
 proxy earlier (`tests/data/traces/archive-traffic.jsonl`) and more sent now through the proxy to a real
 `akv serve` on loopback (the embedded SmolLM2).
 """
@@ -25,6 +25,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from akv_cli.main import app as cli
+from benchmarks.archive_agent import Agent, drive
 from akv_cli.refine_settings import RefineSettings
 from akv_cli.refiner import Refiner, RefinerConfig
 from akv_cli.refining import StoreLiveSource
@@ -45,7 +46,6 @@ from store import Store
 from test_proxy import metric
 from test_proxy_record import settled
 from test_server_support import interrupt, live_server, ready_url
-from refine_traffic import Agent, drive
 
 AKV = [sys.executable, "-m", "akv_cli.main"]
 TRAFFIC = Path(__file__).parent / "data" / "traces" / "archive-traffic.jsonl"

@@ -1,4 +1,5 @@
-"""Agents that drive a proxy the way a tool-using agent does, for the refining proxy's tests and benchmark.
+"""A scripted archive-search agent that drives a proxy the way a tool-using agent does (the refining proxy's
+tests and walk-through, docs/proxy.md).
 
 Each conversation is an archive search: the agent looks a record up, each record names the next
 one, and the agent's next call repeats that reference (a reuse of the latest tool result only);
@@ -6,14 +7,16 @@ the last step answers with the clerk the last record names. The client writes it
 (a 135M model does not call tools reliably) and keeps the model's reply text, as an agent loop on
 the `openai` client does; every request is one real chat completion through the proxy. A policy
 that keeps the latest record or two loses no reuse and reads less than `full` or the expert.
-This module holds no tests.
+
+    python benchmarks/archive_agent.py http://127.0.0.1:30001 --seeds 17-20   # four conversations, in turn
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 
@@ -76,3 +79,23 @@ def drive(url: str, seeds: range | list[int], steps: int = 6, workers: int = 4) 
     """One conversation per seed through the proxy at `url`, `workers` at a time; their replies, in seed order."""
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda seed: conversation(client, seed, steps), seeds))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", help="the proxy (or any OpenAI-compatible server): http://HOST:PORT")
+    parser.add_argument("--seeds", default="1-4", help="FIRST-LAST: one conversation per seed (default 1-4)")
+    parser.add_argument("--steps", type=int, default=6, help="lookups per conversation (default 6)")
+    args = parser.parse_args(argv)
+    first, _, last = args.seeds.partition("-")
+    if not (first.isdigit() and (last or first).isdigit()):
+        parser.exit(2, f"error: --seeds: expected FIRST-LAST, got {args.seeds!r}\n")
+    for seed, replies in zip(range(int(first), int(last or first) + 1),
+                             drive(args.url, range(int(first), int(last or first) + 1), args.steps, workers=1)):
+        served = sorted({r.headers.get("x-akv-policy", "-") for r in replies})
+        print(f"conversation {seed}: {len(replies)} requests, policy {', '.join(served)}, "
+              f"x-akv-proxy {' '.join(r.headers.get('x-akv-proxy', '-') for r in replies)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -206,8 +206,9 @@ class Refiner:
         if self.settings.dry_run:
             return "dry_run", f"would promote {judgement.label}: {judgement.reason}", figures
         try:
+            note = f"crowned over {live.name} and the expert on {judgement.figures['heldout']} held-out conversations"
             entry = store.live.promote(self.name, live.id, judgement.label, judgement.text, round_.run_name,
-                                       judgement.policy_id, judgement.figures, judgement.reason)
+                                       judgement.policy_id, figures, note)
         except LiveChanged as err:
             return "kept", str(err), figures
         return "promoted", f"{entry.name} is live (entry #{entry.id}): {judgement.reason}", figures

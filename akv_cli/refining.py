@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any
 
-from akv_proxy.live import LiveState, PolicySavings
+from akv_proxy.live import LiveState
 from akv_cli.refine_settings import RefineSettings
 from akv_cli.refiner import RefinerConfig, refiner_main
 
@@ -94,9 +94,7 @@ class StoreLiveSource:
                 entry = live.live(self.set_name)
                 if entry is None:
                     raise LookupError(f"trace set {self.set_name!r} has no live policy in the store")
-                savings = tuple(PolicySavings(t.policy, t.conversations, t.requests, t.cost_usd, t.expert_cost_usd,
-                                              t.full_cost_usd, t.lost_reuses, t.at_risk_reuses, t.drops,
-                                              t.repositions, t.skipped) for t in live.totals(self.set_name))
+                savings = tuple(live.totals(self.set_name))
                 rounds = live.round_outcomes(self.set_name)
             except Exception:
                 self._close()

@@ -40,18 +40,16 @@ class ServedPolicy:
     entry: int | None = None
 
 
-@dataclass(frozen=True)
-class PolicySavings:
-    """What a served policy's recorded conversations cost, replayed under it, the expert and `full` (USD)."""
+class PolicySavings(Protocol):
+    """What a served policy's finished conversations cost, replayed under it, the expert and `full` (USD),
+    as the refiner measured them (`store.records.PolicyTotals`, handed in by the command)."""
 
     policy: str
     conversations: int
-    requests: int
     cost_usd: float
     expert_cost_usd: float
     full_cost_usd: float
     lost_reuses: int
-    at_risk_reuses: int
     drops: int
     repositions: int
     skipped: int
@@ -65,7 +63,7 @@ class LiveState:
     name: str
     text: str
     kind: str = "start"
-    savings: tuple[PolicySavings, ...] = ()
+    savings: Sequence[PolicySavings] = ()
     rounds: Mapping[str, int] = field(default_factory=dict)  # outcome -> refinement rounds
     refiner_pid: int | None = None  # the refiner process, while it runs
 

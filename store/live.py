@@ -66,7 +66,7 @@ class LivePolicies:
             if starts and starts[-1].text == text:
                 return _entry(rows[-1]), False
             row = LivePolicyEntry(set_name=set_name, kind="start", name=_free_label(rows, name, text), text=text,
-                                  figures={}, note="the policy the proxy was started with")
+                                  figures={}, note="the proxy started with it")
             s.add(row)
             s.flush()
             return _entry(row), True

@@ -14,7 +14,8 @@ from akv_cli.options import DB_HELP
 
 if TYPE_CHECKING:
     from akv_cli.refine_settings import RefineSettings
-    from akv_cli.refining import StoreLiveSource
+    from akv_cli.refining import RefinerProcess, StoreLiveSource
+    from akv_proxy.app import Refining
     from akv_proxy.access import ProxyAccess
     from akv_proxy.recorder import TraceRecorder
     from policy_dsl import CachePolicy
@@ -115,15 +116,14 @@ def proxy(
     access = _access(host, api_key, _upstream_key(upstream_api_key), max_body_bytes,
                      allow_unauthenticated_summaries, compiled.mode)
     recorder = _recorder(record, db) if record is not None else None
-    source, live = (_live(record, db, compiled, text) if settings is not None else (None, None))
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
-    served = compiled if live is None else live[0]
+    served, live = _live(record, db, compiled, text) if settings is not None else (compiled, None)
     app = create_proxy_app(served, upstream, shared_tokenizer(), timeout_s=timeout, recorder=recorder,
-                           access=access, live=live[1] if live is not None else None)
+                           access=access, live=live)
     recording = f", recording to trace set {record}" if record is not None else ""
-    refiner = _start_refiner(record, db, settings, source) if settings is not None else None
-    refining = f", refining (live entry #{live[1].entry})" if live is not None else ""
+    refining = f", refining (live entry #{live.entry})" if live is not None else ""
+    refiner = _start_refiner(record, db, settings, live.source) if live is not None else None
     try:
         ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
             f"AKV proxy ready at {url} (policy {served.name}, {served.mode} mode, upstream {upstream}"
@@ -153,8 +153,8 @@ def _settings(flags: dict, config: Path | None) -> RefineSettings:
     return settings
 
 
-def _live(record: str, db: str | None, compiled: CachePolicy, text: str) -> tuple[StoreLiveSource, tuple]:
-    """The store's live source for trace set `record` and (the policy to serve, the app's Refining).
+def _live(record: str, db: str | None, compiled: CachePolicy, text: str) -> tuple[CachePolicy, Refining]:
+    """(the policy to serve, the app's Refining: the store's live source for trace set `record`).
 
     A proxy started again with the policy of its last start goes on with the live policy (promoted
     or rolled back since); another policy is a new start and becomes live. Either is said on stderr.
@@ -182,10 +182,10 @@ def _live(record: str, db: str | None, compiled: CachePolicy, text: str) -> tupl
         typer.echo(f"refining: trace set {record} goes on with its live policy {entry.name} (entry #{entry.id}, "
                    f"{entry.kind}), not --policy {compiled.name}, which it started from; "
                    f"`akv proxy policies {record}` lists them", err=True)
-    return source, (served, Refining(source, entry.id))
+    return served, Refining(source, entry.id)
 
 
-def _start_refiner(record: str, db: str | None, settings: RefineSettings, source: StoreLiveSource) -> object:
+def _start_refiner(record: str, db: str | None, settings: RefineSettings, source: StoreLiveSource) -> RefinerProcess:
     from akv_cli.refining import RefinerProcess
     from akv_core.server.runner import log_to_stderr
     from store.database import default_url

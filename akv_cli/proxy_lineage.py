@@ -65,8 +65,9 @@ def status(name: str = typer.Argument(..., help=NAME_HELP),
                  "served it: akv proxy --record NAME --refine)")
         rounds, totals, skipped = store.live.rounds(name), store.live.totals(name), store.live.skipped(name)
         if as_json:
+            since = live.created_at.isoformat()
             typer.echo(json.dumps({"trace_set": name, "live": {"entry": live.id, "policy": live.name,
-                                                                "kind": live.kind, "since": live.created_at.isoformat()},
+                                                                "kind": live.kind, "since": since},
                                    "rounds": [_round_json(r) for r in rounds],
                                    "policies": [_totals_json(t) for t in totals],
                                    "skipped": [{"trace": c.trace_id, "reason": c.skipped} for c in skipped]}))
@@ -155,7 +156,7 @@ def _round_json(r: Any) -> dict[str, Any]:
 def _totals_json(t: Any) -> dict[str, Any]:
     return {"policy": t.policy, "conversations": t.conversations, "requests": t.requests, "cost_usd": t.cost_usd,
             "expert_cost_usd": t.expert_cost_usd, "full_cost_usd": t.full_cost_usd, "lost_reuses": t.lost_reuses,
-            "at_risk_reuses": t.at_risk_reuses, "drops": t.drops, "repositions": t.repositions, "skipped": t.skipped}
+            "reuses": t.reuses, "drops": t.drops, "repositions": t.repositions, "skipped": t.skipped}
 
 
 # ---- printing ------------------------------------------------------------------------------------------

@@ -109,7 +109,8 @@ def _file_settings(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     if not isinstance(block, dict):
         raise SettingsError(f"{path}:{_line(node, 'refine')}: refine: expected a mapping of settings")
     refine = next((v for k, v in node.value if k.value == "refine"), None) if node is not None else None
-    lines = {str(k.value): k.start_mark.line + 1 for k, _ in refine.value} if isinstance(refine, yaml.MappingNode) else {}
+    keys = refine.value if isinstance(refine, yaml.MappingNode) else []
+    lines = {str(k.value): k.start_mark.line + 1 for k, _ in keys}
     return block, lines
 
 

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -70,6 +71,7 @@ def refiner_main(config: RefinerConfig) -> None:
     os.environ["AKV_DB"] = config.db_url  # the frozen windows are suites of this store, for every process
     log_to_stderr("info")
     exit_with_parent(config.parent_pid)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # asked to stop: a clean exit, not started again
     try:
         Refiner(config).run_forever()
     except KeyboardInterrupt:
@@ -233,7 +235,8 @@ class Refiner:
             self._stopped(run_name, f"timed out after {self.settings.timeout:g} s (akv proxy --refine-timeout)")
             return "timed_out", f"the evolution ran past {self.settings.timeout:g} s and was stopped (log: {log_path})"
         if process.exitcode != 0:
-            return "failed", f"akv evolve ended with status {process.exitcode}: {_last_error(log_path)} (log: {log_path})"
+            return "failed", (f"akv evolve ended with status {process.exitcode}: {_last_error(log_path)} "
+                              f"(log: {log_path})")
         return None
 
     def _stopped(self, run_name: str, detail: str) -> None:
@@ -293,12 +296,16 @@ class Refiner:
             verdict = figures.get(reference) or {}
             if verdict:
                 lines.append(f"{reference.replace('_', ' ')}: cost {verdict.get('cost_percent', 0):+.1f}% "
-                             f"(Holm p {verdict.get('cost_p_holm', 1):.3g}), score {100 * verdict.get('score_delta', 0):+.1f} "
-                             f"points (lower bound {100 * verdict.get('score_low', 0):+.1f}), {verdict.get('n', 0)} "
-                             "held-out conversations")
+                             f"(Holm p {verdict.get('cost_p_holm', 1):.3g}), "
+                             f"score {100 * verdict.get('score_delta', 0):+.1f} points "
+                             f"(lower bound {100 * verdict.get('score_low', 0):+.1f}), "
+                             f"{verdict.get('n', 0)} held-out conversations")
         lines += ["", savings_text(self._store().live.totals(self.name))]
         path = data_path("reports", round_.run_name, "refinement.txt")
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        except OSError as err:  # the round is stored already; the file is a copy for reading
+            log.warning("round %d: cannot write %s: %s", round_.number, path, err.strerror)
 
     def _prune_windows(self) -> None:
         store = self._store()

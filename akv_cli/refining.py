@@ -23,7 +23,8 @@ log = logging.getLogger("akv.refine")
 
 
 class RefinerProcess:
-    """The refiner of one trace set, a child process, started again after it dies (with backoff)."""
+    """The refiner of one trace set, a child process, started again after it dies (with backoff); one
+    asked to stop (SIGTERM: an exit status 0) is not."""
 
     def __init__(self, set_name: str, db_url: str, settings: RefineSettings) -> None:
         self.config = RefinerConfig(set_name, db_url, settings, os.getpid())
@@ -54,6 +55,10 @@ class RefinerProcess:
             if self.process.is_alive() or self._stopping.is_set():
                 continue
             code = self.process.exitcode
+            if code == 0:  # it was asked to stop (SIGTERM)
+                log.warning("refiner of trace set %s stopped; the proxy serves on, refining again when it is "
+                            "started again", self.config.set_name)
+                return
             how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             log.warning("refiner of trace set %s ended (%s); starting it again in %g s (the live policy is "
                         "unchanged)", self.config.set_name, how, delay)

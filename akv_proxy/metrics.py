@@ -115,28 +115,33 @@ class RefineMetrics:
     @staticmethod
     def _savings(lines: list[str], state: LiveState) -> None:
         rows = state.savings
-        policy = lambda s: ("policy", s.policy)  # noqa: E731 - the label of every sample below
         _samples(lines, "akv_proxy_policy_conversations", "Finished conversations measured, by the policy that "
-                 "served them (replayed on the replay backend).", "gauge", {(policy(s),): s.conversations for s in rows})
+                 "served them (replayed on the replay backend).", "gauge",
+                 {(_policy(s),): s.conversations for s in rows})
         _samples(lines, "akv_proxy_policy_conversations_skipped", "Finished conversations that could not be "
-                 "measured (bad content; the refiner logs why).", "gauge", {(policy(s),): s.skipped for s in rows})
+                 "measured (bad content; the refiner logs why).", "gauge", {(_policy(s),): s.skipped for s in rows})
         _samples(lines, "akv_proxy_policy_cost_usd", "What the measured conversations cost, replayed under the "
                  "policy that served them and, counterfactually, under the expert and full.", "gauge",
-                 {(policy(s), ("under", under)): round(cost, 9) for s in rows for under, cost in
+                 {(_policy(s), ("under", under)): round(cost, 9) for s in rows for under, cost in
                   (("policy", s.cost_usd), ("expert", s.expert_cost_usd), ("full", s.full_cost_usd))})
-        _samples(lines, "akv_proxy_policy_lost_reuses_per_conversation", "At-risk reuses the policy hid from the "
-                 "model, per measured conversation.", "gauge",
-                 {(policy(s),): round(s.lost_reuses / s.conversations, 6) for s in rows if s.conversations})
+        _samples(lines, "akv_proxy_policy_lost_reuses_per_conversation", "Reuses the policy hid from the model "
+                 "(the fidelity score's lost reuses), per measured conversation.", "gauge",
+                 {(_policy(s),): round(s.lost_reuses / s.conversations, 6) for s in rows if s.conversations})
         _samples(lines, "akv_proxy_policy_drops", "Messages the policy dropped in its measured conversations.",
-                 "gauge", {(policy(s),): s.drops for s in rows})
+                 "gauge", {(_policy(s),): s.drops for s in rows})
         _samples(lines, "akv_proxy_policy_repositions", "Repositions the policy made in its measured conversations.",
-                 "gauge", {(policy(s),): s.repositions for s in rows})
+                 "gauge", {(_policy(s),): s.repositions for s in rows})
 
 
 def _counter(lines: list[str], name: str, help_text: str, label: str | None, values: Mapping[str, int]) -> None:
     lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
     for key, value in sorted(values.items()):
         lines.append(f'{name}{{{label}="{_escape(key)}"}} {value}' if label else f"{name} {value}")
+
+
+def _policy(savings: Any) -> tuple[str, str]:
+    """The label of a per-policy sample."""
+    return ("policy", savings.policy)
 
 
 def _samples(lines: list[str], name: str, help_text: str, kind: str,

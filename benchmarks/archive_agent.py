@@ -62,9 +62,9 @@ class Agent:
         call = {"id": f"call_{self.seed}_{len(self.replies) - 1}", "type": "function",
                 "function": {"name": "lookup", "arguments": json.dumps({"ref": self.ref})}}
         looked_up, self.ref, clerk = self.ref, reference(self.rng), f"C-{self.rng.randrange(1000, 9999)}"
+        record = f"Record {looked_up}: {FILLER * self.filler}Signed by {clerk}. Next: {self.ref}."
         self.messages += [{"role": "assistant", "content": text, "tool_calls": [call]},
-                          {"role": "tool", "tool_call_id": call["id"], "name": "lookup",
-                           "content": f"Record {looked_up}: {FILLER * self.filler}Signed by {clerk}. Next: {self.ref}."}]
+                          {"role": "tool", "tool_call_id": call["id"], "name": "lookup", "content": record}]
 
 
 def conversation(client: httpx.Client, seed: int, steps: int = 6) -> list[httpx.Response]:

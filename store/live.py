@@ -183,7 +183,7 @@ class LivePolicies:
             for cost in costs:
                 row = known.get(cost.trace_id) or ConversationSavings(set_name=set_name, trace_id=cost.trace_id)
                 for field in ("digest", "policy", "requests", "cost_usd", "expert_cost_usd", "full_cost_usd",
-                              "lost_reuses", "at_risk_reuses", "drops", "repositions", "skipped"):
+                              "lost_reuses", "reuses", "drops", "repositions", "skipped"):
                     setattr(row, field, getattr(cost, field))
                 row.measured_at = utcnow()
                 s.add(row)
@@ -197,7 +197,7 @@ class LivePolicies:
                 c.policy, func.count(c.id).filter(measured), func.coalesce(func.sum(c.requests), 0),
                 func.coalesce(func.sum(c.cost_usd), 0.0), func.coalesce(func.sum(c.expert_cost_usd), 0.0),
                 func.coalesce(func.sum(c.full_cost_usd), 0.0), func.coalesce(func.sum(c.lost_reuses), 0),
-                func.coalesce(func.sum(c.at_risk_reuses), 0), func.coalesce(func.sum(c.drops), 0),
+                func.coalesce(func.sum(c.reuses), 0), func.coalesce(func.sum(c.drops), 0),
                 func.coalesce(func.sum(c.repositions), 0), func.count(c.id).filter(c.skipped.is_not(None)),
             ).where(c.set_name == set_name).group_by(c.policy).order_by(c.policy)).all()
         return [PolicyTotals(r[0], int(r[1]), int(r[2]), float(r[3]), float(r[4]), float(r[5]), int(r[6]), int(r[7]),

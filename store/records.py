@@ -217,7 +217,7 @@ class ConversationCost:
     expert_cost_usd: float = 0.0
     full_cost_usd: float = 0.0
     lost_reuses: int = 0
-    at_risk_reuses: int = 0
+    reuses: int = 0  # the reuses its fidelity score counts (lost_reuses of them were hidden)
     drops: int = 0
     repositions: int = 0
     skipped: str | None = None  # why it could not be measured; the figures are then zero
@@ -234,7 +234,7 @@ class PolicyTotals:
     expert_cost_usd: float
     full_cost_usd: float
     lost_reuses: int
-    at_risk_reuses: int
+    reuses: int
     drops: int
     repositions: int
     skipped: int  # conversations that could not be measured

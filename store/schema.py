@@ -312,7 +312,7 @@ class ConversationSavings(Base):
     expert_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     full_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     lost_reuses: Mapped[int] = mapped_column(Integer, default=0)
-    at_risk_reuses: Mapped[int] = mapped_column(Integer, default=0)
+    reuses: Mapped[int] = mapped_column(Integer, default=0)
     drops: Mapped[int] = mapped_column(Integer, default=0)
     repositions: Mapped[int] = mapped_column(Integer, default=0)
     skipped: Mapped[Optional[str]] = mapped_column(Text, nullable=True)

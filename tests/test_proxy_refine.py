@@ -146,8 +146,17 @@ def test_a_config_file_s_refine_block_is_checked_with_its_lines_and_flags_win(tm
     with pytest.raises(SettingsError, match="expected a mapping with one key, refine; 'listen' is not"):
         config.write_text("listen: 1\n")
         refine_settings({}, config)
-    needs_record = CliRunner().invoke(cli, ["proxy", "--policy", "full", "--upstream", "http://127.0.0.1:9", "--refine"])
+    needs_record = CliRunner().invoke(cli, ["proxy", "--policy", "full", "--upstream", "http://127.0.0.1:9",
+                                            "--refine"])
     assert needs_record.exit_code == 2 and needs_record.output.startswith("error: --refine: needs --record NAME")
+
+
+@pytest.mark.parametrize("command", [["policies", "archive"], ["status", "archive"], ["rollback", "archive"],
+                                     ["rollback", "archive", "--to", "7"]], ids=" ".join)
+def test_lineage_commands_on_a_set_no_refining_proxy_served_exit_2_naming_it(command, db_url) -> None:
+    result = CliRunner().invoke(cli, ["proxy", *command, "--db", db_url])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.startswith("error: NAME: trace set 'archive' has no live policy in sqlite:///")
 
 
 # ---- the refiner's parts -------------------------------------------------------------------------------
@@ -158,7 +167,7 @@ def test_a_conversation_is_measured_under_its_policy_the_expert_and_full_and_bad
     cost = conversation_cost(suite, traces[0], "archive.r1#5", compile_policy(parse(LATEST), name="archive.r1#5"))
     assert cost.skipped is None and cost.requests == 7 and cost.full_cost_usd == cost.expert_cost_usd
     assert cost.cost_usd < cost.full_cost_usd and (cost.drops, cost.repositions) == (5, 5)
-    assert (cost.lost_reuses, cost.at_risk_reuses) == (0, 5)  # each later lookup repeats the latest record's reference
+    assert (cost.lost_reuses, cost.reuses) == (0, 5)  # each later lookup repeats the latest record's reference
     untouched = conversation_cost(suite, traces[0], "full", load_policy("full"))
     assert untouched.cost_usd == untouched.full_cost_usd and untouched.drops == 0
     orphan = Trace("archive-99999", ({"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "x",

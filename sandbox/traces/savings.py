@@ -5,8 +5,8 @@ Its refiner replays every finished conversation three times on the replay backen
 own accounting, one fresh cache per run): under the policy that served it, under the expert (the
 trace suite's `baselines["expert"]`, the paper's keep-12) and under `full` (no drop), the agent
 sending the recorded messages (`TraceAgent`). The same accounting on the same requests, so the
-three costs compare; the served policy's fidelity gives the at-risk reuses it hid (lost), and the
-last request it sent its drops (messages hidden) and repositions.
+three costs compare; the served policy's fidelity gives the reuses it hid (lost, of those the
+score counts), and the last request it sent its drops (messages hidden) and repositions.
 
 A conversation that cannot be replayed (bad content: a tool message that answers no call, no
 assistant message; a replay that errs) is skipped with the reason, never measured halfway.
@@ -18,7 +18,7 @@ from typing import Any
 from store.records import ConversationCost
 
 from sandbox.traces.model import Trace, TraceError, check_trace
-from sandbox.traces.suite import TraceSuite, split_of
+from sandbox.traces.suite import SPLITS, TraceSuite
 
 
 def served_policy(trace: Trace) -> str | None:
@@ -44,12 +44,12 @@ def bad_content(trace: Trace) -> str | None:
 def conversation_cost(suite: TraceSuite, trace: Trace, name: str, policy: Any) -> ConversationCost:
     """The conversation `trace` of `suite` replayed under `policy` (named `name`), the expert and `full`."""
     from sandbox.backends.replay import ReplayBackend
-    from sandbox.runs.harness import resolve_policy, run_task, select_tasks
+    from sandbox.runs.harness import resolve_policy, run_task
 
     problem = bad_content(trace)
     if problem is not None:
         return skipped(trace, name, problem)
-    [task] = select_tasks(suite, split_of(trace.id, suite.seed), [trace.id])
+    task = next(t for split in SPLITS for t in suite.tasks(split) if t.id == trace.id)
     results = {}
     for role, contender in (("policy", policy), ("expert", resolve_policy(suite.baselines["expert"])),
                             ("full", resolve_policy("full"))):
@@ -58,11 +58,11 @@ def conversation_cost(suite: TraceSuite, trace: Trace, name: str, policy: Any) -
             return skipped(trace, name, f"its replay under {role} failed: {result.reason}")
         results[role] = (result, trajectory)
     served, trajectory = results["policy"]
-    at_risk = suite.at_risk_reuses(trace.id)
+    reuses = suite.at_risk_reuses(trace.id)  # the fidelity score's denominator
     drops, repositions = _operations(trajectory)
     return ConversationCost(trace.id, trace.digest(), name, served.n_requests, served.cost_usd,
                             results["expert"][0].cost_usd, results["full"][0].cost_usd,
-                            round((1.0 - served.score) * at_risk), at_risk, drops, repositions)
+                            round((1.0 - served.score) * reuses), reuses, drops, repositions)
 
 
 def _operations(trajectory: Any) -> tuple[int, int]:

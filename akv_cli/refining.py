@@ -14,9 +14,9 @@ import os
 import threading
 from typing import Any
 
-from akv_proxy.live import LiveState
 from akv_cli.refine_settings import RefineSettings
 from akv_cli.refiner import RefinerConfig, refiner_main
+from akv_proxy.live import LiveState
 
 RESTART_S = (5.0, 300.0)  # a refiner that died is started again after 5 s, doubling up to 5 min
 log = logging.getLogger("akv.refine")

@@ -31,7 +31,7 @@ from akv_core.server.guard import Guard
 from policy_dsl import CachePolicy, PolicyError, compile_policy, parse
 
 from akv_proxy.access import ProxyAccess, RefusedSummaries, SummariesRefused
-from akv_proxy.live import LiveSource, LiveState, Policies
+from akv_proxy.live import LiveSource, LiveState, Policies, ServedPolicy
 from akv_proxy.metrics import ProxyMetrics, RefineMetrics
 from akv_proxy.recorder import StreamedReply, TraceRecorder, first_line
 from akv_proxy.step import Applied, RequestError, SummaryClient
@@ -164,10 +164,17 @@ class Proxy:
         known = {live.name: live}
         for history, name in self.recorder.under_way(RESUMED_CONVERSATIONS):
             if name not in known:
-                text = self.live.source.text_of(name)
-                known[name] = None if text is None else self.policies.serving(name, _compiled(text, name))
+                known[name] = self._served(name)
             if known[name] is not None and name != live.name:
                 self.policies.remember(history, known[name])
+
+    def _served(self, name: str) -> ServedPolicy | None:
+        """The lineage's policy `name`, ready to serve (None when its text is unknown or does not compile)."""
+        text = self.live.source.text_of(name)
+        try:
+            return None if text is None else self.policies.serving(name, _compiled(text, name))
+        except PolicyError:
+            return None
 
     async def watch(self) -> None:
         """Poll the live source off the request path; a change is taken up by new conversations."""

@@ -267,6 +267,34 @@ def test_an_unreachable_store_leaves_the_proxy_serving_its_live_policy_and_a_pro
 
 @pytest.mark.server
 @pytest.mark.model
+def test_a_restarted_proxy_keeps_the_policy_of_a_conversation_under_way_and_gives_new_ones_the_live_one(
+        server, db_url) -> None:
+    start = in_store(db_url, lambda s: s.live.start("archive", "full", "mode kv\n")[0])
+    promoted = in_store(db_url, lambda s: s.live.promote("archive", start.id, "archive.r1#5", LATEST, "archive.r1",
+                                                         5, {}, "crowned"))
+
+    def refining_proxy() -> Any:
+        source = StoreLiveSource(db_url, "archive")
+        entry, _ = source.start("full", "mode kv\n")  # the same command line: the live policy goes on
+        policy = compile_policy(parse(entry.text), name=entry.name)
+        return serve_in_thread(create_proxy_app(policy, server.url, shared_tokenizer(), timeout_s=120.0,
+                                                recorder=TraceRecorder(TraceSetRecording(db_url, "archive")),
+                                                live=Refining(source, entry.id, poll_s=0.1)))
+
+    with refining_proxy() as url, httpx.Client(base_url=url, timeout=120) as client:
+        under_way = Agent(client, 50)
+        assert [under_way.step().headers["x-akv-policy"] for _ in range(2)] == [promoted.name] * 2
+        settled(url, recorded=2)
+    in_store(db_url, lambda s: s.live.rollback("archive"))
+    with refining_proxy() as url, httpx.Client(base_url=url, timeout=120) as client:
+        under_way.client = client
+        assert under_way.step().headers["x-akv-policy"] == promoted.name  # it started on it
+        assert Agent(client, 51).step().headers["x-akv-policy"] == "full"  # the live one after the rollback
+    server.check_idle_and_intact()
+
+
+@pytest.mark.server
+@pytest.mark.model
 @pytest.mark.slow
 def test_the_refining_proxy_promotes_a_proven_winner_outlives_a_killed_refiner_and_rolls_back(
         server, db_url, tmp_path) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from akv_cli import proxy_lineage
 from akv_cli.errors import fail
-from akv_cli.options import DB_HELP
+from akv_cli.options import DB_HELP, key_option
 
 if TYPE_CHECKING:
     from akv_cli.refine_settings import RefineSettings
@@ -113,6 +113,8 @@ def proxy(
     settings = _settings(flags, config) if refine or config is not None else None
     if settings is not None and record is None:
         fail("--refine: needs --record NAME, the trace set whose traffic it evolves on")
+    api_key = key_option(api_key, "AKV_PROXY_API_KEY", "--api-key")
+    upstream_api_key = key_option(upstream_api_key, "AKV_UPSTREAM_API_KEY", "--upstream-api-key")
     access = _access(host, api_key, _upstream_key(upstream_api_key), max_body_bytes,
                      allow_unauthenticated_summaries, compiled.mode)
     recorder = _recorder(record, db) if record is not None else None
@@ -202,8 +204,10 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _upstream_key(given: str | None) -> str | None:
-    """--upstream-api-key (or AKV_UPSTREAM_API_KEY), else the deprecated AKV_API_KEY, with one warning line."""
-    if given is None and os.environ.get("AKV_API_KEY"):
+    """--upstream-api-key (or AKV_UPSTREAM_API_KEY), else the deprecated AKV_API_KEY, with one warning line
+    (set but empty, it is refused like an empty --upstream-api-key)."""
+    if given is None and os.environ.get("AKV_API_KEY") is not None:
+        key_option(None, "AKV_API_KEY", "--upstream-api-key")
         typer.echo("warning: AKV_API_KEY is deprecated as the proxy's upstream key; set AKV_UPSTREAM_API_KEY "
                    "(or --upstream-api-key) instead", err=True)
         return os.environ["AKV_API_KEY"]

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
-from akv_cli.errors import fail
+from akv_cli.errors import VERDICT, fail
+from akv_cli.options import key_option
 from akv_core.model.precisions import PRECISIONS
 
 
@@ -36,6 +38,9 @@ API_KEY_HELP = ("Require the header `Authorization: Bearer KEY` on every request
                 "(default: none, anyone who can connect may call; docs/server.md, Running exposed).")
 MAX_BODY_HELP = ("Refuse request bodies over this many bytes with a 413 (default: 1 KiB per token of the "
                  "served context, room for the longest history it holds: 8 MiB at 8,192 tokens).")
+CHECK_HELP = ("Check everything serving needs (the model, the options, the port) and load the model, print the "
+              "kernels it would run on, then exit without serving: 0, or 1 where something has a fix (C kernels "
+              "refused: the reason and the fix are printed).")
 ROPE_SCALING_HELP = ("Stretch RoPE past the trained context: yarn, linear, KIND:FACTOR (yarn:4) or none; "
                      "without a factor it is --context over the trained context (default: none; docs/server.md).")
 
@@ -62,6 +67,7 @@ def serve(
                                        "warning and error only problems."),
     api_key: str | None = typer.Option(None, envvar="AKV_SERVE_API_KEY", help=API_KEY_HELP),
     max_body_bytes: int | None = typer.Option(None, min=1, help=MAX_BODY_HELP),
+    check: bool = typer.Option(False, "--check", help=CHECK_HELP),
 ) -> None:
     """Serve POST /v1/chat/completions with drop_message / reposition, plus /health, /v1/models, /metrics."""
     # Heavy imports here so that `akv --help` stays fast.
@@ -74,6 +80,7 @@ def serve(
     except ModelNotFoundError as error:
         fail(str(error))
     _check_context(model, context, rope_scaling)
+    api_key = key_option(api_key, "AKV_SERVE_API_KEY", "--api-key")
     _check_access(host, api_key)
     if not can_bind(host, port):
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
@@ -82,14 +89,29 @@ def serve(
     engine = _load_engine(model, chosen, kv_tokens, max_running, precision.value, prefill_chunk,
                           context, rope_scaling)
     name = EMBEDDED_NAME if model.lower() == EMBEDDED_NAME else Path(located.path).stem
+    if check:
+        _report_check(engine, name, chosen, host, port)
     app = create_app(engine, name, aliases=frozenset({model}), api_key=api_key, max_body_bytes=max_body_bytes)
-    # The prompts' product and attention kernels (akv_core.model.prefill).
-    prefill = getattr(engine.model, "prefill_path", None)
-    attention = getattr(engine.model, "prefill_attention", None)
     ready = serve_forever(app, host, port, on_ready=lambda url: typer.echo(
-        f"AKV server ready at {url} (prefill: {prefill}; attention: {attention})"), log_level=log_level.value)
+        f"AKV server ready at {url} ({kernels_line(engine.model)})"), log_level=log_level.value)
     if not ready:
         fail(f"cannot listen on {host}:{port} (is the port taken?)")
+
+
+def kernels_line(model: object) -> str:
+    """What the model runs on, for the start-up line and --check: the prompts' product and attention kernels
+    (akv_core.model.prefill), and where the C kernels were refused, why and the fix."""
+    line = f"prefill: {getattr(model, 'prefill_path', None)}; attention: {getattr(model, 'prefill_attention', None)}"
+    refusal = getattr(model, "kernels_refusal", None)
+    return line if refusal is None else f"{line}; C kernels not loaded: {refusal}"
+
+
+def _report_check(engine: object, name: str, device: str, host: str, port: int) -> NoReturn:
+    """--check: the line the server would start with, then exit 0, or 1 where a refusal has a fix."""
+    model = getattr(engine, "model", None)
+    typer.echo(f"akv serve would serve {name} on {device} at {host}:{port} ({kernels_line(model)})")
+    refusal = getattr(model, "kernels_refusal", None)
+    raise typer.Exit(VERDICT if refusal is not None and refusal.fix is not None else 0)
 
 
 def _check_access(host: str, api_key: str | None) -> None:

@@ -12,10 +12,13 @@ from akv_cli.options import DB_HELP
 from akv_cli.runs import _with_store
 
 traces_app = typer.Typer(help="Recorded agent runs (traces): import, list, show, export.", no_args_is_help=True)
-FORMAT_HELP = ("openai (chat JSON Lines), swe-agent (.traj), mini-swe-agent (.traj.json), akv (this "
-               "project's own JSON Lines: `akv traces export`, `akv proxy --record`) or akv-run (a trajectory "
-               "of `akv run`: trajectories/<task>.jsonl; kv policies only) (default: detected from each "
-               "file's name and content).")
+FORMAT_HELP = ("The format of every FILE (default: detected from each file's content): openai (chat JSON Lines, "
+               "gateway logs), messages (one JSON list of messages), swe-agent (.traj), mini-swe-agent (.traj.json, "
+               "1.x and 2.x), tau-bench (a results array of runs), openhands (event streams, evaluation "
+               "output.jsonl), anthropic (Messages API requests and replies), claude-code (session logs), adp "
+               "(Agent Data Protocol trajectories), otel (OpenTelemetry GenAI spans), akv (`akv traces export`, "
+               "`akv proxy --record`) or akv-run (a trajectory of `akv run`; kv policies only). docs/traces.md "
+               "lists them.")
 
 
 def register(app: typer.Typer) -> None:
@@ -27,31 +30,44 @@ def import_traces(files: list[Path] = typer.Argument(..., help="Files to read, a
                   name: str = typer.Option(..., "--name", help="The trace set (created, or added to); "
                                            "it is a suite of that name."),
                   format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+                  actions: Optional[str] = typer.Option(None, "--actions", help="text: the agents act in fenced "
+                                                        "blocks answered by user messages (scored in tool-call "
+                                                        "form); tools: they do not (default: detected per trace)."),
+                  id_from: str = typer.Option("auto", "--id-from", help="field: each trace's own id; path: its "
+                                              "file's folder and name; auto: the own id, or the path one when "
+                                              "another file's run holds it (docs/traces.md, Ids)."),
+                  id_prefix: str = typer.Option("", "--id-prefix", help="Put this before every imported id."),
                   db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
-    """Add the traces of FILE... to a trace set, all or nothing (one transaction)."""
+    """Add the traces of FILE... to a trace set, all or nothing (one transaction), one file at a time."""
     from sandbox.suites import suite_entries
-    from sandbox.traces.formats import read_traces
+    from sandbox.traces.importing import IdOptions, TraceImport
     from sandbox.traces.model import TraceError
-    from sandbox.traces.records import check_set_name, stored_of
+    from sandbox.traces.records import check_set_name
     from sandbox.traces.suite import split_of
 
     try:
         check_set_name(name, {e.name for e in suite_entries() if not e.target.startswith("sandbox.traces.")},
                        "--name")
-        traces = [t for path in files for t in read_traces(path, format)]
-    except (TraceError, ValueError, OSError) as err:
+        for path in files:
+            if not path.is_file():
+                raise ValueError(f"{path}:1: no such file: expected a trace file")
+    except ValueError as err:
         fail(str(err))
-    ids = [t.id for t in traces]
-    twice = next((i for i in ids if ids.count(i) > 1), None)
-    if twice is not None:
-        fail(f"trace id {twice!r} appears more than once in the files: ids name one run each")
 
     def body(store: Any) -> None:
-        added, unchanged = store.traces.add(name, [stored_of(t) for t in traces])
-        splits = [split_of(t.id) for t in traces]
-        typer.echo(f"{name}: {added} traces added, {unchanged} unchanged; {sum(len(t.requests) for t in traces)} "
-                   f"requests; {splits.count('train')} train, {splits.count('heldout')} heldout "
-                   f"(use it as --suite {name})")
+        try:
+            importing = TraceImport(files, store.traces.held(name), format, actions, IdOptions(id_from, id_prefix))
+            added, unchanged = store.traces.add(name, importing.records())
+        except (TraceError, ValueError) as err:
+            fail(str(err))
+        report = importing.report
+        for line in report.notes:
+            typer.echo(f"note: {line}", err=True)
+        for line in report.warnings:
+            typer.echo(f"warning: {line}", err=True)
+        splits = [split_of(key) for key in report.split_keys]
+        typer.echo(f"{name}: {added} traces added, {unchanged} unchanged; {report.requests} requests; "
+                   f"{splits.count('train')} train, {splits.count('heldout')} heldout (use it as --suite {name})")
     _with_store(db, body)
 
 
@@ -85,7 +101,8 @@ def show_set(name: str = typer.Argument(..., help="The trace set."),
                                             "the table of every trace)."),
              db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP),
              json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    """A set's traces (id, split, messages, requests, tool results, characters, source), or one trace."""
+    """A set's traces (id, split, messages, requests, tool results as scored, characters, format, model,
+    outcome), or one trace."""
     from sandbox.traces.records import trace_of
 
     def body(store: Any) -> None:
@@ -101,14 +118,34 @@ def show_set(name: str = typer.Argument(..., help="The trace set."),
 
 
 def _summary(trace: Any) -> dict[str, Any]:
+    """A trace's row: what is scored (tool results counted in tool-call form, as the suite replays
+    it), where it came from and its metadata."""
     from akv_core.chat import content_text
 
-    from sandbox.traces.suite import split_of
+    from sandbox.traces.actions import as_tool_calls
+    from sandbox.traces.suite import split_key, split_of
 
-    return {"id": trace.id, "split": split_of(trace.id), "messages": len(trace.messages),
-            "requests": len(trace.requests), "tool_results": sum(m.get("role") == "tool" for m in trace.messages),
+    scored = as_tool_calls(trace)
+    return {"id": trace.id, "split": split_of(split_key(trace)), "messages": len(trace.messages),
+            "requests": len(trace.requests), "tool_results": sum(m.get("role") == "tool" for m in scored.messages),
             "chars": sum(len(content_text(m)) for m in trace.messages), "actions": trace.actions,
-            "format": trace.provenance.get("format", ""), "provenance": dict(trace.provenance)}
+            "format": trace.provenance.get("format", ""),
+            "model": trace.metadata.get("model") or trace.provenance.get("model") or "",  # the proxy's: provenance
+            "outcome": _outcome(trace.metadata), "metadata": dict(trace.metadata),
+            "provenance": dict(trace.provenance)}
+
+
+def _outcome(metadata: Any) -> str:
+    """How the run ended, as short as the metadata says it: resolved, reward, else exit status."""
+    parts = []
+    if "resolved" in metadata:
+        parts.append("resolved" if metadata["resolved"] else "unresolved")
+    if "reward" in metadata:
+        parts.append(f"reward {metadata['reward']:g}" if isinstance(metadata["reward"], (int, float))
+                     else f"reward {metadata['reward']}")
+    if not parts and metadata.get("exit_status"):
+        parts.append(str(metadata["exit_status"]))
+    return ", ".join(parts)
 
 
 def _print_set(name: str, traces: list, json_out: bool) -> None:
@@ -122,9 +159,10 @@ def _print_set(name: str, traces: list, json_out: bool) -> None:
         return
     columns = [Column("id", keep=9), Column("split", keep=8), Column("messages", True, 7),
                Column("requests", True, 6), Column("tool results", True, 5), Column("chars", True, 4),
-               Column("actions", keep=2), Column("format", keep=3)]
+               Column("actions", keep=2), Column("format", keep=3), Column("model", keep=1),
+               Column("outcome", keep=1)]
     cells = [[r["id"], r["split"], str(r["messages"]), str(r["requests"]), str(r["tool_results"]),
-              str(r["chars"]), r["actions"], r["format"]] for r in rows]
+              str(r["chars"]), r["actions"], r["format"], r["model"], r["outcome"]] for r in rows]
     console = Console()
     console.print(fitted_table(columns, cells, console.width, title=f"{name}: {len(rows)} traces"))
 

@@ -7,9 +7,16 @@ engine calls `mask(logits_row)`, which sets every token the grammar forbids to -
 allowed only where the grammar accepts), and after it `advance(token)`, which says whether the
 grammar can go no further (the request then ends with finish reason "stop"). A request without a
 grammar runs no code of this module.
+
+A forced tool call (`tool_call_grammar`, a `CallGrammar`) also knows how many tokens are left:
+before each sampled token is taken, `keep_within(token, left)` checks that the call could still be
+closed after it (`akv_core.call_closing`); where it could not, the constraint writes the shortest
+closing instead, one token per step, and the request ends with finish reason "length" and a
+complete call whose arguments are valid JSON cut short.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import threading
 from collections import OrderedDict
@@ -21,12 +28,16 @@ import llguidance
 import numpy as np
 import torch
 
+from akv_core.call_closing import CallCloser
+
 # JSON output on one line with the usual separators: a flexible whitespace pattern lets a small
 # model emit blank lines forever instead of closing the object.
 JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("lark", "regex", "ebnf", "json_schema")
 # Compiled matchers kept per grammar: compiling a large grammar takes up to ~0.5 s, a copy 0.1 ms.
 CACHED_GRAMMARS = 16
+# The values a forced call's closing tries where its arguments are due one, shortest first (`CallConstraint`).
+CLOSING_VALUES = ('""', "0", "false", "[]", "{}", "null")
 
 
 class GrammarError(ValueError):
@@ -82,7 +93,15 @@ class Grammar:
             raise GrammarError(str(error).strip() or f"invalid {self.kind} grammar") from None
 
 
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = None) -> Grammar:
+@dataclass(frozen=True)
+class CallGrammar(Grammar):
+    """The grammar of a forced tool call, with the names it may call (in the order declared): the
+    engine closes such a call before its tokens run out (`CallConstraint`)."""
+
+    names: tuple[str, ...] = ()
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = None) -> CallGrammar:
     """One tool call in the chat renderer's format (`akv_core.chat`): `<tool_call>`, a line with
     `{"name": ..., "arguments": {...}}`, `</tool_call>`, nothing after it.
 
@@ -110,7 +129,8 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = Non
     schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": JSON_LAYOUT}
     if definitions:
         schema["$defs"] = definitions
-    return Grammar.lark('start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(schema))
+    text = 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(schema)
+    return CallGrammar("lark", text, tuple(call["properties"]["name"]["const"] for call in calls))
 
 
 def _arguments_schema(parameters: Any, prefix: str, definitions: dict[str, Any]) -> Any:
@@ -195,6 +215,16 @@ class TokenConstraint:
             raise GrammarError(f"grammar: the matcher failed at token {token}: {self.error}")
         return self._matcher.is_stopped()
 
+    def keep_within(self, token: int, left: int) -> int:
+        """The token to take, given the sampled `token` and the tokens `left` to the request (this
+        one included): `token` itself, but for a forced call (`CallConstraint`)."""
+        return token
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether the output was closed early because the tokens were running out."""
+        return False
+
     @property
     def error(self) -> str | None:
         """Why the matcher failed (a token outside the grammar, a resource limit), or None."""
@@ -205,6 +235,84 @@ class TokenConstraint:
     @property
     def accepting(self) -> bool:
         return self._matcher.is_accepting()
+
+
+class CallConstraint(TokenConstraint):
+    """A forced tool call's matcher that closes the call before the request's tokens run out.
+
+    Once a sampled token would leave too few tokens to close the call after it, the shortest closing
+    (`CallCloser.closing`, tokenized) is written instead, one token per step: the mask then allows
+    only its next token. The matcher follows the closing as far as the schema allows it (a closing
+    may skip a required property the model had not reached); past that point the JSON layout alone
+    decides, so the call stays valid JSON.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, tokenizer: llguidance.LLTokenizer,
+                 names: Sequence[str]) -> None:
+        super().__init__(matcher, vocab_size)
+        self._tokenizer = tokenizer
+        self._closer = CallCloser(names)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._closing: list[int] | None = None   # the closing's tokens still to write, once it began
+        self._following = True                   # the matcher took every closing token so far
+
+    def mask(self, logits: torch.Tensor) -> None:
+        if self._closing is None:
+            super().mask(logits)
+            return
+        row = logits.numpy()
+        row[:] = -np.inf
+        if self._closing:
+            row[self._closing[0]] = 0.0
+
+    def keep_within(self, token: int, left: int) -> int:
+        if self._closing is not None:
+            return token
+        after = self._closer.copy()
+        after.feed(self._text(token, self._decoder.getstate()))
+        closing = after.closing()
+        if closing is None or len(self._tokenizer.tokenize_str(closing)) <= left - 1:
+            return token
+        if not self._closer.closing():   # out of the call's layout, or already complete: nothing to close
+            return token
+        self._closing = self._closing_tokens(left)
+        return self._closing[0]
+
+    def advance(self, token: int) -> bool:
+        self._closer.feed(self._text(token))
+        if self._closing is None:
+            return super().advance(token)
+        if self._closing and token == self._closing[0]:
+            self._closing.pop(0)
+        if self._following and self._matcher.validate_tokens([token]) == 1:
+            self._matcher.consume_token(token)
+        else:
+            self._following = False
+        return not self._closing
+
+    @property
+    def cut_short(self) -> bool:
+        return self._closing is not None
+
+    def _closing_tokens(self, left: int) -> list[int]:
+        """The closing to write: with the first due value of CLOSING_VALUES that the grammar takes and
+        whose closing fits in `left` tokens (an empty string for a string property, a number for a
+        number...), else with `null`, which any JSON value may be."""
+        fallback = self._tokenizer.tokenize_str(self._closer.closing())
+        for value in CLOSING_VALUES:
+            tokens = self._tokenizer.tokenize_str(self._closer.closing(value))
+            if len(tokens) <= max(left, len(fallback)) and self._matcher.validate_tokens(tokens) == len(tokens):
+                return tokens
+        return fallback
+
+    def _text(self, token: int, state: tuple[bytes, int] | None = None) -> str:
+        """The token's text, decoded after the output so far (its state `state`: a decoder of its
+        own that leaves the output's decoder as it is)."""
+        decoder = self._decoder
+        if state is not None:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            decoder.setstate(state)
+        return decoder.decode(self._tokenizer.decode_bytes([token]))
 
 
 class Constrainer:
@@ -251,6 +359,8 @@ class Constrainer:
                 self._compiled[grammar] = template
                 while len(self._compiled) > CACHED_GRAMMARS:
                     self._compiled.popitem(last=False)
+        if isinstance(grammar, CallGrammar):
+            return CallConstraint(template.deep_copy(), self.vocab_size, self.tokenizer, grammar.names)
         return TokenConstraint(template.deep_copy(), self.vocab_size)
 
 

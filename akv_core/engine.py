@@ -364,6 +364,8 @@ class Engine:
         if request.constraint is not None:
             request.constraint.mask(logits)
         token = sample(logits, request.params.temperature, request.params.top_p, request.generator)
+        if request.constraint is not None:
+            token = request.constraint.keep_within(token, self._tokens_left(request))
         self._accept(request, token, None if scored is None else token_logprob(scored, token, request.top_logprobs))
 
     def _feed_continuation(self, request: Request) -> None:
@@ -571,12 +573,21 @@ class Engine:
         delta = request.stream.feed(token)
         event = RequestEvent(token, delta) if logprob is None else ScoredEvent(token, delta, logprob=logprob)
         request.handle.put(event)
-        if request.stream.stopped or grammar_done:
+        if grammar_done:   # a forced call closed because its tokens ran out was cut off all the same
+            self._finish(request, FINISH_LENGTH if request.constraint.cut_short else FINISH_STOP)
+        elif request.stream.stopped:
             self._finish(request, FINISH_STOP)
         elif len(request.generated) >= request.params.max_tokens:
             self._finish(request, FINISH_LENGTH)
         elif request.layout.end_position + len(request.generated) > self.context_length:
             self._finish(request, FINISH_LENGTH)   # the token would be fed past the context
+
+    def _tokens_left(self, request: Request) -> int:
+        """The tokens the request may still take, the next one included: up to max_tokens, and up to
+        the one fed at the end of the context (`_accept`)."""
+        generated = len(request.generated)
+        return min(request.params.max_tokens - generated,
+                   self.context_length - request.layout.end_position - generated + 1)
 
     def _finish(self, request: Request, reason: str) -> None:
         if (request.provenance is not None and request.attribution is None and request.generated

@@ -9,9 +9,14 @@ import os
 from pathlib import Path
 
 
+def home_path() -> Path:
+    """The data folder's path, not created (for lookups that must write nothing)."""
+    return Path(os.environ.get("AKV_HOME", ".akv")).expanduser()
+
+
 def akv_home() -> Path:
     """Return the data folder, creating it if needed."""
-    home = Path(os.environ.get("AKV_HOME", ".akv")).expanduser()
+    home = home_path()
     home.mkdir(parents=True, exist_ok=True)
     return home
 

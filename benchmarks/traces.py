@@ -2,9 +2,10 @@
 
 Each trace of a trace set is replayed under `full`, its hindsight oracle (each message dropped
 right after its last use, made from the `full` run), the expert (`expert`: the paper's keep-12
-window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard and any
+window), upstream's `keep-12`, `rolling-3`, `turn-based`, `token-based`, Standard, Text Engineering
+(the full-scale baselines `akv evolve` uses on a trace set: `TraceSuite.baselines`) and any
 `--policy`, on the replay backend (the engine's own accounting, one fresh cache per trace). Per
-policy: the mean fidelity score, the reuses lost out of the at-risk ones (`docs/traces.md`), the
+policy: the mean fidelity score, the reuses lost out of all (`docs/traces.md`), the
 cost per trace and its change against `full` and against the expert, and the seconds the
 policy's scoring took with the requests it replayed (the scoring speed).
 
@@ -31,9 +32,12 @@ from typing import Any
 
 from benchmarks.common import format_table
 from benchmarks.headroom import FULL, ORACLE, _built_suite, run_task_policies
+from sandbox.traces.suite import TraceSuite
 
-EXPERT = "expert"
-POLICIES = (FULL, EXPERT, "keep-12", "rolling-3", "turn-based", "token-based", "standard")
+EXPERT = TraceSuite.baselines["expert"]
+# Upstream's options, then every baseline `akv evolve` scores a trace set against (Standard, Text Engineering).
+POLICIES = tuple(dict.fromkeys((FULL, EXPERT, "keep-12", "rolling-3", "turn-based", "token-based",
+                                *TraceSuite.baselines.values())))
 SPLITS = ("train", "heldout")
 
 
@@ -67,7 +71,7 @@ def _measure(settings: Settings, progress: Any) -> dict[str, Any]:
     if settings.split not in ("all", *SPLITS):
         raise ValueError(f"--split: expected all, train or heldout, got {settings.split!r}")
     suite = _built_suite(settings.suite, settings.seed)
-    if not hasattr(suite, "at_risk_reuses"):
+    if not hasattr(suite, "scored_reuses"):
         raise ValueError(f"--suite: {settings.suite!r} is not a trace set (see `akv traces list`)")
     splits = SPLITS if settings.split == "all" else (settings.split,)
     tasks = [(split, task.id) for split in splits for task in select_tasks(suite, split)]
@@ -77,7 +81,7 @@ def _measure(settings: Settings, progress: Any) -> dict[str, Any]:
     for number, (split, task_id) in enumerate(tasks, 1):
         started = time.perf_counter()
         runs = run_task_policies(settings.suite, split, task_id, settings.policies(), settings.seed)
-        per_trace.append({"trace": task_id, "split": split, "at_risk": suite.at_risk_reuses(task_id),
+        per_trace.append({"trace": task_id, "split": split, "reuses": suite.scored_reuses(task_id),
                           "results": {name: {**r.to_dict(), "reason": r.reason} for name, r in runs.results.items()},
                           "oracle_same_actions": runs.same_actions, "oracle_unavailable": runs.unavailable})
         progress(f"{settings.suite} trace {number}/{len(tasks)}: {task_id} in {time.perf_counter() - started:.1f} s")
@@ -138,14 +142,14 @@ def synthetic_trace(trace_id: str, seed: int) -> Any:
 def _totals(name: str, per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One policy over the traces: score, lost reuses, cost and its changes, scoring seconds."""
     rows = [t["results"][name] for t in per_trace]
-    at_risk = sum(t["at_risk"] for t in per_trace)
-    lost = sum(round((1.0 - r["score"]) * t["at_risk"]) for r, t in zip(rows, per_trace))
+    reuses = sum(t["reuses"] for t in per_trace)
+    lost = sum(round((1.0 - r["score"]) * t["reuses"]) for r, t in zip(rows, per_trace))
     cost = sum(r["cost_usd"] for r in rows)
     full = sum(t["results"][FULL]["cost_usd"] for t in per_trace)
     expert = sum(t["results"][EXPERT]["cost_usd"] for t in per_trace) if EXPERT in per_trace[0]["results"] else 0.0
     seconds = sum(r["wall_s"] for r in rows)
     return {"policy": name, "score": round(sum(r["score"] for r in rows) / len(rows), 4),
-            "lost_reuses": lost, "at_risk_reuses": at_risk, "errors": sum(r["status"] == "error" for r in rows),
+            "lost_reuses": lost, "reuses": reuses, "errors": sum(r["status"] == "error" for r in rows),
             "cost_usd": round(cost / len(rows), 9),
             "vs_full_pct": round(100 * (cost - full) / full, 2) if full else None,
             "vs_expert_pct": round(100 * (cost - expert) / expert, 2) if expert else None,
@@ -155,7 +159,7 @@ def _totals(name: str, per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def render(figures: dict[str, Any]) -> str:
     header = ["policy", "score", "lost reuses", "¢/trace", "vs full", "vs expert", "errors", "s", "requests/s"]
-    rows = [[p["policy"], p["score"], f"{p['lost_reuses']} of {p['at_risk_reuses']}", f"{100 * p['cost_usd']:.3f}",
+    rows = [[p["policy"], p["score"], f"{p['lost_reuses']} of {p['reuses']}", f"{100 * p['cost_usd']:.3f}",
              _pct(p["vs_full_pct"]), _pct(p["vs_expert_pct"]), p["errors"], p["seconds"], p["requests_per_s"]]
             for p in figures["policies"]]
     diverged = [t["trace"] for t in figures["per_trace"] if not t["oracle_same_actions"]]

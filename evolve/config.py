@@ -101,7 +101,7 @@ class ValidationConfig(Strict):
                           "The lower bound of the score difference vs the expert must exceed -margin.")
     fidelity: Literal["references", "likelihood"] = Field(
         "references", description="The score the champion rule judges: references, the suite's own score (on a "
-        "trace set the model-free fidelity, 1 - lost/at-risk reuses); likelihood (trace sets only), the mean change "
+        "trace set the model-free fidelity, 1 - lost/reuses); likelihood (trace sets only), the mean change "
         "in log-likelihood per reply token of the recorded assistant replies under the policy against full, scored "
         "teacher-forced by the model of `likelihood_backend` (nats/token; 0 for full).")
     fidelity_fallback: Optional[Literal["references"]] = Field(

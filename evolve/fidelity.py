@@ -1,7 +1,7 @@
 """The score the champion rule judges finalists on: `validation.fidelity`.
 
 `references` (the default) is the suite's own score; on a trace set, the model-free fidelity
-(1 - lost / at-risk reuses, 0..1, the margin in points). `likelihood`, for trace sets only, is the
+(1 - lost / reuses, 0..1, the margin in points). `likelihood`, for trace sets only, is the
 mean change in log-likelihood per reply token of the recorded assistant replies under the policy
 against `full`, scored teacher-forced by a model (`sandbox/traces/likelihood.py`): 0 for `full`,
 negative when a policy hid what the replies needed, and `validation.margin` is then in nats per

@@ -7,7 +7,13 @@ its role, tool, size, when it arrived, when the policy dropped it, which agent s
 (the scripted agents' use records, `used`), the start of what the agent wrote (`said`, on its
 own messages: the words the reflect proposer mines), and whether it is a re-fetch of an earlier result
 (the same tool called with the same arguments); for a result read at most once, the start of
-the agent's next message (its verdict on a dead end, which `next_turn contains` can match).
+the agent's next message (its verdict on a dead end, which `next_turn contains` can match); for
+a tool result, the call behind it (`call`, what `call contains` reads: a command, a path); for a
+message with distinctive content, the steps at which later messages had said 50, 60, ... 100
+percent of it again (`covered`, what `covered >= P percent` reads, with everything visible).
+Where use records are inferred from copied strings (recorded traces), `reuses` lists per step the
+messages holding each string the agent copied there: a copy is lost only when all of them are
+hidden, which is what hindsight distillation scores.
 `digest` renders that as text within a token budget: the failure reason, the re-fetches each
 drop caused, the visible tokens paid for and never used again, the costliest results read once
 and then kept (with that next message), then the message lines that matter most. A digest over its budget is
@@ -19,15 +25,19 @@ proposer only through `evolve.context.build_context`, which refuses anything els
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from policy_dsl.history import call_texts, coverage_index
 from sandbox.runs.trajectory import Trajectory, step_ranges
 
 Timeline = dict[str, Any]  # JSON-ready: see timeline_of
 NEXT_TURN_CHARS = 100  # of the agent's next message, kept for a tool result read at most once
 SAID_CHARS = 240  # of each assistant message's text, kept as it is (lines and all): what the reflect proposer mines
 ONCE_LINES = 3  # results read once and then kept idle, quoted with that next message
+CALL_CHARS = 160  # of the call behind a tool result (a command, a path): what `call contains` reads
+COVER_SHARES = (50, 60, 70, 80, 90, 100)  # the shares of `covered >= P percent` a timeline records
 Count = Callable[[str], int]  # tokens of a text, with the proposer's model's tokenizer or an estimate
 
 
@@ -44,9 +54,13 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
     steps = agent[first:]
     messages = list(steps[-1].request.messages) if steps else []
     calls = _calls(messages)
+    arrivals = [next(k for k, e in enumerate(steps, first) if index < len(e.request.messages))
+                for index in range(len(messages))]
+    covered = _covered_steps(messages, arrivals, first + len(steps))
+    said_by_calls = call_texts(messages)
     lines, seen_calls = [], {}
     for index, message in enumerate(messages):
-        arrived = next(k for k, e in enumerate(steps, first) if index < len(e.request.messages))
+        arrived = arrivals[index]
         dropped = next((k for k, e in enumerate(steps, first) if index in _dropped(e.request)), None)
         uses = [k for k, e in enumerate(steps, first) if e.used is not None and index in e.used]
         call = calls.get(message.get("tool_call_id")) if message.get("role") == "tool" else None
@@ -59,6 +73,10 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
         line = {"i": index, "role": message.get("role", "?"), "tool": _tool(message, call),
                 "tokens": count(message), "arrived": arrived, "dropped": dropped, "uses": uses,
                 "refetch_of": refetch_of, "idle": max(0, end - last_read - 1) if uses or steps[0].used is not None else 0}
+        if said_by_calls[index] and message.get("role") == "tool":
+            line["call"] = said_by_calls[index][:CALL_CHARS]
+        if covered[index] is not None:
+            line["covered"] = covered[index]
         if call and len(uses) <= 1:   # read once at most: what the agent said next is the verdict on it
             line["next_turn"] = _next_turn(messages, index)
         if message.get("role") == "assistant" and message.get("content"):
@@ -67,10 +85,42 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
     result = next((n for n in reversed(trajectory.notes) if n.get("type") == "result"), {})
     grade = next((n for n in reversed(trajectory.notes) if n.get("type") == "grade"), {})
     return {"task_id": trajectory.header.get("task_id"), "split": trajectory.header.get("split"),
+            **({"group": trajectory.header["group"]} if trajectory.header.get("group") else {}),
             "status": result.get("status"), "score": result.get("score"), "cost_usd": result.get("cost_usd"),
             "requests": result.get("n_requests", len(agent)), "steps": len(agent), "rewrites": rewrites,
             "uses_recorded": bool(steps) and all(e.used is not None for e in steps),
-            "reason": result.get("reason") or grade.get("detail"), "messages": lines}
+            "reason": result.get("reason") or grade.get("detail"), "messages": lines,
+            **({"reuses": [[k, [list(h) for h in e.holders]] for k, e in enumerate(steps, first) if e.holders]}
+               if steps and all(e.holders is not None for e in steps) else {})}
+
+
+def _covered_steps(messages: Sequence[Mapping[str, Any]], arrivals: Sequence[int],
+                   end: int) -> list[list[int | None] | None]:
+    """Per message with distinctive content, per share of COVER_SHARES: the first step at which a rule
+    `on each turn: drop covered >= P percent` would have dropped it with everything visible (the first
+    turn after the message that says the P-th percent of its items again), None if never; None for
+    a message without distinctive content. A history that is not a well-formed one gives nothing."""
+    try:
+        index = coverage_index(messages)
+    except (ValueError, TypeError, KeyError):
+        return [None] * len(messages)
+    turn_steps = [end] * (len(messages) + 1)  # the step showing the first assistant message at or after i
+    for i in range(len(messages) - 1, -1, -1):
+        turn_steps[i] = arrivals[i] if messages[i].get("role") == "assistant" else turn_steps[i + 1]
+    out: list[list[int | None] | None] = []
+    for j in range(len(messages)):
+        firsts = index.first_said_again(j)
+        if not firsts:
+            out.append(None)
+            continue
+        steps = []
+        for share in COVER_SHARES:
+            k = firsts[max(0, math.ceil(share * len(firsts) / 100) - 1)]
+            # a turn at the coverer itself fires there; a message never drops at its own boundary
+            step = None if k is None else turn_steps[k] if k > j else turn_steps[j + 1]
+            steps.append(None if step is None or step >= end else step)
+        out.append(steps)
+    return out
 
 
 def _next_turn(messages: Sequence[Mapping[str, Any]], index: int) -> str | None:

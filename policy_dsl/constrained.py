@@ -62,7 +62,7 @@ NUMBER_FIELDS: dict[tuple[str, str | None], tuple[type, str]] = {
     ("trig_atom", "visible_above"): (n.TokensAbove, "threshold"),
     ("trig_atom", "history_above"): (n.TokensAbove, "threshold"),
     ("sel_atom", "age"): (n.Age, "n"), ("sel_atom", "age_with"): (n.Age, "n"), ("sel_atom", "size"): (n.Size, "n"),
-    ("sel_atom", "idle"): (n.Idle, "n"),
+    ("sel_atom", "idle"): (n.Idle, "n"), ("sel_atom", "covered_share"): (n.Covered, "share"),
     ("keep", None): (n.Messages, "keep_last"), ("until", None): (n.Messages, "until_visible"),
     ("action", "summarize"): (n.Summarize, "budget"),
     ("reposition_stmt", "every_n"): (n.RepositionEvery, "n"),

@@ -88,6 +88,10 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
     if isinstance(selector, n.Superseded):  # the same call answered again at or before the boundary
         again = view.answered_again[j]
         return again is not None and again <= b.i
+    if isinstance(selector, n.Covered):
+        return view.coverage is not None and view.coverage.covered(j, b.i, b.gone, selector.share.value)
+    if isinstance(selector, n.CallContains):
+        return selector.text in view.call_texts[j]
     if isinstance(selector, n.CallersOutside):
         end = view.results_end[j]
         return end is not None and end <= b.i and \
@@ -100,15 +104,19 @@ def matches(selector: n.Selector, j: int, b: Boundary) -> bool:
 
 
 def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
-    """Per message, a necessary condition for `selector` built from facts that never change.
+    """Per message, a necessary condition for `selector` built from facts that never change: facts of
+    the message itself and the ones before it, never of later ones (a walk resumed on a longer
+    history keeps the candidates it chose on the shorter one, `policy_dsl/kv_walk.py`).
 
     None means no restriction. Rules keep only the messages that pass as their candidates, so a
     firing looks at the few tool responses still visible instead of the whole history.
     """
-    if isinstance(selector, (n.Role, n.ToolName, n.Size, n.Contains)):
+    if isinstance(selector, (n.Role, n.ToolName, n.Size, n.Contains, n.CallContains)):
         return [_static_matches(selector, j, view) for j in range(len(view))]
-    if isinstance(selector, n.Superseded):  # answered again somewhere in the history: necessary
-        return [again is not None for again in view.answered_again]
+    if isinstance(selector, n.Covered) and view.coverage is not None:  # holds distinctive content: necessary
+        return [bool(items) for items in view.coverage.items]
+    if isinstance(selector, n.Superseded):  # a tool response (whether a later one answers its call again
+        return [role == "tool" for role in view.roles]  # is a fact of the messages after it)
     if isinstance(selector, n.CallersOutside):
         return [role == "assistant" for role in view.roles]
     if isinstance(selector, n.Not) and _is_static(selector.part):
@@ -124,7 +132,8 @@ def prefilter(selector: n.Selector, view: HistoryView) -> list[bool] | None:
 
 
 def _is_static(selector: n.Selector) -> bool:
-    if isinstance(selector, (n.Age, n.Idle, n.Requested, n.Superseded, n.NextTurnContains, n.CallersOutside)):
+    if isinstance(selector, (n.Age, n.Idle, n.Requested, n.Superseded, n.Covered, n.NextTurnContains,
+                             n.CallersOutside)):
         return False
     if isinstance(selector, n.Not):
         return _is_static(selector.part)

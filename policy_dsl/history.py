@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from policy_dsl.counter import TokenCounter, message_text
+from policy_dsl.coverage import CoverageIndex
 from policy_dsl.reuse import ReuseFinder
 
 DROP_CONTEXT_TOOL = "drop_context"
@@ -48,6 +49,12 @@ class HistoryView:
     # per message, the assistant messages after it that reuse its content (`policy_dsl/reuse.py`);
     # computed only for policies that ask (`idle`), empty tuples otherwise
     reused_by: tuple[tuple[int, ...], ...] = ()
+    # the messages' distinctive items and their holders (`policy_dsl/coverage.py`); built only for
+    # policies that ask (`covered`), None otherwise
+    coverage: CoverageIndex | None = None
+    # tool messages: the call they answer (its name and argument values); assistant messages: their
+    # own calls; "" elsewhere
+    call_texts: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.roles)
@@ -74,12 +81,13 @@ class HistoryView:
 
 
 def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
-                 user_observations: bool = False, reuse: bool = False) -> HistoryView:
+                 user_observations: bool = False, reuse: bool = False, coverage: bool = False) -> HistoryView:
     """Check the history's shape and precompute the per-message facts.
 
     With `user_observations`, a user message right after an assistant message that called no tool
     (not the first user message) also ends a call: the observation came back as user text. With
-    `reuse`, which later assistant messages reused each message's content (`reused_by`).
+    `reuse`, which later assistant messages reused each message's content (`reused_by`); with
+    `coverage`, which messages hold each message's distinctive items (`coverage`).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise HistoryError("history must be a list of messages")
@@ -89,7 +97,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
             raise HistoryError(f"message {i}: expected an object with a string 'role'")
         roles.append(m["role"])
     tokens = tuple(_token_count(counter, m, i) for i, m in enumerate(messages))
-    tool_names, batch_end, requests, call_keys = _tool_facts(messages, roles)
+    tool_names, batch_end, requests, call_keys, call_texts = _tool_facts(messages, roles)
     if user_observations:
         batch_end = [end or _user_observation(messages, roles, i) for i, end in enumerate(batch_end)]
     return HistoryView(
@@ -109,6 +117,8 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
         results_end=_results_end(roles),
         controller_prompt=tuple(role == "user" and i > 0 and batch_end[i - 1] for i, role in enumerate(roles)),
         reused_by=_reused_by(messages, roles) if reuse else ((),) * len(roles),
+        coverage=_coverage(messages, roles) if coverage else None,
+        call_texts=tuple(call_texts),
     )
 
 
@@ -124,6 +134,26 @@ def _reused_by(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> tuple
         for j in sorted({found.holders[-1] for found in REUSE_FINDER.reuses(messages, k) if found.at_risk}):
             out[j].append(k)
     return tuple(tuple(ks) for ks in out)
+
+
+def call_texts(messages: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Per message, the call it answers (tool messages) or makes (assistant messages) as `call
+    contains` reads it; "" elsewhere. The history must have the shape `view_history` checks."""
+    roles = [str(m.get("role")) for m in messages]
+    return tuple(_tool_facts(messages, roles)[4])
+
+
+def coverage_index(messages: Sequence[Mapping[str, Any]]) -> CoverageIndex:
+    """The coverage index `covered` reads (`policy_dsl/coverage.py`) for a well-formed history."""
+    return _coverage(messages, [str(m.get("role")) for m in messages])
+
+
+def _coverage(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> CoverageIndex:
+    """The coverage index, the prompt being the system messages and the user messages before the
+    first assistant message (the task), as use records exclude them."""
+    first = roles.index("assistant") if "assistant" in roles else len(roles)
+    prompt = {p for p, role in enumerate(roles) if role in SYSTEM_ROLES or role == "user" and p < first}
+    return CoverageIndex(REUSE_FINDER.items_of(messages), prompt)
 
 
 def _user_observation(messages: Sequence[Mapping[str, Any]], roles: list[str], i: int) -> bool:
@@ -204,11 +234,12 @@ def _call_name(call: Mapping[str, Any]) -> str | None:
 
 
 def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
-    """Tool names, batch ends and drop_context requests, each decided from the prefix alone."""
+    """Tool names, batch ends, drop_context requests and the calls' texts, each decided from the prefix alone."""
     tool_names: list[str | None] = []
     batch_end: list[bool] = []
     requests: dict[int, tuple[int, ...]] = {}
     call_keys: list[str | None] = []
+    call_texts: list[str] = []
     parent: int | None = None  # the assistant message the current run of tool messages answers
     answered = 0
     for i, m in enumerate(messages):
@@ -217,6 +248,7 @@ def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
             tool_names.append(None)
             batch_end.append(False)
             call_keys.append(None)
+            call_texts.append("\n".join(_call_text(_call_name(c), c) for c in _calls_of(m)) if parent == i else "")
             continue
         answered += 1
         calls = _calls_of(messages[parent]) if parent is not None else []
@@ -228,7 +260,29 @@ def _tool_facts(messages: Sequence[Mapping[str, Any]], roles: list[str]):
         if name == DROP_CONTEXT_TOOL:
             requests[i] = _requested_ids(call)
         call_keys.append(_call_key(name, call))
-    return tool_names, batch_end, requests, call_keys
+        call_texts.append(_call_text(name, call) if call else "")
+    return tool_names, batch_end, requests, call_keys, call_texts
+
+
+def _call_text(name: str | None, call: Mapping[str, Any]) -> str:
+    """A call as `call contains` reads it: the tool's name, then its arguments' values (strings as
+    they are, a line each; decoded from JSON when they parse, the raw text otherwise)."""
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if isinstance(arguments, str) and len(arguments) <= MAX_ARGUMENT_CHARS:
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            pass
+    return "\n".join([name or "", *_values(arguments)])
+
+
+def _values(node: Any) -> list[str]:
+    if isinstance(node, Mapping):
+        return [s for v in node.values() for s in _values(v)]
+    if isinstance(node, (list, tuple)):
+        return [s for v in node for s in _values(v)]
+    return [] if node is None else [node if isinstance(node, str) else json.dumps(node)]
 
 
 def _call_key(name: str | None, call: Mapping[str, Any] | None) -> str | None:

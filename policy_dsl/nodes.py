@@ -28,6 +28,9 @@ Actions (what a rule does) and their targets:
 Selectors (which messages; protected messages are never selected):
     AllMessages() Role(role) ToolName(name) Age(op, n, unit) Size(op, n) Contains(text) Requested()
     Superseded()                           a tool response whose call was made again since
+    Covered(share)                         at least `share` percent of its distinctive content is held by later
+                                           visible messages (or the prompt)
+    CallContains(text)                     the call behind a tool response (its name and arguments) contains text
     Idle(op, n, unit)                      units since the agent last reused the message's content
     NextTurnContains(text)                 the first assistant message after it (up to the boundary) contains text
     CallersOutside(n)                      assistant messages whose tool results left the last n
@@ -203,6 +206,28 @@ class Superseded:
 
 
 @dataclass(frozen=True)
+class Covered:
+    """Messages that hold distinctive content (paths, identifiers, ids, numbers, quoted phrases:
+    `policy_dsl/reuse.py`) of which at least `share` percent is also held by a later message still
+    visible at the boundary, or by the prompt: what they say, a newer message says again (a re-read
+    of the same lines, a re-run of the same tests, a plan the agent then carried out). A message
+    without distinctive content is never covered. `share` 100: all of it."""
+
+    share: Num
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class CallContains:
+    """Tool responses whose call (the tool's name and its arguments' values, decoded from JSON:
+    a shell command, a file path, a query) contains `text`; an assistant message matches on its
+    own calls. What was asked tells what a result is: `cat` prints a file, `grep` lists places."""
+
+    text: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
 class CallersOutside:
     n: Num
     loc: Loc | None = _loc()
@@ -227,7 +252,7 @@ class Or:
 
 
 Selector = Union[AllMessages, Role, ToolName, Age, Idle, Size, Contains, NextTurnContains, Requested, Superseded,
-                 CallersOutside, Not, And, Or]
+                 Covered, CallContains, CallersOutside, Not, And, Or]
 
 
 # ---- targets and actions -----------------------------------------------------------------------

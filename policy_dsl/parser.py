@@ -292,6 +292,12 @@ class _Builder:
             return n.Requested(loc=loc)
         if kind == "superseded":
             return n.Superseded(loc=loc)
+        if kind == "covered":
+            return n.Covered(n.Num(100), loc=loc)
+        if kind == "covered_share":
+            return n.Covered(self.number(kids[0]), loc=loc)
+        if kind == "call_contains":
+            return n.CallContains(self.string(kids[0]), loc=loc)
         if kind == "callers_outside":
             return n.CallersOutside(self.number(kids[0]), loc=loc)
         raise self.fail(f"unexpected selector {kind}", item)

@@ -13,7 +13,7 @@ next call sees the edited history.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from policy_dsl import nodes as n
@@ -23,6 +23,7 @@ from policy_dsl.evaluate import Boundary, fires, matches, on_schedule, prefilter
 from policy_dsl.history import HistoryView, view_history
 from policy_dsl.printer import format_policy
 from policy_dsl.validator import validate, walk
+from policy_dsl.kv_walk import WalkCache
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class CachePolicy:
     name: str
     ast: n.Policy
     source: str  # canonical text
+    # kv walks of recent histories, so that a history extending one decided before (the next request
+    # of a conversation) walks only its new boundaries
+    _walks: WalkCache = field(default_factory=WalkCache, compare=False, repr=False)
 
     @property
     def mode(self) -> str:
@@ -38,18 +42,19 @@ class CachePolicy:
     def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
         """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
         counter = counter or ApproxTokenCounter()
-        view = view_history(history, counter, self.ast.user_observations, reuse=_reads_reuse(self.ast))
+        view = view_history(history, counter, self.ast.user_observations, reuse=_reads(self.ast, n.Idle),
+                            coverage=_reads(self.ast, n.Covered))
         if self.ast.mode == "kv" and any(isinstance(rule.action, n.Cut) for rule in self.ast.rules):
             return _decide_cuts(self.ast, view, history, counter)
         if self.ast.mode == "kv":
-            return _decide_kv(self.ast, view)
+            return self._walks.walk(self.ast, view, history, counter).decision()
         return _decide_text(self.ast, view, history, counter)
 
 
 @functools.lru_cache(maxsize=256)
-def _reads_reuse(ast: n.Policy) -> bool:
-    """Whether a selector of the policy asks how long messages have been idle (reuse facts cost time)."""
-    return any(isinstance(node, n.Idle) for node in walk(ast))
+def _reads(ast: n.Policy, kind: type) -> bool:
+    """Whether a selector of the policy is of `kind` (`idle` and `covered` read facts that cost time)."""
+    return any(isinstance(node, kind) for node in walk(ast))
 
 
 def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:
@@ -59,59 +64,6 @@ def compile_policy(ast: n.Policy, name: str = "policy") -> CachePolicy:
 
 
 # ---- kv ------------------------------------------------------------------------------------------
-
-def _decide_kv(policy: n.Policy, view: HistoryView) -> Decision:
-    gone: set[int] = set()
-    masks = [None if isinstance(r.action.target, n.Thinking) else prefilter(r.action.target.selector, view)
-             for r in policy.rules]
-    candidates: list[list[int]] = [[] for _ in policy.rules]  # per rule: live messages passing its prefilter
-    history_tokens = visible = positions = drop_events = responses = 0
-    drop_message: dict[str, list[int]] = {}
-    reposition: list[int] = []
-    thinking_drop = wanted = False
-    for i in range(len(view)):
-        t = view.tokens[i]
-        history_tokens, visible, positions = history_tokens + t, visible + t, positions + t
-        responses += view.roles[i] == "tool"
-        for mask, live in zip(masks, candidates):
-            if mask is None or mask[i]:
-                live.append(i)
-        b = Boundary(view, i, gone, visible, history_tokens, responses)
-        dropped_here: list[int] = []
-        for r, rule in enumerate(policy.rules):
-            if not fires(rule.trigger, b):
-                continue
-            target = rule.action.target
-            if isinstance(target, n.Thinking):
-                thinking_drop = True
-                continue
-            candidates[r] = [j for j in candidates[r] if j not in gone]  # forget what other rules dropped
-            picks = select_messages(target, b, candidates[r], lambda j: view.tokens[j])
-            for j in picks:
-                gone.add(j)
-                b.visible_tokens -= view.tokens[j]
-                b.visible_responses -= view.roles[j] == "tool"
-            dropped_here += picks
-        visible, responses = b.visible_tokens, b.visible_responses
-        if dropped_here:
-            drop_message[str(i)] = sorted(dropped_here)
-            drop_events += 1
-        wanted = wanted or _repositions(policy.reposition, view, i, bool(dropped_here), drop_events,
-                                        positions + _prompt_tokens(policy, view, i), positions - visible)
-        if wanted and view.batch_end[i]:
-            reposition.append(i)
-            positions, wanted = visible, False  # survivors now sit at 0..visible-1
-    return Decision(drop_message=drop_message, reposition=reposition, thinking_drop=thinking_drop)
-
-
-def _prompt_tokens(policy: n.Policy, view: HistoryView, i: int) -> int:
-    """With `calls include controller_prompts`: the tokens of the controller prompt right after call
-    end i. It goes out in the same request as the call's results, so the positions a threshold
-    measures at i run to its end: the one decision that reads the message after its boundary."""
-    if policy.controller_prompts and i + 1 < len(view) and view.controller_prompt[i + 1]:
-        return view.tokens[i + 1]
-    return 0
-
 
 def _decide_cuts(policy: n.Policy, view: HistoryView, history: Sequence[Mapping[str, Any]],
                  counter: TokenCounter) -> Decision:
@@ -156,31 +108,6 @@ def _kept_span(cut: n.Cut, text: str) -> tuple[int, int] | None:
         return None
     span = (0, at + len(cut.marker)) if cut.side == "after" else (at, len(text))
     return None if span == (0, len(text)) else span
-
-
-def _repositions(rule: n.RepositionRule, view: HistoryView, i: int, dropped: bool, drop_events: int,
-                 positions: int, gap: int) -> bool:
-    """Whether the rule asks to compact positions after message i (done at the end of i's tool batch).
-
-    `positions` is the next free position; `gap` the positions freed by drops since the last compaction.
-    Between compactions both only grow, so a threshold passed inside a batch still holds at its end.
-    """
-    if isinstance(rule, n.RepositionEachDrop):
-        return dropped
-    if isinstance(rule, n.RepositionEvery) and rule.unit == "drops":
-        return dropped and drop_events % rule.n.value == 0
-    if isinstance(rule, n.RepositionEvery):
-        # Compacting with no gap would be a no-op that still costs a cache record.
-        return view.batch_end[i] and view.tool_calls[i] % rule.n.value == 0 and gap > 0
-    if isinstance(rule, n.RepositionAfter):
-        # upstream's call schedule: it repositions even when nothing new was dropped
-        return view.batch_end[i] and on_schedule(view.tool_calls[i], rule.n.value,
-                                                 None if rule.then is None else rule.then.value)
-    if isinstance(rule, n.RepositionGap):
-        return gap > rule.threshold.value
-    if isinstance(rule, n.RepositionPositions):
-        return positions > rule.threshold.value and gap > 0
-    return False
 
 
 # ---- text ----------------------------------------------------------------------------------------

@@ -103,6 +103,11 @@ def format_selector(selector: n.Selector, nested: bool = False) -> str:
         return f"contains {json.dumps(selector.text)}"
     if isinstance(selector, n.Superseded):
         return "superseded"
+    if isinstance(selector, n.Covered):
+        whole = selector.share.value == 100 and selector.share.lo is None
+        return "covered" if whole else f"covered >= {format_num(selector.share)} percent"
+    if isinstance(selector, n.CallContains):
+        return f"call contains {json.dumps(selector.text)}"
     if isinstance(selector, n.NextTurnContains):
         return f"next_turn contains {json.dumps(selector.text)}"
     if isinstance(selector, n.CallersOutside):

@@ -252,7 +252,7 @@ def _contains(text: str, item: str) -> bool:
 class _Entry:
     """What one message holds, read once: role, normalized text, held forms, call names."""
 
-    __slots__ = ("refs", "role", "text", "forms", "names", "_families")
+    __slots__ = ("refs", "role", "text", "forms", "names", "_families", "_items")
 
     def __init__(self, message: Mapping[str, Any]) -> None:
         self.refs = _refs(message)
@@ -261,6 +261,12 @@ class _Entry:
         self.forms = _held_forms(self.text)
         self.names = frozenset(name for name, _ in _raw_calls(message) if name)
         self._families: list[tuple[str, ...]] | None = None
+        self._items: frozenset[str] | None = None
+
+    def items(self) -> frozenset[str]:
+        if self._items is None:
+            self._items = frozenset(item for family in self.families() for item in family)
+        return self._items
 
     def families(self) -> list[tuple[str, ...]]:
         if self._families is None:  # only asked of assistant messages
@@ -355,6 +361,11 @@ class ReuseFinder:
                     out.append(Reuse(item, holders, all(roles[h] == "tool" for h in holders)))
         return out
 
+    def items_of(self, messages: Sequence[Mapping[str, Any]]) -> list[frozenset[str]]:
+        """Per message, the distinctive items its text holds (its candidates, found as a step's are;
+        before the exclusions of a history): what `covered` compares across messages."""
+        return [self._entries[self._entry(message)].items() for message in messages]
+
     def _holders(self, item: str, at: Mapping[int, list[int]]) -> tuple[int, ...]:
         if not _SPACE.search(item):
             return tuple(sorted(p for e in self._holding.get(item, ()) for p in at.get(e, ())))
@@ -377,8 +388,8 @@ def used_indices(reuses: Sequence[Reuse], visible: Sequence[bool]) -> tuple[int,
 
 
 def lost_reuses(reuses: Sequence[Reuse], visible: Sequence[bool]) -> list[Reuse]:
-    """At-risk reuses whose every holder is hidden: content only tool results held, none shown."""
-    return [r for r in reuses if r.at_risk and not any(visible[h] for h in r.holders)]
+    """Reuses whose every holder is hidden, whatever their roles: no visible message held the content."""
+    return [r for r in reuses if not any(visible[h] for h in r.holders)]
 
 
 def common_items(histories: Sequence[Sequence[Mapping[str, Any]]], share: float = 0.5,

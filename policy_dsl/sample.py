@@ -27,6 +27,7 @@ MAX_DRAWS = 50          # draws of one policy before giving up (a refused draw i
 RANGE_SHARE = 0.25      # numbers written tunable, `v in lo..hi`
 TOOLS = ("search", "get_document", "bash", "open")
 PHRASES = ("error", "Found", "passed", "Traceback", "is not relevant")
+CALLS = ("cat ", "grep ", "pytest", "ls", "sed -n")  # what a call asks: commands, paths
 MARKERS = ("\n", "Traceback", "Found", "error")
 KV_SHAPES = (("messages", 8), ("thinking", 1), ("cut", 1))  # what a kv policy's rules do, with weights
 
@@ -138,7 +139,8 @@ def _selector(rng: random.Random, requests: bool, depth: int = 0) -> n.Selector:
 
 
 def _selector_atom(rng: random.Random, requests: bool) -> n.Selector:
-    kinds = ["all", "role", "tool_name", "age", "idle", "tokens", "contains", "next_turn", "superseded", "callers"]
+    kinds = ["all", "role", "tool_name", "age", "idle", "tokens", "contains", "next_turn", "superseded", "covered",
+             "call", "callers"]
     kind = rng.choice(kinds + ["requested"] * requests)
     if kind == "all":
         return n.AllMessages()
@@ -160,6 +162,10 @@ def _selector_atom(rng: random.Random, requests: bool) -> n.Selector:
         return n.NextTurnContains(rng.choice(PHRASES))
     if kind == "superseded":
         return n.Superseded()
+    if kind == "covered":
+        return n.Covered(_num(rng, n.Covered, "share"))
+    if kind == "call":
+        return n.CallContains(rng.choice(CALLS))
     if kind == "callers":
         return n.CallersOutside(_num(rng, n.CallersOutside, "n"))
     return n.Requested()

@@ -26,6 +26,7 @@ BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
     (n.Age, "n"): (0, COUNT_MAX),
     (n.Idle, "n"): (0, COUNT_MAX),
     (n.Size, "n"): (0, TOKENS_MAX),
+    (n.Covered, "share"): (1, 100),
     (n.Messages, "keep_last"): (0, COUNT_MAX),
     (n.Messages, "until_visible"): (0, TOKENS_MAX),
     (n.Summarize, "budget"): (16, TOKENS_MAX),
@@ -37,7 +38,7 @@ BOUNDS: dict[tuple[type, str], tuple[int, int]] = {
 }
 FIELD_WORDS = {
     "n": "count", "threshold": "token threshold", "keep_last": "keep last", "until_visible": "visible-token target",
-    "budget": "summary budget", "then": "interval",
+    "budget": "summary budget", "then": "interval", "share": "covered share (percent)",
 }
 
 
@@ -114,7 +115,8 @@ class _Checker:
 
     def selector_structure(self, selector: object) -> None:
         expect(self, selector, (n.AllMessages, n.Role, n.ToolName, n.Age, n.Idle, n.Size, n.Contains, n.NextTurnContains,
-                                n.Requested, n.Superseded, n.CallersOutside, n.Not, n.And, n.Or), "a selector")
+                                n.Requested, n.Superseded, n.Covered, n.CallContains, n.CallersOutside, n.Not, n.And,
+                                n.Or), "a selector")
         for part in getattr(selector, "parts", ()) or ((selector.part,) if isinstance(selector, n.Not) else ()):
             self.selector_structure(part)
 
@@ -154,7 +156,7 @@ class _Checker:
                 raise self.fail("and/or needs at least two parts", node)
             if isinstance(node, n.Cut) and node.side not in n.CUT_SIDES:
                 raise self.fail(f"unknown cut side {node.side!r}; expected after or before", node)
-            if isinstance(node, (n.Contains, n.NextTurnContains, n.ToolName, n.Cut)):
+            if isinstance(node, (n.Contains, n.NextTurnContains, n.CallContains, n.ToolName, n.Cut)):
                 text = getattr(node, {n.ToolName: "name", n.Cut: "marker"}.get(type(node), "text"))
                 if not isinstance(text, str) or not 1 <= len(text) <= 256:
                     raise self.fail("pattern must be 1..256 characters", node)

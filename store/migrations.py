@@ -100,13 +100,18 @@ def current_version(conn: Connection) -> int:
     return max(versions, default=0)
 
 
-def migrate(conn: Connection) -> int:
-    """Bring the schema to LATEST inside the caller's transaction; return the version reached."""
-    version = current_version(conn)
+def check_known(version: int) -> None:
+    """StoreError for a schema stamped newer than this code: it refuses to guess at its tables."""
     if version > LATEST:
         raise StoreError(
             f"database schema version {version} is newer than this akv understands ({LATEST}); upgrade akv"
         )
+
+
+def migrate(conn: Connection) -> int:
+    """Bring the schema to LATEST inside the caller's transaction; return the version reached."""
+    version = current_version(conn)
+    check_known(version)
     if version == 0:
         _create_tables(conn)
         pending = MIGRATIONS  # stamp every step: create_all already produced the latest schema

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from store.database import default_url, open_engine
+from store.database import default_url, display_url, open_engine
 from store.errors import DuplicateRunName, RunNotFound, StoreError
 from store.live import LivePolicies
 from store.migrations import migrate
@@ -103,9 +103,7 @@ class Store:
 
     @property
     def display_url(self) -> str:
-        from sqlalchemy.engine import make_url
-
-        return make_url(self.url).render_as_string(hide_password=True)
+        return display_url(self.url)
 
     def _run_info(self, s: Session, run: Run) -> RunInfo:
         n_pol = s.scalar(select(func.count(Policy.id)).where(Policy.run_id == run.id)) or 0

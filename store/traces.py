@@ -6,14 +6,39 @@ recorded request replaces its conversation's trace atomically.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from store.errors import TraceConflict, TraceSetNotFound
+from store.database import default_url, display_url, open_read_only
+from store.errors import StoreError, TraceConflict, TraceSetNotFound
+from store.migrations import check_known, current_version
 from store.records import StoredTrace, TraceIndexEntry, TraceSetInfo
 from store.schema import TraceRow, TraceSet, utcnow
+
+
+def trace_set_names(url: str | None = None) -> list[str]:
+    """The names of the trace sets at `url` (default: AKV_DB, else the data folder's database), read
+    without writing anything: nothing is migrated (a schema from before trace sets has none), nothing
+    is created where no database exists (none then). StoreError if it cannot be read, or its schema
+    is newer than this code."""
+    url = url or default_url(create_folder=False)
+    engine = open_read_only(url)
+    if engine is None:
+        return []
+    try:
+        with engine.connect() as conn:
+            check_known(current_version(conn))
+            if not inspect(conn).has_table(TraceSet.__tablename__):
+                return []
+            return list(conn.scalars(select(TraceSet.name).order_by(TraceSet.name)))
+    except SQLAlchemyError as err:
+        reason = str(getattr(err, "orig", err)).splitlines()[0]
+        raise StoreError(f"--db: cannot read {display_url(url)}: {reason}") from None
+    finally:
+        engine.dispose()
 
 
 class TraceStore:
@@ -23,11 +48,13 @@ class TraceStore:
     def __init__(self, tx: Callable[[], AbstractContextManager[Session]], display_url: str) -> None:
         self._tx, self._display_url = tx, display_url
 
-    def add(self, name: str, traces: Sequence[StoredTrace]) -> tuple[int, int]:
+    def add(self, name: str, traces: Iterable[StoredTrace]) -> tuple[int, int]:
         """Add traces to the set `name` (created if new): (added, unchanged), all in one transaction.
 
         A trace whose id the set holds with the same digest is unchanged; with another digest the
-        whole import is refused (TraceConflict), so nothing is half-imported.
+        whole import is refused (TraceConflict), so nothing is half-imported. `traces` is consumed
+        one at a time and each row leaves the session once written, so an import of many large
+        traces holds one in memory, not all (an exception the iterable raises rolls it all back).
         """
         added = unchanged = 0
         with self._tx() as s:
@@ -41,11 +68,24 @@ class TraceStore:
                                             f"give it another id, or `akv traces delete {name}` first")
                     unchanged += 1
                     continue
-                s.add(_row(trace_set.id, trace))
+                row = _row(trace_set.id, trace)
+                s.add(row)
+                s.flush()
+                s.expunge(row)
                 known[trace.trace_id] = trace.digest
                 added += 1
             trace_set.updated_at = utcnow()
         return added, unchanged
+
+    def held(self, name: str) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        """The set's trace ids with their digest and provenance (none when the set does not exist)."""
+        with self._tx() as s:
+            trace_set = s.scalar(select(TraceSet).where(TraceSet.name == name))
+            if trace_set is None:
+                return {}
+            rows = s.execute(select(TraceRow.trace_id, TraceRow.digest, TraceRow.provenance)
+                             .where(TraceRow.set_id == trace_set.id))
+            return {trace_id: (digest, dict(provenance or {})) for trace_id, digest, provenance in rows}
 
     def put(self, name: str, trace: StoredTrace) -> None:
         """Insert the trace, or replace the set's trace of the same id (a conversation that went on)."""

@@ -29,6 +29,10 @@ WEATHER = {"type": "function", "function": {
 CLOCK = {"type": "function", "function": {
     "name": "get_time", "description": "The time in a time zone.",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+NOTE = {"type": "function", "function": {
+    "name": "write_note", "description": "Write a note.",
+    "parameters": {"type": "object", "properties": {"title": {"type": "string"}, "body": {"type": "string"}},
+                   "required": ["title", "body"]}}}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -150,6 +154,30 @@ def test_forced_tool_calls_required_and_named(client: openai.OpenAI) -> None:
     assert caught.value.body["param"] == "tool_choice"
 
 
+def test_a_forced_call_that_max_tokens_cuts_is_still_a_call_never_content(client: openai.OpenAI) -> None:
+    # The model's note would take more than 40 tokens: the call is closed in time, its strings cut short.
+    ask = greeting("Take a note of my shopping list: eggs, milk, bread, butter, cheese, apples.")
+    body = {"model": MODEL, "messages": ask, "tools": [NOTE], "tool_choice": "required", "max_tokens": 40,
+            "temperature": 0}
+    reply = client.chat.completions.create(**body).choices[0]
+    assert reply.finish_reason == "length" and reply.message.content is None
+    [call] = reply.message.tool_calls
+    assert call.function.name == "write_note" and isinstance(json.loads(call.function.arguments), dict)
+    streamed = {"content": "", "arguments": "", "names": [], "finish": None}
+    for chunk in client.chat.completions.create(**body, stream=True):
+        delta = chunk.choices[0].delta
+        streamed["content"] += delta.content or ""
+        for part in delta.tool_calls or ():
+            streamed["names"].append(part.function.name)
+            streamed["arguments"] += part.function.arguments or ""
+        streamed["finish"] = chunk.choices[0].finish_reason or streamed["finish"]
+    assert streamed == {"content": "", "arguments": call.function.arguments, "names": ["write_note"],
+                        "finish": "length"}
+    # Too few tokens for the shortest call: it comes back as far as it was written, still in tool_calls.
+    cut = client.chat.completions.create(**{**body, "max_tokens": 12}).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None and len(cut.message.tool_calls) == 1
+
+
 def test_hints_are_ignored_and_named_and_typos_still_fail(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=greeting("Hi."), max_tokens=1, store=False, prompt_cache_key="agent-7",
@@ -208,4 +236,27 @@ def test_an_agent_calls_its_tool_through_the_proxy(server: LiveServer) -> None:
         agent = Agent(name="forecaster", instructions="Answer with the tool.", tools=[get_weather], model=model,
                       model_settings=settings, tool_use_behavior="stop_on_first_tool")
         result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
+    assert len(cities) == 1 and result.final_output == f"Sunny in {cities[0]}."
+
+
+def test_an_agent_whose_forced_call_is_cut_by_max_tokens_still_calls_its_tool(server: LiveServer) -> None:
+    # The call takes 30 tokens; at 28 it is closed early (the city left empty), and the agent runs the tool
+    # instead of taking the unfinished call's text for its final answer.
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city today."""
+        cities.append(city)
+        return f"Sunny in {city}."
+
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0))
+    agent = Agent(name="forecaster", instructions="Answer with the tool.", tools=[get_weather], model=model,
+                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=28),
+                  tool_use_behavior="stop_on_first_tool")
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
     assert len(cities) == 1 and result.final_output == f"Sunny in {cities[0]}."

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from akv_core.constrain import Grammar, GrammarError
+from akv_core.constrain import Grammar, GrammarError, tool_call_grammar
 from akv_core.engine import Engine
 from akv_core.request import ERROR_ENGINE, FINISH_LENGTH, FINISH_STOP, RequestFailed
 
@@ -24,6 +24,11 @@ def engine() -> Engine:
     torch.set_num_threads(1)
     loaded = Engine.from_pretrained("smollm2", device="cpu", kv_tokens=4096)
     return Engine(loaded.model, loaded.tokenizer, 4096, threads={"prefill": 1, "decode": 1})
+
+NOTE = {"type": "function", "function": {"name": "write_note", "parameters": {
+    "type": "object", "required": ["title", "body"],
+    "properties": {"title": {"type": "string"}, "body": {"type": "string"}}}}}
+CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 
 
 def run_batch(engine: Engine, requests: list[dict]) -> list:
@@ -118,3 +123,22 @@ def test_a_failed_matcher_fails_its_request_alone(engine):
         handles[1].result()
     assert failed.value.code == ERROR_ENGINE and "\n" not in str(failed.value)
     assert [handles[0].result().token_ids, handles[2].result().token_ids] == [a.token_ids for a in alone]
+
+
+def test_a_forced_call_is_closed_before_max_tokens_runs_out(engine):
+    # The model writes a long note; each budget ends it inside the call. The grammar closes the call in
+    # time instead: a call of the tool with valid JSON arguments (strings cut short), finish "length".
+    shortest = len(engine.tokenizer.encode(CALL_OPEN + '{"name": "write_note", "arguments": {}}' + CALL_CLOSE))
+    budgets = [shortest + extra for extra in range(0, 24, 3)]
+    outs = run_batch(engine, [{"tools": [NOTE], "grammar": tool_call_grammar([NOTE]), "max_tokens": budget,
+                               "temperature": 1.0, "seed": seed} for seed, budget in enumerate(budgets)])
+    for out, budget in zip(outs, budgets):
+        assert len(out.token_ids) <= budget and out.finish_reason in (FINISH_LENGTH, FINISH_STOP), out
+        assert out.text.startswith(CALL_OPEN) and out.text.endswith(CALL_CLOSE), out.text
+        call = json.loads(out.text[len(CALL_OPEN):-len(CALL_CLOSE)])
+        assert call["name"] == "write_note" and isinstance(call["arguments"], dict), out.text
+    closed = [out for out in outs if out.finish_reason == FINISH_LENGTH]   # the others ended by themselves
+    assert len(closed) >= len(outs) // 2 and any(out.text.count('"') > 8 for out in closed)
+    # Too few tokens for even the shortest call: cut off as written, as any request is.
+    cut = engine.generate(ASK, tools=[NOTE], grammar=tool_call_grammar([NOTE]), max_tokens=shortest - 1)
+    assert cut.finish_reason == FINISH_LENGTH and len(cut.token_ids) == shortest - 1

@@ -5,7 +5,8 @@ import random
 
 from evolve.context import Candidate, ProposerContext
 from evolve.library import SUITE_SPECIFIC, library_texts
-from evolve.proposers.reflect import Prices, ReflectProposer, Rule, distil, results_of
+from evolve.proposers.reflect import Prices, ReflectProposer, distil
+from evolve.proposers.rules import Rule, results_of
 from policy_dsl import builtin_source, parse
 
 
@@ -96,7 +97,8 @@ def test_the_donor_pool_leaves_out_the_suite_specific_built_ins() -> None:
 
 
 def test_a_parent_that_loses_reads_gets_rules_as_cheap_as_its_losses_allow() -> None:
-    from evolve.proposers.reflect import distil_within, drop_steps, lost_reads, parent_losses
+    from evolve.proposers.reflect import distil_within, parent_losses
+    from evolve.proposers.rules import drop_steps, lost_reads
 
     # The parent dropped every document one step after it arrived: the found one, read over the
     # next hop, was lost there (a recorded agent does not fetch it again).

@@ -37,7 +37,8 @@ ALLOWED: Mapping[str, tuple[str, ...]] = {
 # Inside akv_core, bottom to top: a module imports modules of its own tier or lower ones. A module
 # not named here is an engine-tier one (requests, batching: beside engine.py).
 CORE_TIERS: tuple[tuple[str, ...], ...] = (
-    ("akv_core.home", "akv_core.threads", "akv_core.sampling", "akv_core.constrain", "akv_core.client"),
+    ("akv_core.home", "akv_core.threads", "akv_core.sampling", "akv_core.constrain", "akv_core.call_closing",
+     "akv_core.client"),
     ("akv_core.model", "akv_core.kernels", "akv_core.tokenizer", "akv_core.chat"),
     ("akv_core.cache",),
     ("akv_core.engine",),

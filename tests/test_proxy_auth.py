@@ -9,6 +9,7 @@ and the proxy answers a well-formed request right after each.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -202,6 +203,23 @@ def test_akv_proxy_reads_its_keys_from_the_environment_and_warns_once_for_akv_ap
     assert warnings == ["warning: AKV_API_KEY is deprecated as the proxy's upstream key; set AKV_UPSTREAM_API_KEY "
                         "(or --upstream-api-key) instead"]
     assert upstream.seen[-1][1]["authorization"] == "Bearer sk-legacy"
+
+
+@pytest.mark.parametrize("variable", ["AKV_PROXY_API_KEY", "AKV_UPSTREAM_API_KEY", "AKV_API_KEY"])
+def test_a_key_variable_set_but_empty_is_refused_like_an_empty_option(variable: str) -> None:
+    from typer.testing import CliRunner
+
+    from akv_cli.main import app as cli
+
+    env = {name: None for name in ("AKV_PROXY_API_KEY", "AKV_UPSTREAM_API_KEY", "AKV_API_KEY")}
+    with socket.socket() as held:   # taken: a regression ends with "cannot listen" instead of serving
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        result = CliRunner().invoke(cli, ["proxy", "--policy", "expert-8k", "--upstream", "http://127.0.0.1:9",
+                                          "--port", str(held.getsockname()[1])], env={**env, variable: ""})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {variable}: expected a key of visible ASCII characters without "
+                                    f"spaces (an empty one given); unset {variable}"), result.output
 
 
 def test_the_upstream_key_setting_wins_over_akv_api_key_without_a_warning(

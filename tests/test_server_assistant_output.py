@@ -35,12 +35,29 @@ def test_unparseable_calls_come_back_as_text() -> None:
         "<tool_call>{not json}</tool_call>",
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
         '<tool_call>{"name": "f", "arguments": 3}</tool_call>',
-        '<tool_call>{"name": "f", "arguments": {"a": 1}}',  # cut off by max_tokens
-        CALL + '<tool_call>{"name": "g"',  # second block cut off
+        '<tool_call>{"name": "f", "arguments": {"a": 1}}',  # unclosed, but not cut off by max_tokens
+        CALL + '<tool_call>{"name": "g"',  # second block unclosed
     ]:
         message = parse_assistant_output(text, parse_tool_calls=True)
         assert message.tool_calls is None
         assert message.content == text
+
+
+def test_a_call_cut_off_by_max_tokens_is_the_call_it_began_never_text() -> None:
+    # OpenAI returns such a call as written, its arguments not valid JSON yet; finish_reason says why.
+    cut = '<tool_call>\n{"name": "write_note", "arguments": {"title": "Tod'
+    parser = AssistantOutputParser(parse_tool_calls=True)
+    streamed = parser.feed("Noted. " + cut).content
+    last, message = parser.finish(cut=True)
+    assert streamed + last.content == "Noted." and message.content == "Noted."
+    [call] = message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("write_note", '{"title": "Tod')
+    calls = AssistantOutputParser(True)
+    calls.feed(CALL + '\n<tool_call>\n{"name": "get_')
+    assert [(c.function.name, c.function.arguments) for c in calls.finish(cut=True)[1].tool_calls] == [
+        ("search", '{"query": "tallest mountain"}'), ("get_", "")]
+    # Not cut (a stop sequence, the model's own end): an unclosed block stays text, as before.
+    assert parse_assistant_output(cut, True).content == cut
 
 
 def test_without_tools_a_call_block_is_plain_text() -> None:

@@ -8,6 +8,7 @@ as its input: no test binds anything but loopback.
 """
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -88,6 +89,16 @@ def test_akv_serve_refuses_a_key_it_could_not_check_from_the_option_or_its_varia
         result = runner.invoke(cli, args, env=env)
         assert result.exit_code == 2, result.output
         assert result.output.startswith("error: --api-key: expected a key of visible ASCII characters")
+    # Set but empty: click takes the variable for unset, which would have served with no key at all (the
+    # port is held, so that such a regression ends with "cannot listen" instead of serving).
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        result = runner.invoke(cli, ["serve", "--port", port], env={"AKV_SERVE_API_KEY": ""})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: AKV_SERVE_API_KEY: expected a key of visible ASCII characters "
+                                    "without spaces (an empty one given); unset AKV_SERVE_API_KEY")
 
 
 # ---- a real server with a key ------------------------------------------------------------------------

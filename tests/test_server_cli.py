@@ -72,3 +72,32 @@ def test_serve_prints_its_url_and_answers() -> None:
     assert re.search(r"akv\.access: POST /v1/chat/completions 200 prompt=\d+ completion=\d+ cached=\d+ "
                      r"latency=\d+\.\d{3}s", stderr), stderr
     assert "GET /health 200 prompt=- completion=- cached=-" in stderr
+
+
+@pytest.mark.server
+@pytest.mark.model
+def test_a_refused_kernel_is_named_with_its_fix_at_start_up_in_server_info_and_by_check(tmp_path) -> None:
+    from akv_core.kernels import cpu_gemv
+
+    if not cpu_gemv.available():
+        pytest.skip(f"cpu_gemv: {cpu_gemv.why_unavailable()}")
+    unsafe = tmp_path / "kernels"   # a kernel folder others may write: its library is refused
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "AKV_KERNEL_CACHE": str(unsafe)}
+    reason = f"the kernel folder {unsafe} is writable by group or others (mode 0777)"
+    fix = f"fix: rm -r {unsafe} (it is made again, private, with a fresh build, at the next start)"
+    serve = [*AKV, "serve", "--port", "0", "--kv-tokens", "1024", "--device", "cpu"]
+    process = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"ready at (http://127\.0\.0\.1:\d+)", line).group(1)
+        kernels = httpx.get(url + "/server_info", timeout=60).json()["cpu_kernels"]
+    finally:
+        interrupt(process)
+    assert f"attention: torch's SDPA; C kernels not loaded: {reason}" in line and fix in line, line
+    assert kernels["available"] is False and reason in kernels["reason"] and f"fix: {kernels['fix']}".startswith(fix)
+    checked = subprocess.run([*serve, "--check"], capture_output=True, text=True, timeout=300, env=env)
+    assert checked.returncode == 1, checked.stderr
+    assert checked.stdout.startswith("akv serve would serve smollm2 on cpu at 127.0.0.1:0 (prefill: ")
+    assert reason in checked.stdout and fix in checked.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.traces.formats import BASH_TOOL, FORMATS, as_tool_calls, detect_format, extends, read_traces
+from sandbox.traces.formats import BASH_TOOL, FORMATS, as_tool_calls, detect_format, extends, read_located, read_traces
 from sandbox.traces.model import Trace, TraceError, TraceRequest
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -28,6 +28,9 @@ def _write_lines(path: Path, records: list) -> Path:
     ("sweagent-fc.traj", "swe-agent"),
     ("sweagent-text.traj", "swe-agent"),
     ("mswea.traj.json", "mini-swe-agent"),
+    ("mswea-v2.traj.json", "mini-swe-agent"),
+    ("messages.traj.json", "messages"),
+    ("taubench.json", "tau-bench"),
 ])
 def test_each_file_is_detected(name: str, expected: str) -> None:
     assert detect_format(DATA / name) == expected
@@ -60,7 +63,7 @@ def test_openai_mid_run_user_turn_and_parallel_calls() -> None:
 def test_gateway_lines_continue_one_trace_with_usage_per_request() -> None:
     session = read_traces(DATA / "openai.jsonl")[3]
     assert session.provenance["line"] == 4 and session.provenance["lines"] == [4, 5, 6]
-    assert session.provenance["model"] == "gpt-4o-mini-2024-07-18"
+    assert session.metadata == {"model": "gpt-4o-mini-2024-07-18"}
     assert _roles(session) == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert session.messages[-1]["content"].startswith("/var/log/builder-debug.log is 29 GB")
     assert isinstance(session.messages[1]["content"], list)  # the longer, later history replaced the first
@@ -113,9 +116,11 @@ def test_swe_agent_function_calling() -> None:
     assert isinstance(trace.messages[1]["content"], list)
     assert trace.provenance == {
         "format": "swe-agent", "file": "sweagent-fc.traj", "line": 1, "environment": "main",
-        "model": "claude-3-5-sonnet-20241022", "exit_status": "submitted", "swe_agent_version": "1.0.1",
         "model_stats": {"instance_cost": 0.0581, "tokens_sent": 14820, "tokens_received": 411, "api_calls": 4},
         "demonstration_messages": 0}
+    assert {k: trace.metadata[k] for k in ("model", "agent", "agent_version", "exit_status")} == {
+        "model": "claude-3-5-sonnet-20241022", "agent": "swe-agent", "agent_version": "1.0.1",
+        "exit_status": "submitted"}
     assert [r.index for r in trace.requests] == [2, 4, 6, 8] and all(r.usage is None for r in trace.requests)
     assert as_tool_calls(trace) is trace
 
@@ -156,8 +161,11 @@ def test_mini_swe_agent_reads_usage_from_extra() -> None:
     assert trace.requests[1].usage["prompt_tokens_details"] == {"cached_tokens": 1420}
     assert trace.provenance == {
         "format": "mini-swe-agent", "file": "mswea.traj.json", "line": 1, "trajectory_format": "mini-swe-agent-1",
-        "model": "anthropic/claude-sonnet-4-20250514", "mini_version": "1.9.1", "exit_status": "Submitted",
         "model_stats": {"instance_cost": 0.0241, "api_calls": 4}}
+    assert {k: v for k, v in trace.metadata.items() if k != "submission"} == {
+        "task": "psf__requests-1963", "model": "anthropic/claude-sonnet-4-20250514", "agent": "mini-swe-agent",
+        "agent_version": "1.9.1", "exit_status": "Submitted"}
+    assert trace.metadata["submission"].startswith("diff --git a/requests/sessions.py")
 
 
 def test_mini_swe_agent_as_tool_calls_keeps_the_format_error_a_user_message() -> None:
@@ -283,3 +291,117 @@ def test_older_function_calling_reads_as_tool_calls(tmp_path) -> None:
     call = trace.messages[1]["tool_calls"][0]
     assert call["function"]["name"] == "weather" and "function_call" not in trace.messages[1]
     assert trace.messages[2]["role"] == "tool" and trace.messages[2]["tool_call_id"] == call["id"]
+
+
+def test_tau_bench_runs_keep_task_trial_and_reward_as_metadata() -> None:
+    located = read_located(DATA / "taubench.json")
+    assert [(x.line, x.format) for x in located] == [(2, "tau-bench"), (3, "tau-bench")]
+    first, second = (x.trace for x in located)
+    assert [first.id, second.id] == ["taubench-task-38-trial-2", "taubench-task-35-trial-3"]
+    assert first.metadata == {"task": 38, "trial": 2, "reward": 1.0, "agent": "tau-bench"}
+    assert first.provenance == {"format": "tau-bench", "file": "taubench.json", "line": 2, "run": 0}
+    assert _roles(second) == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "tool"]
+    assert second.messages[-1]["tool_call_id"] == second.messages[-2]["tool_calls"][0]["id"]
+    assert first.actions == "tools" and len(first.requests) == 4 and len(second.requests) == 3
+
+
+def test_tau_bench_refuses_a_repeated_run_and_a_stray_element(tmp_path: Path) -> None:
+    runs = json.loads((DATA / "taubench.json").read_text())
+    twice = tmp_path / "twice.json"
+    twice.write_text("[\n" + ",\n".join(json.dumps(r) for r in [runs[0], runs[1], runs[0]]) + "\n]\n")
+    with pytest.raises(TraceError, match=rf"^{twice}:4: run 2 repeats task 38, trial 2 of the run at line 2.*"
+                                         r"\(read as tau-bench, detected"):
+        read_traces(twice)
+    stray = tmp_path / "stray.json"
+    stray.write_text(json.dumps([runs[0], {"task_id": 1}]))
+    with pytest.raises(TraceError, match=rf"^{stray}:1: run 1 is not a tau-bench run"):
+        read_traces(stray)
+
+
+def test_mini_swe_agent_2_keeps_its_exit_as_the_end_and_calls_tools_natively() -> None:
+    [trace] = read_traces(DATA / "mswea-v2.traj.json")
+    doc = json.loads((DATA / "mswea-v2.traj.json").read_text())
+    assert trace.id == "astropy__astropy-12907" and trace.actions == "tools" and trace.tools == (BASH_TOOL,)
+    assert _roles(trace) == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert trace.metadata["exit_status"] == "Submitted" and trace.metadata["agent_version"] == "2.2.7"
+    assert trace.metadata["submission"] == doc["messages"][-1]["content"]
+    assert len(trace.requests) == doc["info"]["model_stats"]["api_calls"] == 3
+    assert [r.usage["prompt_tokens"] for r in trace.requests] == [
+        m["extra"]["response"]["usage"]["prompt_tokens"] for m in doc["messages"] if m["role"] == "assistant"]
+    assert all(set(m) <= {"role", "content", "tool_calls", "tool_call_id"} for m in trace.messages)
+
+
+def test_mini_swe_agent_exit_before_the_end_is_refused(tmp_path: Path) -> None:
+    doc = json.loads((DATA / "mswea-v2.traj.json").read_text())
+    doc["messages"].insert(3, doc["messages"][-1])
+    path = tmp_path / "early.traj.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"early\.traj\.json:1: message 3 has role 'exit' before the end of the run.*"
+                                         r"read as mini-swe-agent"):
+        read_traces(path)
+
+
+def test_mini_swe_agent_2_responses_api_items(tmp_path: Path) -> None:
+    """mini-swe-agent 2.x with a Responses API model keeps response objects and function_call_output items."""
+    call = {"type": "function_call", "call_id": "fc_1", "name": "bash", "arguments": '{"command": "ls"}'}
+    doc = {"trajectory_format": "mini-swe-agent-1.1", "info": {"mini_version": "2.2.7", "exit_status": "Submitted"},
+           "messages": [
+               {"role": "system", "content": "You can run bash."},
+               {"role": "user", "content": "List the files."},
+               {"object": "response", "id": "resp_1", "output": [
+                   {"type": "reasoning", "summary": []},
+                   {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Listing."}]},
+                   call], "usage": {"input_tokens": 40, "output_tokens": 9,
+                                    "input_tokens_details": {"cached_tokens": 32}}, "extra": {"cost": 0.001}},
+               {"type": "function_call_output", "call_id": "fc_1", "output": "a.py\nb.py", "extra": {}},
+               {"object": "response", "id": "resp_2", "output": [
+                   {"type": "function_call", "call_id": "fc_2", "name": "bash",
+                    "arguments": '{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}'}],
+                "usage": {"input_tokens": 60, "output_tokens": 12}},
+               {"role": "exit", "content": "", "extra": {"exit_status": "Submitted", "submission": ""}}]}
+    path = tmp_path / "resp.traj.json"
+    path.write_text(json.dumps(doc))
+    [trace] = read_traces(path)
+    assert _roles(trace) == ["system", "user", "assistant", "tool", "assistant"]
+    assert trace.messages[2]["content"] == "Listing." and trace.messages[2]["tool_calls"][0]["id"] == "fc_1"
+    assert trace.messages[3] == {"role": "tool", "tool_call_id": "fc_1", "content": "a.py\nb.py"}
+    assert [r.usage for r in trace.requests] == [
+        {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49,
+         "prompt_tokens_details": {"cached_tokens": 32}},
+        {"prompt_tokens": 60, "completion_tokens": 12, "total_tokens": 72}]
+
+
+def test_a_bare_message_list_is_one_trace_in_text_actions() -> None:
+    [trace] = read_traces(DATA / "messages.traj.json")
+    assert trace.id == "messages" and trace.actions == "text" and len(trace.requests) == 2
+    assert trace.provenance == {"format": "messages", "file": "messages.traj.json", "line": 1}
+    assert _roles(as_tool_calls(trace)) == ["system", "user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_swe_agent_last_step_from_the_trajectory_when_the_history_lacks_it(tmp_path: Path) -> None:
+    [whole] = read_traces(DATA / "sweagent-text.traj")
+    doc = json.loads((DATA / "sweagent-text.traj").read_text())
+    doc["history"] = doc["history"][:-1]  # saved before the submitting step reached it
+    path = tmp_path / "short.traj"
+    path.write_text(json.dumps(doc))
+    [trace] = read_traces(path)
+    assert len(trace.requests) == len(whole.requests) == len(doc["trajectory"])
+    assert trace.messages[-1] == {"role": "assistant", "content": doc["trajectory"][-1]["response"]}
+    assert trace.provenance["last_step_from_trajectory"] is True and "last_step_from_trajectory" not in whole.provenance
+    assert as_tool_calls(trace).messages[-1]["tool_calls"][0]["function"]["arguments"] == '{"command": "submit"}'
+
+
+def test_text_actions_are_detected_in_any_format_but_not_in_a_chat_with_a_snippet(tmp_path: Path) -> None:
+    [log] = read_traces(Path(__file__).resolve().parents[1] / "examples" / "traces" / "openai.jsonl")
+    assert log.actions == "text" and log.provenance["lines"] == [1, 2, 3]
+    assert _roles(as_tool_calls(log)) == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    chat = [{"role": "user", "content": "How do I list hidden files?"},
+            {"role": "assistant", "content": "Use:\n```bash\nls -a\n```"},
+            {"role": "user", "content": "Thanks! And how do I count them?"},
+            {"role": "assistant", "content": "Pipe it to wc: `ls -A | wc -l`."},
+            {"role": "user", "content": "Great."},
+            {"role": "assistant", "content": "Glad to help."}]
+    path = _write_lines(tmp_path / "chat.jsonl", [{"id": "chat", "messages": chat}])
+    assert read_traces(path)[0].actions == "tools"  # one snippet in three replies is advice, not an agent's action
+    assert read_traces(path, actions="text")[0].actions == "text"
+    assert read_traces(DATA / "mswea.traj.json", actions="tools")[0].actions == "tools"

@@ -164,7 +164,7 @@ def test_a_text_policy_run_is_refused_where_it_rewrote_the_history(home, tmp_pat
     with pytest.raises(TraceError) as caught:
         read_traces(path)
     assert re.fullmatch(rf"{re.escape(str(path))}:{rewritten}: recorded under text policy standard-8k: .*; "
-                        rf"{re.escape(KV_ONLY)}", str(caught.value))
+                        rf"{re.escape(KV_ONLY)} \(read as akv-run, detected from its content; .*\)", str(caught.value))
     refused = akv(home, db, "traces", "import", str(path), "--name", "summarized")
     assert refused.returncode == 2 and f"{path}:{rewritten}: recorded under text policy" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -236,7 +236,7 @@ def test_keep_text_drop_requests_and_header_only_files_are_refused(tmp_path) -> 
                     [("agent", [SYSTEM, USER], CALL, None), ("agent", [SYSTEM, USER, CALL, RESULT], FINAL, rule)],
                     "1911")
     with pytest.raises(TraceError, match=rf"^{re.escape(str(kept))}:3: recorded under policy cut-tools, whose "
-                                         rf"keep_text_drop .*; {re.escape(KV_ONLY)}$"):
+                                         rf"keep_text_drop .*; {re.escape(KV_ONLY)} \(read as akv-run, detected"):
         read_traces(kept)
     header_only = tmp_path / "header.jsonl"
     header_only.write_text(json.dumps({"type": "task", **HEADER}) + "\n")

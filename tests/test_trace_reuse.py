@@ -175,11 +175,13 @@ def test_the_use_record_names_the_latest_visible_holder() -> None:
     assert used_indices(reuses, visible) == (3,)
 
 
-def test_a_reuse_is_lost_when_only_hidden_tool_results_held_it() -> None:
+def test_a_reuse_is_lost_when_every_holder_is_hidden_whatever_its_role() -> None:
     reuses = [Reuse("HAT136", (3, 5), True), Reuse("KHIK97", (4,), False)]
     assert lost_reuses(reuses, [True] * 6) == []
     assert lost_reuses(reuses, [True, True, True, True, True, False]) == []  # 3 still shows it
-    assert lost_reuses(reuses, [True, True, True, False, False, False]) == [reuses[0]]  # not at risk: never lost
+    assert lost_reuses(reuses, [True, True, True, False, True, False]) == [reuses[0]]
+    # 4 (the agent's or the user's words) held KHIK97 alone: hiding it loses it too
+    assert lost_reuses(reuses, [True, True, True, False, False, False]) == reuses
 
 
 def test_only_assistant_messages_have_reuses() -> None:

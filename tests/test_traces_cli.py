@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.traces.suite import TraceSuite
 from test_cli_support import akv_in_process as akv
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -47,25 +48,32 @@ def test_a_bad_file_imports_nothing_and_names_file_and_line(env) -> None:
     code, out, _ = akv(env, "traces", "list", "--json")
     assert json.loads(out)["trace_sets"] == []  # the good file of each import was not kept either
     code, _, err = akv(env, "traces", "import", str(DATA / "openai.jsonl"), "--name", "t", "--format", "csv")
-    assert code == 2 and "unknown trace format 'csv'" in err
+    assert code == 2 and "openai.jsonl:1: --format 'csv' is not a trace format" in err
     code, _, err = akv(env, "traces", "import", str(DATA / "openai.jsonl"), "--name", "localcomp")
     assert code == 2 and "--name: 'localcomp' is already the name of a suite" in err
 
 
-def test_a_known_id_with_other_content_is_refused_and_the_set_kept(env, tmp_path) -> None:
+def test_a_run_changed_in_its_own_file_is_refused_and_the_set_kept(env, tmp_path) -> None:
     assert akv(env, "traces", "import", str(DATA / "openai.jsonl"), "--name", "t")[0] == 0
     first = json.loads(akv(env, "traces", "show", "t", "--json")[1])
     line = json.loads((DATA / "openai.jsonl").read_text().splitlines()[0])
     line["messages"][1]["content"] += " (edited)"
-    changed = tmp_path / "changed.jsonl"
+    (tmp_path / "traces").mkdir()
+    changed = tmp_path / "traces" / "openai.jsonl"  # the same folder and file name: the same file, changed
     changed.write_text(json.dumps(line) + "\n")
     code, _, err = akv(env, "traces", "import", str(changed), "--name", "t")
-    assert code == 2 and f"trace {line['id']!r} is already in 't' with other content" in err
+    assert code == 2 and err.startswith(f"error: {changed}:1: trace {line['id']!r} is already in the set with other "
+                                        "content, from the same file") and "--id-prefix" in err
     assert json.loads(akv(env, "traces", "show", "t", "--json")[1]) == first
+    code, _, err = akv(env, "traces", "import", str(DATA / "mswea.traj.json"), str(changed), "--name", "t",
+                       "--id-from", "field")
+    assert code == 2 and f"trace {line['id']!r} is already in the set with other content" in err
+    assert json.loads(akv(env, "traces", "show", "t", "--json")[1]) == first  # the good file did not land
 
 
 def test_export_reads_back_as_the_same_traces(env, tmp_path) -> None:
-    assert akv(env, "traces", "import", str(DATA / "samples.jsonl"), str(DATA / "mswea.traj.json"), "--name", "a")[0] == 0
+    assert akv(env, "traces", "import", str(DATA / "samples.jsonl"), str(DATA / "mswea.traj.json"),
+               "--name", "a")[0] == 0
     out = tmp_path / "a.jsonl"
     assert akv(env, "traces", "export", "a", "--out", str(out))[0] == 0
     assert akv(env, "traces", "import", str(out), "--name", "b")[0] == 0
@@ -81,7 +89,9 @@ def test_bench_traces_scores_the_built_ins_and_a_lossless_oracle(env) -> None:
     code, out, err = akv(env, "bench", "traces", "--suite", "ex", "--json")
     assert code == 0, err
     rows = {p["policy"]: p for p in json.loads(out)["policies"]}
-    assert {"full", "expert", "keep-12", "rolling-3", "turn-based", "token-based", "standard", "oracle"} <= set(rows)
+    assert {"full", "expert", "keep-12", "rolling-3", "turn-based", "token-based", "standard", "text-engineering",
+            "oracle"} <= set(rows)
+    assert set(TraceSuite.baselines.values()) <= set(rows)   # every baseline `akv evolve` uses on a trace set
     assert rows["full"]["score"] == 1.0 and rows["full"]["lost_reuses"] == 0
     assert rows["oracle"]["score"] == 1.0 and rows["oracle"]["cost_usd"] < rows["full"]["cost_usd"]
     assert rows["rolling-3"]["lost_reuses"] > 0 and rows["rolling-3"]["cost_usd"] < rows["full"]["cost_usd"]
@@ -95,9 +105,6 @@ def test_evolve_on_a_trace_set_reflects_on_inferred_use_records(env, tmp_path) -
 
     assert akv(env, "traces", "import", str(DATA / "samples.jsonl"), str(DATA / "openai.jsonl"),
                str(DATA / "mswea.traj.json"), str(DATA / "sweagent-fc.traj"), "--name", "ex")[0] == 0
-    code, _, err = akv(env, "traces", "import", str(DATA / "samples.jsonl"), str(EXAMPLES / "traces.jsonl"),
-                       "--name", "twice")
-    assert code == 2 and "appears more than once in the files" in err
     config = tmp_path / "c.yaml"
     config.write_text("proposers: [reflect, optuna]\nmax_candidates: 4\n")
     code, out, err = akv(env, "evolve", "--config", str(config), "--suite", "ex", "--run-name", "tr")
@@ -112,3 +119,89 @@ def test_evolve_on_a_trace_set_reflects_on_inferred_use_records(env, tmp_path) -
         assert store.validations(run.id)
     finally:
         store.close()
+
+
+def test_every_example_imports_and_show_counts_what_is_scored(env, tmp_path) -> None:
+    files = sorted(p for p in (EXAMPLES / "traces").iterdir() if p.suffix != ".md")
+    code, out, err = akv(env, "traces", "import", *map(str, files), "--name", "all")
+    assert code == 0, err
+    assert "1 unchanged" in out  # akv.jsonl is messages.json exported: the same run
+    assert err.splitlines() == [f"warning: {EXAMPLES / 'traces' / 'anthropic.jsonl'}:4: trace 'anthropic-4' has "
+                                "no tool results: tool-based policies have nothing to drop in it (if its agent acts "
+                                "in text, --actions text reads it so)"]
+    rows = {r["id"]: r for r in json.loads(akv(env, "traces", "show", "all", "--json")[1])["traces"]}
+    assert {r["format"] for r in rows.values()} == {"openai", "messages", "swe-agent", "mini-swe-agent", "tau-bench",
+                                                  "openhands", "anthropic", "claude-code", "adp", "otel", "akv-run"}
+    text = rows["openai-1"]
+    assert (text["actions"], text["tool_results"], text["requests"]) == ("text", 2, 3)  # scored in tool form
+    tau = rows["tau-bench-task-38-trial-2"]
+    assert tau["outcome"] == "reward 1" and tau["metadata"] == {"task": 38, "trial": 2, "reward": 1.0,
+                                                                "agent": "tau-bench"}
+    assert rows["client__http-timeout-12"]["outcome"] == "resolved"
+    assert rows["astropy__astropy-12907"]["model"] == "deepseek/deepseek-chat"
+    assert rows["astropy__astropy-12907"]["outcome"] == "Submitted"
+    assert rows["astropy__astropy-12907"]["provenance"]["path"] == "traces/mini-swe-agent.traj.json"
+    code, out, _ = akv(env, "traces", "show", "all")
+    assert code == 0 and "reward 1" in out and "resolved" in out
+    exported = tmp_path / "all.jsonl"
+    assert akv(env, "traces", "export", "all", "--out", str(exported))[0] == 0
+    records = {r["id"]: r for r in map(json.loads, exported.read_text().splitlines())}
+    assert records["client__http-timeout-12"]["metadata"]["resolved"] is True
+    assert "metadata" not in records["client__http-timeout-12"]["provenance"]
+
+
+def test_actions_option_and_the_no_tool_results_warning(env) -> None:
+    log = EXAMPLES / "traces" / "openai.jsonl"
+    code, _, err = akv(env, "traces", "import", str(log), "--name", "tools", "--actions", "tools")
+    assert code == 0 and f"warning: {log}:1: trace 'openai-1' has no tool results" in err
+    [row] = json.loads(akv(env, "traces", "show", "tools", "--json")[1])["traces"]
+    assert (row["actions"], row["tool_results"]) == ("tools", 0)
+    code, _, err = akv(env, "traces", "import", str(log), "--name", "bad", "--actions", "json")
+    assert code == 2 and f"{log}:1: --actions 'json': expected one of text, tools" in err
+
+
+def test_runs_of_one_task_from_two_folders_get_ids_from_their_paths(env, tmp_path) -> None:
+    run = json.loads((DATA / "mswea-v2.traj.json").read_text())
+    for folder, edit in (("run-a", ""), ("run-b", " (second run)")):
+        (tmp_path / folder).mkdir()
+        run["messages"][2]["content"] += edit
+        (tmp_path / folder / "astropy.traj.json").write_text(json.dumps(run))
+    a, b = tmp_path / "run-a" / "astropy.traj.json", tmp_path / "run-b" / "astropy.traj.json"
+    code, out, err = akv(env, "traces", "import", str(a), str(b), "--name", "two")
+    assert code == 0 and "2 traces added" in out
+    assert f"note: {b}:1: trace id 'astropy__astropy-12907' is another run's (from run-a/astropy.traj.json); " \
+           "imported as 'run-b/astropy'" in err
+    code, out, _ = akv(env, "traces", "import", str(b), str(a), "--name", "two")  # again, either order
+    assert code == 0 and "0 traces added, 2 unchanged" in out
+    ids = lambda name: sorted(r["id"] for r in json.loads(akv(env, "traces", "show", name, "--json")[1])["traces"])
+    assert ids("two") == ["astropy__astropy-12907", "run-b/astropy"]
+    assert akv(env, "traces", "import", str(a), str(b), str(EXAMPLES / "traces" / "tau-bench.json"),
+               "--name", "paths", "--id-from", "path")[0] == 0
+    assert ids("paths") == ["run-a/astropy", "run-b/astropy", "traces/tau-bench/tau-bench-task-35-trial-3",
+                            "traces/tau-bench/tau-bench-task-38-trial-2"]
+    assert akv(env, "traces", "import", str(a), "--name", "two", "--id-prefix", "exp1-")[0] == 0
+    assert ids("two") == ["astropy__astropy-12907", "exp1-astropy__astropy-12907", "run-b/astropy"]
+    code, _, err = akv(env, "traces", "import", str(a), str(b), "--name", "field", "--id-from", "field")
+    assert code == 2 and err.startswith(f"error: {b}:1: trace 'astropy__astropy-12907' is already in the set with "
+                                        "other content, from run-a/astropy.traj.json")
+    assert "field" not in json.dumps(json.loads(akv(env, "traces", "list", "--json")[1]))
+
+
+def test_refusals_name_the_format_assumed_and_how_to_force_another(env, tmp_path) -> None:
+    run = json.loads((DATA / "mswea-v2.traj.json").read_text())
+    run["messages"].insert(3, run["messages"][-1])
+    early = tmp_path / "early.traj.json"
+    early.write_text(json.dumps(run))
+    code, _, err = akv(env, "traces", "import", str(early), "--name", "t")
+    assert code == 2 and err.startswith(f"error: {early}:1: message 3 has role 'exit' before the end of the run")
+    assert "(read as mini-swe-agent, detected from its content; --format FORMAT reads it as another: openai," in err
+    code, _, err = akv(env, "traces", "import", str(early), "--name", "t", "--format", "swe-agent")
+    assert code == 2 and "expected a SWE-agent trajectory" in err and "(read as swe-agent, as --format says;" in err
+    unknown = tmp_path / "notes.json"
+    unknown.write_text('{"title": "not a trace"}\n')
+    code, _, err = akv(env, "traces", "import", str(unknown), "--name", "t")
+    assert code == 2 and err.startswith(f"error: {unknown}:1: cannot tell the trace format: expected one of openai,")
+    assert "or --format naming it" in err and "Traceback" not in err
+    code, _, err = akv(env, "traces", "import", str(tmp_path / "missing.jsonl"), "--name", "t")
+    assert code == 2 and f"{tmp_path / 'missing.jsonl'}:1: no such file" in err
+    assert json.loads(akv(env, "traces", "list", "--json")[1])["trace_sets"] == []

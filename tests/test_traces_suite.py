@@ -53,7 +53,7 @@ def test_full_replays_every_recorded_request_and_keeps_everything():
     suite = _suite(trace)
     result, trajectory = _run(suite, trace, "full")
     assert result.status == "ok" and result.n_requests == len(trace.assistant_indices())
-    assert result.score == 1.0 and suite.at_risk_reuses(trace.id) >= 1
+    assert result.score == 1.0 and suite.scored_reuses(trace.id) >= 1
     agent = [e for e in trajectory.exchanges if e.purpose == "agent"]
     assert [list(e.request.messages) for e in agent][-1] == list(trace.messages[:-1])
     assert agent[-1].used is not None and 3 in agent[-2].used  # the ticket's only tool holder, read again
@@ -132,3 +132,47 @@ def test_a_trace_set_in_the_store_is_a_suite_by_name(tmp_path, monkeypatch):
 def test_an_unknown_split_is_named():
     with pytest.raises(ValueError, match="expected train or heldout"):
         _suite(repair_trace()).tasks("test")
+
+
+def _policy_file(tmp_path, text: str) -> str:
+    path = tmp_path / "p.akvp"
+    path.write_text(text)
+    return str(path)
+
+
+def test_hiding_the_agents_own_message_loses_what_only_it_held(tmp_path):
+    """Every holder counts, whatever its role: an id only the agent's own message held (it made it up:
+    a branch name) is lost when a policy hides that message, and kept when only tool results go."""
+    messages = [{"role": "system", "content": "You repair code. Use the bash tool."},
+                {"role": "user", "content": "The importer crashes on empty files. Fix it."},
+                _call(0, "git checkout -b fix_empty_rows_7731"), _result(0, "Switched to a new branch")]
+    for n in range(1, 6):
+        messages += [_call(n, f"cat notes_{n}.txt"), _result(n, f"note {n}: unrelated observation")]
+    messages += [_call(6, "git push origin fix_empty_rows_7731"), _result(6, "pushed"),
+                 {"role": "assistant", "content": "Done."}]
+    trace = with_requests(Trace("branch-1", tuple(messages)))
+    suite = _suite(trace)
+    assert suite.scored_reuses(trace.id) == 1
+    hide_agent = _policy_file(tmp_path, "mode kv\non each turn: drop role assistant and age >= 2 turns\n")
+    hidden, _ = _run(suite, trace, hide_agent)
+    assert hidden.score == 0.0
+    tools_only, _ = _run(suite, trace, "rolling-3")
+    assert tools_only.score == 1.0
+
+
+def test_runs_of_one_task_share_a_split():
+    """Trials of one task (tau-bench's, a SWE-bench instance run twice) are near copies: all of them go
+    to the side their task's key hashes to, so no held-out task was tuned on through a sibling run."""
+    from dataclasses import replace
+
+    runs = [replace(repair_trace(f"task-{task}-trial-{trial}"), metadata={"task": task})
+            for task in range(12) for trial in range(4)]
+    suite = _suite(*runs)
+    for split in ("train", "heldout"):
+        tasks = {t.id.rsplit("-trial-", 1)[0] for t in suite.tasks(split)}
+        other = {t.id.rsplit("-trial-", 1)[0] for t in suite.tasks("heldout" if split == "train" else "train")}
+        assert not tasks & other
+    assert {len(suite.tasks(s)) % 4 for s in ("train", "heldout")} == {0}
+    assert {split_of(str(task)) for task in range(12)} == {"train", "heldout"}
+    plain = repair_trace("no-task")  # no task in its metadata: its id decides
+    assert _suite(plain).tasks(split_of("no-task"))[0].id == "no-task"

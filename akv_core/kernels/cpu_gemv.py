@@ -17,7 +17,8 @@ source, the flags and the compiler, and loaded with ctypes once its folder's own
 recorded SHA-256 are checked (`native_cache`). It is used only where torch reports AVX2 on the running
 CPU (the CPU changes between machines, so nothing is decided at install); without AVX2, without a
 compiler, with a library that fails those checks, or with `AKV_CPU_GEMV=off`, `available()` is False,
-`why_unavailable()` says why, and the callers keep torch's kernels.
+`refusal()` says why and what would fix it (`why_unavailable()`: the two in one line), and the callers keep
+torch's kernels; `akv serve` names both in its start-up line, `/server_info` and `--check`.
 
 C reads whatever the pointers it is given point at, so every wrapper here checks the shapes, dtypes,
 contiguity, head counts and slot indices the C code relies on, and raises ValueError naming the argument.
@@ -65,19 +66,41 @@ def compiler() -> str | None:
     return None
 
 
-def why_unavailable() -> str | None:
-    """None when the kernel can run here, else the reason (for benchmark headers and tests)."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why the kernels do not run here, and what would make them run at the next start (None where nothing
+    would: the CPU has no AVX2, or they were switched off on purpose)."""
+
+    reason: str
+    fix: str | None = None
+
+    def __str__(self) -> str:
+        return self.reason if self.fix is None else f"{self.reason}; fix: {self.fix}"
+
+
+NO_COMPILER = Refusal("no C compiler (cc, gcc or clang) on PATH", "install one, or set CC to one")
+
+
+def refusal() -> Refusal | None:
+    """None when the kernel can run here, else why not and the fix."""
     if os.environ.get(SWITCH, "").lower() in ("off", "0", "no"):
-        return f"{SWITCH}=off"
+        return Refusal(f"{SWITCH}=off")
     if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
-        return "the CPU has no AVX2"
+        return Refusal("the CPU has no AVX2")
     if compiler() is None:
-        return "no C compiler (cc, gcc or clang) on PATH"
+        return NO_COMPILER
     return _loaded()[1]
 
 
+def why_unavailable() -> str | None:
+    """None when the kernel can run here, else the reason and its fix in one line (for benchmark headers and
+    tests)."""
+    found = refusal()
+    return None if found is None else str(found)
+
+
 def available() -> bool:
-    return why_unavailable() is None
+    return refusal() is None
 
 
 def _first_lines(text: str, count: int = 3, width: int = 300) -> str:
@@ -99,21 +122,22 @@ def _compile(cc: str, output: Path) -> None:
     if result.returncode != 0:
         raise native_cache.Unavailable(
             f"akv_core/kernels/cpu_gemv.c could not be compiled by {cc} (exit {result.returncode}): "
-            + _first_lines(result.stderr or result.stdout))
+            + _first_lines(result.stderr or result.stdout), f"set CC to a compiler that takes {' '.join(FLAGS[1:3])}")
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
+def _loaded() -> tuple[ctypes.CDLL | None, Refusal | None]:
     """The kernel library (built where missing, its digest checked: `native_cache`), or None and why not."""
     cc = compiler()
     if cc is None:
-        return None, "no C compiler (cc, gcc or clang) on PATH"
+        return None, NO_COMPILER
     try:
         library = native_cache.load(library_name(cc), functools.partial(_compile, cc))
     except native_cache.Unavailable as error:
-        return None, str(error)
+        return None, Refusal(str(error), error.fix)
     except OSError as error:  # a kernel folder that cannot be made or written, or a library that cannot be loaded
-        return None, f"akv_core/kernels/cpu_gemv.c could not be built or loaded: {error}"
+        return None, Refusal(f"akv_core/kernels/cpu_gemv.c could not be built or loaded: {error}",
+                             f"set {native_cache.CACHE_ENV} to a folder of your own that can be written")
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     prologue = [ptr, i64, i64, ptr, f32, i32, i32]
     library.akv_q4_gemv.argtypes = [*prologue, ptr, ptr, ptr, i64, ptr, i64]

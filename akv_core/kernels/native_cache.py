@@ -7,8 +7,8 @@ folder (`AKV_HOME`, by default in the working directory) is never used for libra
 folder someone else prepared must not load their code.
 
 Each build's SHA-256 is recorded beside it (`<name>.json`, written atomically once the library is in
-place) and compared before every load. `load` refuses, raising `Unavailable` with the reason (the
-caller then keeps torch's kernels and reports it), when the folder, a folder above it, the library or
+place) and compared before every load. `load` refuses, raising `Unavailable` with the reason and
+the fix (the caller then keeps torch's kernels and reports both), when the folder, a folder above it, the library or
 its record is owned by another user or writable by group or others (a folder above it must belong to
 this user or root, and may be writable by others only with the sticky bit, as /tmp, and by its group
 only then or when the group is this user's alone), or the library's digest differs from the record.
@@ -34,7 +34,17 @@ CACHE_ENV = "AKV_KERNEL_CACHE"
 
 
 class Unavailable(Exception):
-    """A library that is not loaded; the message says why (shown by the caller's `why_unavailable`)."""
+    """A library that is not loaded: the message says why, `fix` what makes the next start load one (shown by
+    the caller's `why_unavailable`)."""
+
+    def __init__(self, reason: str, fix: str | None = None) -> None:
+        super().__init__(reason)
+        self.fix = fix
+
+
+def _rebuilt(library: Path) -> str:
+    """The fix for a library or record that cannot be trusted: remove both, and the next start builds anew."""
+    return f"rm {library} {record_path(library)} (both are built again at the next start)"
 
 
 def cache_folder() -> Path:
@@ -49,8 +59,8 @@ def cache_folder() -> Path:
     try:
         return Path.home() / ".cache" / "akv" / "kernels"
     except RuntimeError as error:   # no HOME and no passwd entry
-        raise Unavailable(f"no home folder for the kernel cache ({error}): set XDG_CACHE_HOME or "
-                          f"{CACHE_ENV}") from error
+        raise Unavailable(f"no home folder for the kernel cache ({error})",
+                          f"set XDG_CACHE_HOME or {CACHE_ENV} to a folder of your own") from error
 
 
 def _owner_problem(path: Path, info: os.stat_result, what: str) -> str | None:
@@ -104,27 +114,34 @@ def private_folder(folder: Path | None = None) -> Path:
         except FileExistsError:   # another process made it meanwhile: checked below like any other
             pass
     info = os.lstat(folder)
+    # Another user may have put a library and its record there: the folder is made again, not just closed.
+    fix = (f"rm -r {folder} (it is made again, private, with a fresh build, at the next start), or set {CACHE_ENV} "
+           "to a folder of your own")
     if not stat.S_ISDIR(info.st_mode):
-        raise Unavailable(f"the kernel folder {folder} is not a folder")
-    problem = _owner_problem(folder, info, "folder") or next(
-        filter(None, (_ancestor_problem(p, os.stat(p)) for p in folder.parents)), None)
+        raise Unavailable(f"the kernel folder {folder} is not a folder", fix)
+    problem = _owner_problem(folder, info, "folder")
     if problem:
-        raise Unavailable(f"{problem}; the library there is not loaded")
+        raise Unavailable(f"{problem}; the library there is not loaded", fix)
+    problem = next(filter(None, (_ancestor_problem(p, os.stat(p)) for p in folder.parents)), None)
+    if problem:
+        raise Unavailable(f"{problem}; the library there is not loaded",
+                          f"set {CACHE_ENV} to a folder under folders only you can write")
     return folder
 
 
 def _open_checked(path: Path, what: str) -> int:
     """A read-only descriptor of the regular file `path` (never through a symlink), checked like the folder."""
+    fix = _rebuilt(path if what == "library" else path.with_suffix(".so"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)   # a FIFO must not block
     except OSError as error:
-        raise Unavailable(f"the kernel {what} {path} cannot be opened ({error.strerror}); not loaded") from error
+        raise Unavailable(f"the kernel {what} {path} cannot be opened ({error.strerror}); not loaded", fix) from error
     info = os.fstat(fd)
     problem = None if stat.S_ISREG(info.st_mode) else f"the kernel {what} {path} is not a regular file"
     problem = problem or _owner_problem(path, info, what)
     if problem:
         os.close(fd)
-        raise Unavailable(f"{problem}; not loaded")
+        raise Unavailable(f"{problem}; not loaded", fix)
     return fd
 
 
@@ -170,12 +187,12 @@ def _recorded_digest(library: Path) -> str:
         with os.fdopen(fd, "rb", closefd=False) as stream:
             data = json.loads(stream.read(1 << 16))
     except ValueError as error:
-        raise Unavailable(f"the kernel record {path} is not valid JSON; not loaded") from error
+        raise Unavailable(f"the kernel record {path} is not valid JSON; not loaded", _rebuilt(library)) from error
     finally:
         os.close(fd)
     digest = data.get("sha256") if isinstance(data, dict) else None
     if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-        raise Unavailable(f"the kernel record {path} holds no SHA-256; not loaded")
+        raise Unavailable(f"the kernel record {path} holds no SHA-256; not loaded", _rebuilt(library))
     return digest
 
 
@@ -221,5 +238,5 @@ def load(name: str, build: Callable[[Path], None], folder: Path | None = None) -
             os.close(fd)
         if found != expected:
             raise Unavailable(f"the kernel library {library} has SHA-256 {found[:16]}..., not {expected[:16]}... as "
-                              f"recorded when it was built: it changed since; not loaded (remove it to rebuild)")
+                              f"recorded when it was built: it changed since; not loaded", _rebuilt(library))
         return ctypes.CDLL(str(library))

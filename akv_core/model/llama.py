@@ -110,6 +110,9 @@ class CausalLM:
         self.attention_probe: AttentionProbe | None = None
         self.mass_probe: MassProbe | None = None
         self._scale = config.head_dim ** -0.5
+        # Why the C kernels (akv_core.kernels.cpu_gemv) do not run for this model, with the fix; None where they
+        # run, or off the CPU, where none is asked for. `akv serve` names it at start-up and in /server_info.
+        self.kernels_refusal: cpu_gemv.Refusal | None = cpu_gemv.refusal() if self.device.type == "cpu" else None
         self.fused_decode = self._can_fuse_decode()
         self._attention_kernel = (self.device.type == "cpu" and config.head_dim % 8 == 0
                                   and config.rotary_dim <= min(config.head_dim, 512)

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from akv_core.request import ERROR_KV_CAPACITY
+from akv_core.request import ERROR_KV_CAPACITY, FINISH_LENGTH
 from akv_core.server.access_log import ACCESS_USAGE, AccessLog
 from akv_core.server.assistant_output import AssistantOutputParser
 from akv_core.server.engine_loop import ClientGone, EngineLoop, Failed, Finished
@@ -29,6 +29,7 @@ from akv_core.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     Choice,
+    CpuKernels,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -38,7 +39,7 @@ from akv_core.server.protocol import (
     akv_features,
 )
 from akv_core.server.logprobs import TokenTexts, choice_logprobs, token_texts
-from akv_core.server.streaming import ChunkStream, combined_usage, usage_info
+from akv_core.server.streaming import ChunkStream, combined_usage, finish_reason, usage_info
 from akv_core.server.reply_fields import attribution_field, prompt_logprobs_field
 from akv_core.server.validation import GenerationArgs, generation_args, ignored_params
 
@@ -116,7 +117,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         model = getattr(state.loop.engine, "model", None)
         path = getattr(model, "prefill_path", None)
         return ServerInfo(model=state.model_name, akv=akv_features(), prefill=None if path is None else str(path),
-                          prefill_attention=getattr(model, "prefill_attention", None),
+                          prefill_attention=getattr(model, "prefill_attention", None), cpu_kernels=_cpu_kernels(model),
                           max_model_len=getattr(state.loop.engine, "context_length", None))
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -128,6 +129,16 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
               responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         return await _chat(state, body, request)
+
+
+def _cpu_kernels(model: Any) -> CpuKernels | None:
+    """The C kernels' state for a model on the CPU (`CausalLM.kernels_refusal`); None on another device."""
+    if model is None or getattr(model, "device", None) is None or model.device.type != "cpu":
+        return None
+    refusal = model.kernels_refusal
+    if refusal is None:
+        return CpuKernels(available=True)
+    return CpuKernels(available=False, reason=refusal.reason, fix=refusal.fix)
 
 
 def _card(state: ServerState) -> ModelCard:
@@ -230,8 +241,8 @@ def _choice(index: int, parser: AssistantOutputParser, finished: Finished,
             entries: list[TokenLogprobEntry] | None) -> dict[str, Any]:
     """One choice of a response, in OpenAI's key order, `content` and `logprobs` as explicit nulls
     when empty (clients index them directly)."""
-    _, message = parser.finish()
-    choice = Choice(index=index, finish_reason="tool_calls" if message.tool_calls else finished.finish_reason,
+    _, message = parser.finish(cut=finished.finish_reason == FINISH_LENGTH)
+    choice = Choice(index=index, finish_reason=finish_reason(message, finished),
                     message=ResponseMessage(content=message.content, tool_calls=message.tool_calls,
                                             reasoning_content=message.reasoning)).model_dump(exclude_none=True)
     body = {"index": index, "message": {"role": "assistant", "content": None, **choice["message"]},

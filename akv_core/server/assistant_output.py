@@ -3,7 +3,10 @@
 The chat template renders reasoning as `<think>...</think>` and tool calls as
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen's format; a
 JSON list of calls inside one block is accepted too). Output that fails to parse
-comes back as plain text, never as an error.
+comes back as plain text, never as an error; but a last block that max_tokens cut
+off comes back as the call it began (`finish(cut=True)`): its name and its
+arguments as far as they were written, where a client looks for calls, never as
+text that would read as the answer.
 
 One incremental parser serves both modes: a non-streaming response is the
 parser fed the whole text at once, so streamed deltas always concatenate to
@@ -21,6 +24,9 @@ from akv_core.server.protocol import FunctionCall, ToolCall
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.S)
+# The fields of a call block cut short: its name so far, and where its arguments begin.
+_CUT_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)')
+_CUT_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,11 @@ class AssistantOutputParser:
         self.text += text
         return self._advance(*self._split(final=False))
 
-    def finish(self) -> tuple[Delta, AssistantMessage]:
-        """The last delta and the whole message; tool calls are parsed here."""
+    def finish(self, cut: bool = False) -> tuple[Delta, AssistantMessage]:
+        """The last delta and the whole message; tool calls are parsed here. `cut`: the output ended
+        at max_tokens, so a last call block without its end is a call cut short."""
         reasoning, content = self._split(final=True)
-        calls = self._tool_calls() if self.parse_tool_calls else None
+        calls = self._tool_calls(cut) if self.parse_tool_calls else None
         if calls is None:
             reasoning, content = self._split(final=True, accept_call=False)
         delta = self._advance(reasoning, content)
@@ -109,22 +116,25 @@ class AssistantOutputParser:
             return None, None  # may still become a <think> block
         return None, self.text
 
-    def _tool_calls(self) -> list[ToolCall] | None:
+    def _tool_calls(self, cut: bool) -> list[ToolCall] | None:
         _, body = self._reasoning_and_body(final=True)
         start = body.find(CALL_OPEN) if body else -1
         if start < 0:
             return None
         tail = body[start:]
         blocks = _CALL_BLOCK.findall(tail)
-        if not blocks or tail.count(CALL_OPEN) != len(blocks):
-            return None  # an unclosed block: the output was cut off
+        unclosed = tail.count(CALL_OPEN) - len(blocks)
+        if unclosed > 1 or (unclosed and not cut) or not (blocks or unclosed):
+            return None  # an unclosed block the output did not end in at max_tokens
         calls: list[ToolCall] = []
         for block in blocks:
             parsed = parse_call_block(block)
             if parsed is None:
                 return None
             calls.extend(parsed)
-        return calls or None
+        if unclosed:
+            calls.append(partial_call(tail[tail.rfind(CALL_OPEN) + len(CALL_OPEN):]))
+        return calls
 
 
 def parse_assistant_output(text: str, parse_tool_calls: bool) -> AssistantMessage:
@@ -144,6 +154,21 @@ def parse_call_block(block: str) -> list[ToolCall] | None:
     if not calls or any(call is None for call in calls):
         return None
     return calls  # type: ignore[return-value]
+
+
+def partial_call(block: str) -> ToolCall:
+    """The call a block cut off by max_tokens began: its name and its arguments' text as far as they
+    were written (the arguments may not be valid JSON yet: the finish_reason `length` says why, as
+    OpenAI's does)."""
+    name = _CUT_NAME.search(block)
+    arguments = _CUT_ARGUMENTS.search(block)
+    text = name.group(1) if name else ""
+    try:
+        text = json.loads(f'"{text}"')
+    except ValueError:
+        pass   # cut inside an escape: the name as written
+    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
+                    function=FunctionCall(name=text, arguments=block[arguments.end():].rstrip() if arguments else ""))
 
 
 def _as_call(item: object) -> ToolCall | None:

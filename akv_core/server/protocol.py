@@ -399,6 +399,15 @@ class ModelCard(BaseModel):
     akv: AKVFeatures | None = None
 
 
+class CpuKernels(BaseModel):
+    """Whether the C kernels (akv_core.kernels.cpu_gemv) run for the served model; where not, why and the fix
+    (none where nothing would help: a CPU without AVX2, or AKV_CPU_GEMV=off asked for)."""
+
+    available: bool
+    reason: str | None = None
+    fix: str | None = None
+
+
 class ServerInfo(BaseModel):
     """GET /server_info: the served model and the AKV features."""
 
@@ -408,6 +417,8 @@ class ServerInfo(BaseModel):
     prefill: str | None = None
     # The kernel of the prompts' causal attention (CausalLM.prefill_attention), e.g. "fp32 flash (cpu_gemv)".
     prefill_attention: str | None = None
+    # The C kernels of a model served on the CPU (CausalLM.kernels_refusal); null on another device.
+    cpu_kernels: CpuKernels | None = None
     akv: AKVFeatures
 
 

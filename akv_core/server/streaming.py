@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel
 
 from akv_core.attribution import Attribution
+from akv_core.request import FINISH_LENGTH
 from akv_core.sampling import TokenLogprob
-from akv_core.server.assistant_output import AssistantOutputParser, Delta
+from akv_core.server.assistant_output import AssistantMessage, AssistantOutputParser, Delta
 from akv_core.server.engine_loop import Finished
 from akv_core.server.errors import APIError
 from akv_core.server.logprobs import TokenTexts, choice_logprobs
@@ -95,7 +96,7 @@ class ChunkStream:
 
     def choice_end(self, finished: Finished, index: int = 0) -> list[str]:
         """The last text of choice `index`, then its chunk with the tool calls and finish reason."""
-        delta, message = self.parsers[index].finish()
+        delta, message = self.parsers[index].finish(cut=finished.finish_reason == FINISH_LENGTH)
         chunks = [self._chunk(_delta_message(delta), index)] if delta else []
         final = DeltaMessage()
         if message.tool_calls:
@@ -103,7 +104,7 @@ class ChunkStream:
                 ToolCallDelta(index=i, id=call.id, function=call.function)
                 for i, call in enumerate(message.tool_calls)
             ]
-        reason = "tool_calls" if message.tool_calls else finished.finish_reason
+        reason = finish_reason(message, finished)
         chunks.append(self._chunk(final, index, finish_reason=reason, attribution=finished.attribution))
         return chunks
 
@@ -139,6 +140,14 @@ class ChunkStream:
         if attribution is not None:   # the finish chunk of a request with return_attribution
             chunk["choices"][0]["attribution"] = attribution_field(attribution)
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+
+def finish_reason(message: AssistantMessage, finished: Finished) -> str:
+    """`tool_calls` for an answer of calls, but `length` whenever max_tokens ended the output (a call cut
+    short, or closed early because its tokens ran out, is not a call the model finished)."""
+    if message.tool_calls and finished.finish_reason != FINISH_LENGTH:
+        return "tool_calls"
+    return finished.finish_reason
 
 
 def _delta_message(delta: Delta) -> DeltaMessage:

@@ -28,14 +28,14 @@ same proposals.
 from __future__ import annotations
 
 import functools
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from evolve.candidate import Checked, check_policy
 from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import Proposer
+from evolve.proposers.rules import (NEVER, Result, Rule, by_task, drop_steps, lost_reads, phrases, results_of,
+                                    round_size)
 from policy_dsl import PolicyError
 from store.records import Proposal
 
@@ -46,63 +46,6 @@ MIN_SUPPORT = 3         # a phrase must occur in this many tasks of the timeline
 # A re-fetch costs more than its one request: the agent spends a turn on it, which moves every count
 # after it, and the re-read copy is dropped by the same rule, so early drops come back in chains.
 REFETCH_WEIGHT = 3.0
-MIN_SHARE = 0.15        # ... and in this share of the texts it is looked for in
-WORD = re.compile(r"[A-Za-z][A-Za-z'-]*[A-Za-z]")  # words of letters: no ids, numbers or codes
-
-
-@dataclass(frozen=True)
-class Result:
-    """One tool result of a recorded timeline, as the rules see it."""
-
-    task: int             # which timeline
-    tool: str
-    tokens: int
-    arrived: int          # the first request that shows it
-    last_read: int        # the last request that read it (arrived - 1: never read)
-    turns: tuple[tuple[int, str], ...]  # (the request that first shows it, text) of each later agent turn
-    steps: int            # requests of the task
-    uses: tuple[int, ...] = ()  # every request that read it
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A candidate rule: which results it picks and the event that drops them."""
-
-    tool: str
-    min_tokens: int       # 0: any size
-    event: str            # "verdict", "milestone", "turns" or "idle"
-    phrase: str | None
-    n: int
-
-    def text(self) -> str:
-        parts = [f"tool_name {json.dumps(self.tool)}"]
-        if self.min_tokens:
-            parts.append(f"tokens > {self.min_tokens} in {max(1, self.min_tokens // 4)}..{self.min_tokens * 3}")
-        if self.event == "verdict":
-            parts.append(f"next_turn contains {json.dumps(self.phrase)}")
-        elif self.event == "idle":
-            parts.append(f"idle >= {self.n} in 1..{max(16, 2 * self.n)} turns")
-        elif self.event == "milestone":
-            parts.append(f"age >= {self.n} in 1..{max(8, 2 * self.n)} turns with {json.dumps(self.phrase)}")
-        else:
-            parts.append(f"age >= {self.n} in 1..{max(16, 2 * self.n)} turns")
-        return "on each turn: drop " + " and ".join(parts)
-
-    def drop_at(self, r: Result) -> int | None:
-        """The first request that no longer shows `r` under this rule, or None."""
-        if r.tool != self.tool or r.tokens <= self.min_tokens:
-            return None
-        if self.event == "verdict":
-            return r.turns[0][0] if r.turns and self.phrase in r.turns[0][1] else None
-        if self.event == "idle":
-            return _idle_drop(r, self.n)
-        seen = 0
-        for shown, said in r.turns:
-            if self.event == "turns" or self.phrase in said:
-                seen += 1
-                if seen >= self.n:
-                    return shown
-        return None
 
 
 @dataclass(frozen=True)
@@ -113,43 +56,6 @@ class Prices:
     output: float    # output / cached input
     context: float   # tokens of a typical request's context
     reply: float     # tokens of a typical agent message
-
-
-def results_of(timeline: Mapping[str, Any], task: int = 0) -> list[Result]:
-    """The tool results of one timeline with the agent turns after each (the timeline's `said`)."""
-    messages = timeline.get("messages") or []
-    steps = int(timeline.get("steps") or 0)
-    turns = [(m["i"], int(m["arrived"]), str(m.get("said") or "")) for m in messages if m.get("role") == "assistant"]
-    out = []
-    for m in messages:
-        if m.get("role") != "tool" or not m.get("tool"):
-            continue
-        after = tuple((shown, said) for i, shown, said in turns if i > m["i"])
-        out.append(Result(task, str(m["tool"]).split()[0], int(m["tokens"]), int(m["arrived"]),
-                          max(m.get("uses") or [int(m["arrived"]) - 1]), after, steps,
-                          tuple(int(u) for u in m.get("uses") or ())))
-    return out
-
-
-NEVER = 1 << 30  # a drop step: never
-
-
-def _idle_drop(r: Result, n: int) -> int | None:
-    """Where `idle >= n turns` drops `r`, deciding as a deployed policy would, without the future:
-    each turn that reuses it (written at a request that read it) starts the count again."""
-    uses, seen = set(r.uses), 0
-    for shown, _said in r.turns:
-        if shown - 1 in uses:   # this turn was written by a request that read r: a reuse
-            seen = 0
-            continue
-        seen += 1
-        if seen >= n:
-            return shown
-    return None
-
-
-def drop_steps(rule: Rule, results: Sequence[Result]) -> list[int]:
-    return [NEVER if (d := rule.drop_at(r)) is None else d for r in results]
 
 
 def net_saving(drops: Sequence[int], results: Sequence[Result], prices: Prices) -> float:
@@ -173,13 +79,13 @@ def candidate_rules(results: Sequence[Result], said: Sequence[Sequence[str]]) ->
     messages, `said` per task) counted 1..MAX_AGE times, and plain turn counts. A phrase must occur
     in at least half of the tasks (and MIN_SUPPORT of them): a name met in a few tasks is no rule."""
     support = max(MIN_SUPPORT, (len(said) + 1) // 2)
-    milestones = _phrases(said, support, line_starts=True)
+    milestones = phrases(said, support, line_starts=True)
     rules: list[Rule] = []
     for tool in sorted({r.tool for r in results}):
         mine = [r for r in results if r.tool == tool]
         sizes = sorted(r.tokens for r in mine)
-        classes = sorted({0, *(_round(sizes[len(sizes) * q // SIZE_CLASSES]) for q in range(1, SIZE_CLASSES))})
-        verdicts = _phrases([[r.turns[0][1] for r in task if r.turns] for task in _by_task(mine)], support)
+        classes = sorted({0, *(round_size(sizes[len(sizes) * q // SIZE_CLASSES]) for q in range(1, SIZE_CLASSES))})
+        verdicts = phrases([[r.turns[0][1] for r in task if r.turns] for task in by_task(mine)], support)
         for size in classes:
             rules += [Rule(tool, size, "verdict", p, 1) for p in verdicts]
             rules += [Rule(tool, size, "milestone", p, k) for p in milestones for k in range(1, MAX_AGE + 1)]
@@ -209,11 +115,6 @@ def distil(results: Sequence[Result], said: Sequence[Sequence[str]], prices: Pri
         current = [min(a, b) for a, b in zip(current, table[best])]
         base = gain
     return chosen
-
-
-def lost_reads(drops: Sequence[int], results: Sequence[Result]) -> int:
-    """Reads that came after their result's drop: what a recorded agent would have lost."""
-    return sum(sum(1 for use in r.uses if use >= drop) for drop, r in zip(drops, results))
 
 
 def distil_within(results: Sequence[Result], said: Sequence[Sequence[str]], budget: int) -> list[tuple[Rule, None]]:
@@ -252,42 +153,6 @@ def parent_losses(needs: Mapping[str, Mapping[str, Any]], parent: Mapping[str, M
             if m["role"] == "tool" and p.get("dropped") is not None:
                 total += sum(1 for use in m.get("uses") or () if use >= p["dropped"])
     return total
-
-
-def _round(tokens: int) -> int:
-    return max(100, int(round(tokens / 100.0)) * 100)
-
-
-def _by_task(results: Sequence[Result]) -> list[list[Result]]:
-    tasks: dict[int, list[Result]] = {}
-    for r in results:
-        tasks.setdefault(r.task, []).append(r)
-    return list(tasks.values())
-
-
-def _phrases(tasks: Sequence[Sequence[str]], support: int, line_starts: bool = False) -> list[str]:
-    """Phrases of the agent's wording: found in at least `support` tasks and in at least MIN_SHARE of
-    all the texts (each task a list of texts). Word 2- and 3-grams of each line, or (line_starts)
-    the first word of each line. The share keeps out names a few hops happen to share."""
-    in_tasks: dict[str, int] = {}
-    in_texts: dict[str, int] = {}
-    for texts in tasks:
-        seen: set[str] = set()
-        for text in texts:
-            found: set[str] = set()
-            for line in text.splitlines():
-                words = WORD.findall(line)
-                if line_starts:
-                    found |= {words[0]} if words and line.strip().startswith(words[0]) else set()
-                else:
-                    found |= {" ".join(words[i:i + k]) for k in (2, 3) for i in range(len(words) - k + 1)}
-            for phrase in found:
-                in_texts[phrase] = in_texts.get(phrase, 0) + 1
-            seen |= found
-        for phrase in seen:
-            in_tasks[phrase] = in_tasks.get(phrase, 0) + 1
-    total = sum(len(texts) for texts in tasks)
-    return sorted(p for p, c in in_tasks.items() if c >= support and in_texts[p] >= MIN_SHARE * total)
 
 
 def prices_for(timelines: Iterable[Mapping[str, Any]]) -> Prices:

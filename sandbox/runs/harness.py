@@ -126,10 +126,12 @@ class _TaskRun:
         self.trajectory = Trajectory({"task_id": task.id, "suite": task.suite, "split": task.split,
                                       "policy": policy.name, "agent": agent.name, "backend": backend.name,
                                       "prices": prices.name,
-                                      **({"use_records": self.use_records} if self.is_llm else {})})
+                                      **({"use_records": self.use_records} if self.is_llm else {}),
+                                      **({"group": task.meta["group"]} if task.meta.get("group") else {})})
         self.editor = TextEditor(task.prompt, backend, self.counter, self._bill_summary, facts)
         self.reuse_finder = ReuseFinder(tools=self.tools)
         self.final_message: Message | None = None  # the agent's answer as it wrote it (never sent)
+        self._holders: tuple[tuple[int, ...], ...] | None = None  # the current step's copied strings' holders
 
     def run(self, env: Any) -> tuple[str, str | None]:
         """Steps until the agent answers or the step budget is spent: (status, answer)."""
@@ -151,8 +153,10 @@ class _TaskRun:
             usage = reply.usage
             if not self.is_llm:  # a scripted agent wrote the message: bill it as the model's output
                 usage = usage.with_completion(self.counter.count(message))
+            self._holders = None
             used = self._use_record(env, view, action, message, reply)
-            self._record(step, "agent", request, reply.message, usage, _checked_uses(used, request, view))
+            self._record(step, "agent", request, reply.message, usage, _checked_uses(used, request, view),
+                         self._holders)
             self.history.append(message)
             responds = callable(getattr(env, "respond", None))
             if responds:  # a recorded run answers with what was recorded (it sees the final message too)
@@ -194,7 +198,9 @@ class _TaskRun:
         distinctive string its message reuses, the latest visible message holding it
         (`policy_dsl/reuse.py`); the environment's finder where it has one (a trace set's)."""
         finder = getattr(env, "reuse_finder", None) or self.reuse_finder
-        return used_indices(finder.reuses([*view.messages, message], len(view.messages)), view.visible)
+        reuses = finder.reuses([*view.messages, message], len(view.messages))
+        self._holders = tuple(r.holders for r in reuses)
+        return used_indices(reuses, view.visible)
 
     def _note_server(self, step: int, reply: BackendReply) -> None:
         """Which server of a pool serves the task, and every move off one that stopped answering."""
@@ -252,10 +258,11 @@ class _TaskRun:
             return name, f"error: {err}"
 
     def _record(self, step: int, purpose: str, request: BackendRequest, reply: Message | None,
-                usage: ReportedUsage, used: tuple[int, ...] | None = None) -> None:
+                usage: ReportedUsage, used: tuple[int, ...] | None = None,
+                holders: tuple[tuple[int, ...], ...] | None = None) -> None:
         cost = self.prices.cost(usage)
         self.bill.add(usage, cost)
-        self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost, used))
+        self.trajectory.add(Exchange(step, purpose, request, reply, usage, cost, used, holders))
 
     def _bill_summary(self, step: int, request: BackendRequest, reply: Message | None, usage: ReportedUsage) -> None:
         self._record(step, "summary", request, reply, usage)

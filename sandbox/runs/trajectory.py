@@ -28,6 +28,10 @@ class Exchange:
     usage: ReportedUsage
     cost_usd: float
     used: tuple[int, ...] | None = None  # the agent's use record (`AgentAction.used`); None if not recorded
+    # where use records are inferred from copied strings: the messages holding each string the step
+    # copied (`policy_dsl.reuse.Reuse.holders`), every one and not only the latest visible; kept in
+    # memory for the run's timeline (evolve/reflection.py), not written to trajectory files
+    holders: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass

@@ -57,9 +57,9 @@ def _imported_entries() -> list[SuiteEntry]:
 
 
 def _retrieval_entries() -> list[SuiteEntry]:
-    from akv_core.home import akv_home
+    from akv_core.home import home_path
 
-    home = akv_home()
+    home = home_path()
     if not (home / "suites").is_dir():  # nothing imported: skip loading the retrieval code
         return []
     from sandbox.suites.retrieval import RetrievalSuite, imported_names, imported_root
@@ -69,30 +69,20 @@ def _retrieval_entries() -> list[SuiteEntry]:
 
 
 def _trace_entries() -> list[SuiteEntry]:
-    """Trace sets of the store named by AKV_DB, or of the data folder's database when it exists
-    (listing suites never creates a database)."""
-    import os
-
-    from akv_core.home import akv_home
-
-    from store.database import DEFAULT_DB_FILE
-    from store.errors import StoreError
-
-    if not os.environ.get("AKV_DB") and not (akv_home() / DEFAULT_DB_FILE).is_file():
-        return []
+    """Trace sets of the store named by AKV_DB, or of the data folder's database when it exists.
+    Read only: listing suites never creates, migrates or writes a database (`trace_set_names`)."""
     from sandbox.traces.suite import TraceSuite
-    from store.repository import Store
+    from store.database import default_url, display_url
+    from store.errors import StoreError
+    from store.traces import trace_set_names
 
+    url = default_url(create_folder=False)
     try:
-        store = Store.open()
+        names = trace_set_names(url)
     except StoreError as err:
         raise SuiteLoadError(f"the trace sets cannot be listed: {err}") from err
-    try:
-        where = f"trace set in {store.display_url}"
-        return [SuiteEntry(name, "sandbox.traces.suite:TraceSuite", where, partial(TraceSuite, name))
-                for name in store.traces.names()]
-    finally:
-        store.close()
+    where = f"trace set in {display_url(url)}"
+    return [SuiteEntry(name, "sandbox.traces.suite:TraceSuite", where, partial(TraceSuite, name)) for name in names]
 
 
 def suite_names() -> list[str]:

@@ -27,6 +27,9 @@ class Task:
     A task starts from its system prompt and one user message, or, for a recorded run (a trace),
     from `history`: every message before the first assistant message, whatever their roles.
     `max_steps` is a recorded run's own number of requests, which replaces the run's step budget.
+    `meta["group"]`, where a suite sets it, names the population the task belongs to (a trace set's
+    agent): trajectories and their timelines carry it, so a proposer can tell rules that hold for
+    every agent of a set from rules that hold for one.
     """
 
     id: str

@@ -5,10 +5,15 @@ turns in the middle, with or without a system prompt), the tool schemas when kno
 recorded request (the history before each assistant message) the usage and latency when known.
 
 - `model.py`: `Trace`, `TraceRequest` and their checks;
-- `formats.py`: reading OpenAI chat JSON Lines, SWE-agent `.traj`, mini-swe-agent trajectories
-  and this project's own recordings; text actions offered as tool calls;
+- `formats.py`: the formats, which reader reads a file (detection), the checks every trace passes;
+- `readers/`: one module per source of files (OpenAI chat logs and message lists, SWE-agent,
+  mini-swe-agent, tau-bench, OpenHands, Anthropic Messages logs, Claude Code sessions, the Agent
+  Data Protocol, OpenTelemetry GenAI spans, this project's own exports), each saying what it reads
+  and drops;
+- `actions.py`: agents that act in text, told apart and offered in tool-call form;
 - `runs.py`: `akv run` trajectories as traces (format akv-run);
-- `reading.py`: what the readers share with the recording: JSON Lines, OpenAI's keys, `extends`;
+- `importing.py`: `akv traces import`, one file at a time, ids that never collide by accident;
+- `reading.py`: what the readers share with the recording: a file's JSON, OpenAI's keys, `extends`;
 - `recording.py`: `akv proxy --record`, the proxy's answered requests as a trace set (format akv-proxy);
 - `records.py`: traces to and from the store's records;
 - `suite.py`: a stored trace set as a suite, scored by fidelity (`docs/traces.md`);

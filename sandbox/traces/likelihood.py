@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from sandbox.backends import Backend, BackendRequest, Message, ReplyTooLong, open_backend
 from sandbox.runs.harness import resolve_policy, run_task, select_tasks
-from sandbox.traces.suite import TraceSuite, split_of
+from sandbox.traces.suite import TraceSuite, split_key, split_of
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class LikelihoodFidelity:
     def _requests(self, policy: Any, trace_id: str) -> list[BackendRequest]:
         """The agent requests a run of the trace makes under `policy`, in order (replay backend, no model;
         a run that fails part way, as its held-out run would, gives the requests made until then)."""
-        [task] = select_tasks(self.suite, split_of(trace_id, self.suite.seed), [trace_id])
+        split = split_of(split_key(self.suite.trace(trace_id)), self.suite.seed)
+        [task] = select_tasks(self.suite, split, [trace_id])
         _result, trajectory = run_task(task, self.suite, policy, self.suite.scripted_agent(task), self._replay,
                                        seed=self.seed)
         return [ex.request for ex in trajectory.exchanges if ex.purpose == "agent"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 Message = dict[str, Any]  # an OpenAI-format chat message
@@ -53,9 +53,11 @@ class Trace:
 
     `actions` is "tools" for native tool calls and "text" for agents that write their action in
     the assistant's text and get the observation back as the next user message (mini-swe-agent,
-    SWE-agent without function calling); `formats.as_tool_calls` offers those in tool-call form.
+    SWE-agent without function calling); `actions.as_tool_calls` offers those in tool-call form.
     `requests` has one entry per assistant message, in order (without a recorded usage when the
-    log has none). `provenance` says where the trace came from (format, file, line, model).
+    log has none). `provenance` says where the trace came from (format, file, line, and what the
+    file says of itself); `metadata` what the run was and how it ended, each key only where the log
+    says it: task, trial, reward, resolved, model, agent, agent_version, exit_status, submission.
     """
 
     id: str
@@ -64,6 +66,7 @@ class Trace:
     requests: tuple[TraceRequest, ...] = ()
     actions: str = "tools"
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def assistant_indices(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
@@ -81,6 +84,8 @@ class Trace:
         out["requests"] = [r.to_dict() for r in self.requests]
         out["actions"] = self.actions
         out["provenance"] = dict(self.provenance)
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
         return out
 
 
@@ -88,7 +93,7 @@ def with_requests(trace: Trace) -> Trace:
     """The trace with one request per assistant message, keeping the recorded ones (by index)."""
     recorded = {r.index: r for r in trace.requests}
     requests = tuple(recorded.get(i, TraceRequest(i)) for i in trace.assistant_indices())
-    return Trace(trace.id, trace.messages, trace.tools, requests, trace.actions, trace.provenance)
+    return replace(trace, requests=requests)
 
 
 def check_trace(trace: Trace, where: str) -> None:
@@ -108,7 +113,10 @@ def check_trace(trace: Trace, where: str) -> None:
         if role not in ROLES:
             raise TraceError(f"{where}: message {i} has role {role!r}; expected one of {', '.join(ROLES)}")
         if role == "assistant":
-            for call in message.get("tool_calls") or ():
+            calls = message.get("tool_calls") or ()
+            if not isinstance(calls, (list, tuple)):
+                raise TraceError(f"{where}: message {i} has tool_calls {calls!r:.60}: expected a list of tool calls")
+            for call in calls:
                 any_call = True
                 if isinstance(call, Mapping) and call.get("id"):
                     open_calls.add(str(call["id"]))

@@ -58,7 +58,7 @@ def conversation_cost(suite: TraceSuite, trace: Trace, name: str, policy: Any) -
             return skipped(trace, name, f"its replay under {role} failed: {result.reason}")
         results[role] = (result, trajectory)
     served, trajectory = results["policy"]
-    reuses = suite.at_risk_reuses(trace.id)  # the fidelity score's denominator
+    reuses = suite.scored_reuses(trace.id)  # the fidelity score's denominator
     drops, repositions = _operations(trajectory)
     return ConversationCost(trace.id, trace.digest(), name, served.n_requests, served.cost_usd,
                             results["expert"][0].cost_usd, results["full"][0].cost_usd,

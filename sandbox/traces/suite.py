@@ -7,9 +7,11 @@ environment answers with what followed it in the recording (tool results, user t
 policy is scored on exactly the requests the real agent made, and text policies edit the same
 history through the harness's editor.
 
-The score is *fidelity*: of the at-risk reuses of a trace (distinctive content an assistant
-message reused that only tool results held, `policy_dsl/reuse.py`), the share whose content was
-still visible to the model when it was reused; 1.0 for a trace without at-risk reuses. Traces
+The score is *fidelity*: of the reuses of a trace (distinctive content an assistant message
+copied from earlier messages after the task, `policy_dsl/reuse.py`), the share whose content some
+message still visible to the model held when it was reused; 1.0 for a trace without reuses.
+Every holder counts, whatever its role: a policy that hides the agent's own messages or the
+user's turns loses what only they held, as one that hides tool results does. Traces
 are split train / held-out by a seeded hash of their id, so adding traces never moves one.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from akv_core.chat import content_text
 from policy_dsl.reuse import Reuse, ReuseFinder, common_items, used_indices
 
 from sandbox.suites.base import AgentAction, AgentView, Grade, Message, Task
-from sandbox.traces.formats import as_tool_calls
+from sandbox.traces.actions import as_tool_calls
 from sandbox.traces.model import Trace
 from sandbox.traces.records import trace_of
 
@@ -31,10 +33,18 @@ HELDOUT_SHARE = 0.5
 EDITION = 1  # the design of this suite: split rule, score, use records
 
 
-def split_of(trace_id: str, seed: int = 0) -> str:
-    """train or heldout, from a hash of the seed and the trace's id alone (stable as traces are added)."""
-    digest = hashlib.sha256(f"{seed}\0{trace_id}".encode()).digest()
+def split_of(key: str, seed: int = 0) -> str:
+    """train or heldout, from a hash of the seed and the trace's split key alone (stable as traces are added)."""
+    digest = hashlib.sha256(f"{seed}\0{key}".encode()).digest()
     return "heldout" if int.from_bytes(digest[:8], "big") / 2 ** 64 < HELDOUT_SHARE else "train"
+
+
+def split_key(trace: Trace) -> str:
+    """What decides a trace's split: the task it ran (its metadata's `task`, where the log names one),
+    else its id. Runs of one task (tau-bench's trials, a SWE-bench instance from two run folders) are
+    near copies of each other: they go to the same side, so a held-out task is one nobody tuned on."""
+    task = trace.metadata.get("task")
+    return str(task) if task not in (None, "") else trace.id
 
 
 class TraceSuite:
@@ -83,7 +93,7 @@ class TraceSuite:
     def tasks(self, split: str) -> list[Task]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} for {self.name}: expected train or heldout")
-        return [_task(t, self.name, split) for t in self.traces() if split_of(t.id, self.seed) == split]
+        return [_task(t, self.name, split) for t in self.traces() if split_of(split_key(t), self.seed) == split]
 
     def open(self, task: Task) -> TraceEnv:
         return TraceEnv(self._trace(task), self.finder)
@@ -91,10 +101,10 @@ class TraceSuite:
     def scripted_agent(self, task: Task) -> TraceAgent:
         return TraceAgent(self._trace(task))
 
-    def at_risk_reuses(self, trace_id: str) -> int:
-        """How many reuses of the trace are at risk (the denominator of its score, whatever the policy)."""
+    def scored_reuses(self, trace_id: str) -> int:
+        """How many reuses the trace has (the denominator of its score, whatever the policy)."""
         trace = self.trace(trace_id)
-        return sum(sum(r.at_risk for r in self.finder.reuses(trace.messages, i)) for i in trace.assistant_indices())
+        return sum(len(self.finder.reuses(trace.messages, i)) for i in trace.assistant_indices())
 
     def _trace(self, task: Task) -> Trace:
         return self.trace(task.id)
@@ -113,7 +123,13 @@ def _task(trace: Trace, suite: str, split: str) -> Task:
     system = next((content_text(m) for m in history if m.get("role") in ("system", "developer")), "")
     prompt = next((content_text(m) for m in history if m.get("role") == "user"), "")
     return Task(trace.id, suite, split, system, prompt, tuple(trace.tools),
-                {"provenance": dict(trace.provenance)}, history, len(trace.assistant_indices()))
+                {"provenance": dict(trace.provenance), "group": agent_of(trace)}, history,
+                len(trace.assistant_indices()))
+
+
+def agent_of(trace: Trace) -> str:
+    """The agent that wrote a trace, as far as its log says: its metadata's agent, else its format."""
+    return str(trace.metadata.get("agent") or trace.provenance.get("format") or "unknown")
 
 
 class TraceAgent:
@@ -138,13 +154,13 @@ class TraceAgent:
 
 class TraceEnv:
     """A recorded run's environment: answers each assistant message with what followed it, and
-    counts the at-risk reuses whose content no visible message held when the agent reused it."""
+    counts the reuses whose content no visible message held when the agent reused it."""
 
     def __init__(self, trace: Trace, finder: ReuseFinder) -> None:
         self.trace, self.reuse_finder = trace, finder
         self._assistants = trace.assistant_indices()
         self._step = 0
-        self.at_risk = 0
+        self.reuses = 0
         self.lost: list[tuple[int, str]] = []  # (message index, item) of each lost reuse
 
     def respond(self, view: AgentView, message: Message) -> list[Message]:
@@ -155,24 +171,24 @@ class TraceEnv:
         return [dict(m) for m in self.trace.messages[index + 1:end]]
 
     def _judge(self, view: AgentView, message: Message, index: int) -> None:
-        """Count this step's at-risk reuses (on the recorded history) lost under the view."""
-        recorded = [r for r in self.reuse_finder.reuses(self.trace.messages, index) if r.at_risk]
+        """Count this step's reuses (on the recorded history) lost under the view: every holder hidden."""
+        recorded = self.reuse_finder.reuses(self.trace.messages, index)
         if not recorded:
             return
         shown = {r.item: r for r in self.reuse_finder.reuses([*view.messages, message], len(view.messages))}
-        self.at_risk += len(recorded)
+        self.reuses += len(recorded)
         self.lost += [(index, r.item) for r in recorded if not _still_visible(shown.get(r.item), view.visible)]
 
     def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         raise RuntimeError("a recorded run answers with its recorded messages (respond), not by tool calls")
 
     def grade(self, answer: str | None) -> Grade:
-        """Fidelity: 1 - lost / at-risk reuses (1.0 when the trace has none)."""
+        """Fidelity: 1 - lost / reuses (1.0 when the trace has none)."""
         if self._step < len(self._assistants):
             raise RuntimeError(f"trace {self.trace.id!r} ended after {self._step} of {len(self._assistants)} steps")
-        score = 1.0 - len(self.lost) / self.at_risk if self.at_risk else 1.0
+        score = 1.0 - len(self.lost) / self.reuses if self.reuses else 1.0
         shown = ", ".join(f"{item!r} at message {i}" for i, item in self.lost[:5])
-        return Grade(score, f"{len(self.lost)} of {self.at_risk} at-risk reuses lost" + (f": {shown}" if shown else ""))
+        return Grade(score, f"{len(self.lost)} of {self.reuses} reuses lost" + (f": {shown}" if shown else ""))
 
     def close(self) -> None:
         pass

@@ -9,7 +9,7 @@ at most every SAVINGS_EVERY_S. When `every` new finished conversations have come
 round (or `period` seconds have passed with at least one), a round begins:
 
 1. the latest `window` finished conversations are frozen as the trace set `NAME.rN`
-   (`sandbox/traces/window.py`), split train / held-out by the usual hash;
+   (`sandbox/traces/window.py`), split train / held-out as every trace suite is (`split_key`);
 2. `akv evolve` runs on it as run `NAME.rN` (its defaults for trace sets, with the refiner's
    budget and proposers when set), in a child process stopped after `timeout` seconds;
 3. the run's champion (crowned against the expert) is judged against the live policy on the same
@@ -99,6 +99,7 @@ class Refiner:
         self.measured_at = float("-inf")
         self.said: str | None = None  # the last waiting or failure note, logged once
         self.unfinished: tuple[Any, ...] | None = None  # a round's outcome the store did not take yet
+        self.split_memo: dict[tuple[str, datetime], str | None] = {}  # (trace id, last change): its split
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -154,12 +155,11 @@ class Refiner:
     # ---- a round -----------------------------------------------------------------------------------
     def refine(self, done: Sequence[Any]) -> None:
         """One round on the latest finished conversations (module docstring)."""
-        from sandbox.traces.suite import split_of
         from sandbox.traces.window import freeze_window
 
         store = self._store()
         latest = list(done[-self.settings.window:])
-        splits = [split_of(e.trace_id) for e in latest]
+        splits = self._splits(latest)
         if min(splits.count("train"), splits.count("heldout")) < 2:
             self._say(f"waiting for traffic: the latest {len(latest)} finished conversations hold "
                       f"{splits.count('train')} train and {splits.count('heldout')} held-out ones (2 of each needed)")
@@ -188,6 +188,17 @@ class Refiner:
         log.info("round %d: %s: %s", round_.number, status.replace("_", " "), detail)
         self._report(round_, status, detail, figures)
         self._prune_windows()
+
+    def _splits(self, latest: Sequence[Any]) -> list[str]:
+        """The split of each conversation of `latest` (`window.splits`), each read from the store once
+        per change: a refiner waiting for a held-out side asks again every CHECK_S."""
+        from sandbox.traces.window import splits
+
+        missing = [e for e in latest if (e.trace_id, e.updated_at) not in self.split_memo]
+        found = splits(self._store(), self.name, [e.trace_id for e in missing]) if missing else {}
+        self.split_memo = {(e.trace_id, e.updated_at): self.split_memo.get((e.trace_id, e.updated_at))
+                           or found.get(e.trace_id) for e in latest}
+        return [side for side in self.split_memo.values() if side is not None]
 
     def _evolve_and_judge(self, round_: Any, live: Any) -> tuple[str, str, dict[str, Any]]:
         """(status, detail, figures) of a round whose window is frozen."""

@@ -57,8 +57,9 @@ class LoopRunner:
 
     def _evolve(self, store: Any, url: str, arm: str, proposers: Sequence[str], seed: int,
                 settings: Any) -> int:
-        from evolve.command import make_proposers, suite_scaled
+        from evolve.command import make_proposers
         from evolve.config import ConfigError, load_config
+        from evolve.defaults import DefaultsError, chosen_defaults
         from evolve.loop import Evolution
         from evolve.scoring import code_version
 
@@ -68,8 +69,8 @@ class LoopRunner:
                      "cascade.train_limit": limits["train_limit"], "cascade.subset_size": limits["subset_size"],
                      "validation.heldout_limit": limits["heldout_limit"]}
         try:
-            config = suite_scaled(load_config(None, overrides))
-        except ConfigError as err:
+            config = chosen_defaults(load_config(None, overrides)).config
+        except (ConfigError, DefaultsError) as err:
             raise ValueError(str(err)) from None
         run = store.create_run(config.run_name, config.model_dump(mode="json", exclude={"db"}), seed,
                                code_version(), self.evaluator.suite_version)

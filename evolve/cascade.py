@@ -35,18 +35,19 @@ def summarize(results: Sequence[TaskResult]) -> Summary:
                    len(results))
 
 
-def train_points(store: Store, run_id: int, train_ids: Sequence[str], exclude: int | None = None) -> list[Point]:
-    """(score, cost) of every policy of the run evaluated on all of `train_ids`."""
+def train_results(store: Store, run_id: int, train_ids: Sequence[str]) -> dict[int, list[TaskResult]]:
+    """Per policy of the run evaluated on all of `train_ids`, its results in that order."""
     by_policy: dict[int, dict[str, TaskResult]] = {}
     for e in store.evaluations(run_id, TRAIN):
         by_policy.setdefault(e.policy_id, {})[e.result.task_id] = e.result
-    points = []
-    for pid, results in by_policy.items():
-        if pid == exclude or not train_ids or any(t not in results for t in train_ids):
-            continue
-        s = summarize([results[t] for t in train_ids])
-        points.append(Point(pid, s.score, s.cost))
-    return points
+    return {pid: [results[t] for t in train_ids] for pid, results in by_policy.items()
+            if train_ids and all(t in results for t in train_ids)}
+
+
+def train_points(store: Store, run_id: int, train_ids: Sequence[str], exclude: int | None = None) -> list[Point]:
+    """(score, cost) of every policy of the run evaluated on all of `train_ids`."""
+    return [Point(pid, s.score, s.cost) for pid, rows in train_results(store, run_id, train_ids).items()
+            if pid != exclude for s in [summarize(rows)]]
 
 
 def _dominates(other: Summary, own: Summary, margin: float) -> bool:
@@ -111,6 +112,10 @@ class Cascade:
                 return (f"pruned on the {len(self.subset_ids)}-task train subset: front policy #{point.policy_id} "
                         f"scores {other.score:.3f} vs {own.score:.3f} at cost {cents(other.cost)} vs {cents(own.cost)}¢/task")
         return None
+
+    def train_results(self) -> dict[int, list[TaskResult]]:
+        """Per policy evaluated on the whole train split, its results in the split's order."""
+        return train_results(self.store, self.run_id, self.train_ids)
 
     def train_points(self, exclude: int | None = None) -> list[Point]:
         """(score, cost) of every policy evaluated on the whole train split."""

@@ -13,13 +13,14 @@ from rich.console import Console
 
 from evolve.config import (ConfigError, EvolveConfig, LLMProposerConfig, ValidationConfig, load_config,
                            stored_config)
+from evolve.defaults import DefaultsError, chosen_defaults
 from evolve.export import export_run
 from evolve.fidelity import FidelityUnavailable, check_fidelity, describe_fidelity
 from evolve.library import UnknownPolicy, library_texts, load_checked
 from evolve.loop import Evolution, EvolutionResult
 from evolve.pareto import Point
 from evolve.proposers.base import Proposer, ProposerUnavailable
-from evolve.report import comparison_rows, render_html, summary_line, text_table
+from evolve.report import comparison_rows, describe_selection, render_html, summary_line, text_table
 from evolve.scoring import HarnessEvaluator, code_version
 from evolve.validation import describe_heldout
 from sandbox.runs.cost import cents
@@ -141,7 +142,8 @@ def make_proposers(config: EvolveConfig, store: Store, run: RunInfo,
         if name == "mutate":
             proposers[name] = MutateProposer(config.mutate, library)
         elif name == "optuna":
-            proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed)
+            proposers[name] = OptunaProposer(config.optuna, normalize_url(store.url), run.name, config.seed,
+                                             config.validation.margin)
         elif name == "reflect":
             from evolve.proposers.reflect import ReflectProposer
 
@@ -180,34 +182,6 @@ def run_command(config_path: Path | None, overrides: Mapping[str, Any], resume: 
         store.close()
 
 
-def check_proposers(config: EvolveConfig) -> None:
-    """Refuse, before a run exists, what would stop it at its first proposal."""
-    if "llm" in config.proposers:
-        from evolve.proposers.llm import endpoint_of
-
-        if not endpoint_of(config.llm):
-            raise EvolveError("llm.endpoint: the llm proposer needs an OpenAI-compatible endpoint: pass "
-                              "--proposer-endpoint URL, set llm.endpoint, or set AKV_PROPOSER_ENDPOINT")
-
-
-def suite_scaled(config: EvolveConfig) -> EvolveConfig:
-    """The config with the suite's own baselines where the user named none: a suite may say which
-    built-ins fit its scale (a trace set of real traffic: the full-scale `expert`, `standard` and
-    `text-engineering`, not the 8K variants sized for the embedded model)."""
-    from sandbox.suites import get_suite
-
-    try:
-        scaled = getattr(get_suite(config.suite), "baselines", None)
-    except ValueError:
-        return config  # an unknown suite is reported where the suite is opened, with its name
-    if not scaled:
-        return config
-    given = config.baselines.model_fields_set
-    baselines = config.baselines.model_copy(update={k: v for k, v in scaled.items() if k not in given})
-    seeds = config.seed_policies if "seed_policies" in config.model_fields_set else [baselines.expert]
-    return config.model_copy(update={"baselines": baselines, "seed_policies": seeds})
-
-
 def finished_already(store: Store, run: RunInfo, console: Console) -> EvolutionResult:
     """A plain resume of a finished run: say so, show what is stored, change nothing."""
     rounds = store.validation_rounds(run.id)
@@ -230,7 +204,13 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             return finished_already(store, run, console)
         config = with_validation(resumed_config(run, overrides, console), config, console)
     else:
-        config = suite_scaled(config)
+        try:
+            chosen = chosen_defaults(config)
+        except DefaultsError as err:
+            raise EvolveError(str(err)) from None
+        config = chosen.config
+        for note in chosen.notes:
+            console.print(f"defaults: {note}", soft_wrap=True, markup=False, highlight=False)
     if run is None and config.run_name and config.run_name in store.run_names():
         # Checked before the (slow) suite and backend start; create_run still guards races.
         raise DuplicateRunName(f"--run-name: a run named {config.run_name!r} already exists; pass --resume to "
@@ -242,7 +222,6 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             load_checked(name)
         except UnknownPolicy as err:
             raise EvolveError(f"{field}: {err}") from None
-    check_proposers(config)
     display = TaskDisplay(console, task_lines=False)
     evaluator = open_evaluator(config, run, display, console)
     try:
@@ -340,6 +319,9 @@ def print_comparison(console: Console, validations) -> None:
     judged = describe_fidelity(validations)
     if judged is not None:
         console.print(judged, soft_wrap=True, markup=False, highlight=False)
+    chosen = describe_selection(validations)
+    if chosen is not None:
+        console.print(chosen, soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_table(console: Console, validations) -> None:

@@ -24,7 +24,7 @@ class LLMProposerConfig(Strict):
     endpoint: Optional[str] = Field(
         None, description="Base URL of an OpenAI-compatible API (…/v1), or `embedded`: the embedded model, "
         "served in-process for the run (the model name is then its own). Default: $AKV_PROPOSER_ENDPOINT, "
-        "then $OPENAI_BASE_URL.")
+        "then $OPENAI_BASE_URL, then embedded (with a 4K-token request: evolve/defaults.py EMBEDDED_LLM).")
     model: str = Field("MiniMax-M2.7", description="Model name sent with each request.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key "
                              "(a local server needs none).")
@@ -175,8 +175,9 @@ class EvolveConfig(Strict):
         None, description="The embedded backend's weight precision: float32 (the default, exact), fp16, mixed, "
         "int8 or int4 (docs/engine-model.md); only with backend: embedded.")
     proposers: list[Literal["llm", "optuna", "mutate", "reflect", "random"]] = Field(
-        default_factory=lambda: ["mutate", "optuna"], min_length=1,
-        description="Proposers asked for new candidates, in the order `schedule` says.")
+        default_factory=lambda: ["reflect", "optuna", "llm", "mutate"], min_length=1,
+        description="Proposers asked for new candidates, in the order `schedule` says (default: make evolve's "
+        "mix; on a trace set reflect, optuna and mutate, with llm where an endpoint is given: evolve/defaults.py).")
     schedule: Literal["lead", "round-robin"] = Field(
         "lead", description="lead: the first proposer is asked until it is spent (`lead_patience` proposals in a "
         "row that did not reach the whole train split), then the others in turn; round-robin: all in turn.")

@@ -42,6 +42,12 @@ class ProposerContext:
     rng: random.Random = field(compare=False)
     index: int = 0  # the number of proposals made before this one
     known_structures: frozenset[str] = frozenset()  # texts without tunable ranges (range variants are duplicates)
+    reference_id: int | None = None  # the baseline a champion must beat (the expert), when it is evaluated
+
+    @property
+    def reference(self) -> Candidate | None:
+        """The expert's train results: the bar every proposal is judged against."""
+        return next((c for c in self.population if c.policy_id == self.reference_id), None)
 
     def pick_parent(self) -> Candidate:
         return self.rng.choice(self.front)
@@ -61,6 +67,7 @@ def build_context(
     rng: random.Random,
     index: int = 0,
     timelines: Sequence[TimelineRecord] = (),
+    reference_id: int | None = None,
 ) -> ProposerContext:
     """Assemble a proposer's view; raises HeldOutLeak if any evaluation or timeline is not from train."""
     for record in evaluations:
@@ -94,4 +101,5 @@ def build_context(
     by_id: Mapping[int, Candidate] = {c.policy_id: c for c in population}
     hashes = frozenset(p.hash for p in policies if p.hash)
     structures = frozenset(p.structure_hash for p in policies if p.structure_hash)
-    return ProposerContext(tuple(by_id[i] for i in front_ids), tuple(population), hashes, rng, index, structures)
+    return ProposerContext(tuple(by_id[i] for i in front_ids), tuple(population), hashes, rng, index, structures,
+                           reference_id)

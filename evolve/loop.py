@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from evolve.candidate import Outcome
 from evolve.cascade import Cascade
@@ -24,13 +24,15 @@ from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
 from evolve.schedule import next_proposer
 from evolve.scoring import Evaluator, code_version
-from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate, with_parents
+from evolve.validation import (HELDOUT, REFERENCE, left_out, outcome_digests, pick_finalists, train_verdicts, twins,
+                               validate, with_parents)
 from evolve.workers import SharedEvaluation, Worker
 from sandbox.runs.cost import cents
 from sandbox.runs.progress import TaskDisplay
 from store import PolicyInfo, Proposal, RunInfo, Store, ValidationRecord
 
 PROPOSED_BY = ("llm", "optuna", "mutate", "reflect", "random")
+SHOWN_LEFT_OUT = 10  # policies left out of validation that a round records, cheapest first
 Progress = Callable[[str, Sequence[Point]], None]  # (what just happened, current train front)
 
 
@@ -88,11 +90,7 @@ class Evolution:
         self.progress("validating the front and the baselines on the held-out split", self.cascade.front())
         points, excluded = self.cascade.train_points(), set(baselines.values())
         behaviours = outcome_digests(self.store, self.run.id, TRAIN, self.train_ids)
-        finalists = pick_finalists(points, excluded, self.config.validation.top_k, behaviours)
-        if self.config.validation.parents:
-            candidates_only = [p for p in points if p.policy_id not in excluded]
-            parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}
-            finalists = with_parents(finalists, candidates_only, parents, behaviours)
+        finalists, selection = self.finalists(points, excluded, baselines[REFERENCE], behaviours)
         candidates = sorted(p.policy_id for p in points if p.policy_id not in excluded)
         config = self.config
         judge = open_judge(config.validation, self.evaluator, config.backend,
@@ -100,7 +98,7 @@ class Evolution:
         try:
             records = validate(self.store, self.run.id, self.cascade, self.heldout_ids, finalists, baselines,
                                config.validation, config.seed, code_version(), self.evaluator.suite_version,
-                               twins(finalists, candidates, behaviours), judge)
+                               twins(finalists, candidates, behaviours), judge, selection)
         finally:
             if judge is not None:
                 judge.close()
@@ -108,6 +106,27 @@ class Evolution:
             self.progress(f"note: {judge.note}", self.cascade.front())
         self.store.set_run_status(self.run.id, "finished", stop_reason)
         return EvolutionResult(records, stop_reason)
+
+    def finalists(self, points: Sequence[Point], excluded: set[int], expert: int,
+                  behaviours: Mapping[int, str]) -> tuple[list[int], dict[str, Any]]:
+        """The policies validated on held-out: those that beat the expert on train, the most promising
+        first (`validation.pick_finalists`), with their parents that beat it too; and what the round
+        records of the choice (how many beat it, why the others were left out)."""
+        rows = self.cascade.train_results()
+        verdicts = train_verdicts({p.policy_id: rows[p.policy_id] for p in points if p.policy_id not in excluded},
+                                  rows[expert], self.config.validation, self.config.seed)
+        finalists = pick_finalists(verdicts, self.config.validation.top_k, behaviours)
+        if self.config.validation.parents:
+            beating = [p for p in points if p.policy_id in verdicts and verdicts[p.policy_id].eligible]
+            parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}
+            finalists = with_parents(finalists, beating, parents, behaviours)
+        outside = left_out(verdicts, finalists, self.config.validation.margin)
+        selection = {"candidates": len(verdicts), "beat_expert": sum(v.eligible for v in verdicts.values()),
+                     "finalists": finalists, "left_out": outside[:SHOWN_LEFT_OUT], "left_out_total": len(outside)}
+        if not finalists:
+            self.progress(f"no candidate beat the expert on train ({len(verdicts)} scored on the whole split): "
+                          "only the baselines are validated", self.cascade.front())
+        return finalists, selection
 
     def propose(self) -> str | None:
         """Finish pending candidates, then ask the proposers (`evolve.schedule`: the first until it is spent,
@@ -173,7 +192,9 @@ class Evolution:
         # the whole train split enter the population (build_context checks their results).
         known = [p for p in self.store.policies(self.run.id) if p.text is not None]
         lines = self.store.timelines(self.run.id, [p.id for p in known if p.status == "evaluated"]) if timelines else ()
-        return build_context(known, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index, lines)
+        reference = self.store.baselines(self.run.id).get(REFERENCE)
+        return build_context(known, self.store.evaluations(self.run.id, TRAIN), self.train_ids, rng, index, lines,
+                             reference)
 
     def step(self, proposer: Proposer, index: int) -> None:
         proposal = proposer.ask(self.proposer_context(index, proposer.reads_timelines))

@@ -58,10 +58,11 @@ def timeline_of(trajectory: Trajectory, count: Callable[[Mapping[str, Any]], int
                 for index in range(len(messages))]
     covered = _covered_steps(messages, arrivals, first + len(steps))
     said_by_calls = call_texts(messages)
+    hidden = [_dropped(e.request) for e in steps]
     lines, seen_calls = [], {}
     for index, message in enumerate(messages):
         arrived = arrivals[index]
-        dropped = next((k for k, e in enumerate(steps, first) if index in _dropped(e.request)), None)
+        dropped = next((k for k, gone in enumerate(hidden, first) if index in gone), None)
         uses = [k for k, e in enumerate(steps, first) if e.used is not None and index in e.used]
         call = calls.get(message.get("tool_call_id")) if message.get("role") == "tool" else None
         refetch_of = seen_calls.get(call) if call else None  # the latest earlier answer to the same call

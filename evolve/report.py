@@ -116,6 +116,21 @@ def short_verdict(verdict: str) -> str:
     return verdict.split(" (")[0].replace("cost saving vs Standard not significant", "saving n.s.")
 
 
+def describe_selection(validations: Sequence[ValidationRecord]) -> str | None:
+    """One line: which train points were validated and why the others were not (a round stored before
+    finalists were chosen against the expert says nothing)."""
+    selection = next((v.stats["train_selection"] for v in validations if "train_selection" in v.stats), None)
+    if selection is None:
+        return None
+    chosen = ", ".join(f"#{pid}" for pid in selection.get("finalists", ())) or "none"
+    outside = selection.get("left_out") or []
+    line = (f"finalists: {chosen}; {selection.get('beat_expert', 0)} of {selection.get('candidates', 0)} candidates "
+            f"scored on the whole train split beat the expert there")
+    if outside:
+        line += "; left out, cheapest first: " + "; ".join(f"#{o['policy_id']} {o['why']}" for o in outside[:3])
+    return line
+
+
 def summary_line(validations: Sequence[ValidationRecord]) -> str:
     """The verdict in one paragraph: the champion and why, or why nothing was crowned."""
     champion = next((v for v in validations if v.champion), None)
@@ -125,7 +140,13 @@ def summary_line(validations: Sequence[ValidationRecord]) -> str:
     expert = next((v.label for v in validations if v.role == "baseline" and v.verdict == "baseline (expert)"),
                   "the expert")
     if not finalists:
-        return "No champion: no candidate reached held-out validation."
+        selection = next((v.stats["train_selection"] for v in validations if "train_selection" in v.stats), None)
+        if selection is None:
+            return "No champion: no candidate reached held-out validation."
+        cheapest = (selection.get("left_out") or [{}])[0]
+        nearest = f" The cheapest: #{cheapest['policy_id']} {cheapest['why']}." if cheapest else ""
+        return (f"No champion: no candidate beat the expert ({expert}) on train, so none was validated "
+                f"({selection.get('candidates', 0)} scored on the whole train split).{nearest}")
     n = finalists[0].n_tasks
     why = "; ".join(f"{v.label} {v.verdict}" for v in finalists)
     if not any("rule" in v.stats for v in finalists):  # stored by an older version, whose rule compared with Standard

@@ -14,12 +14,12 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from akv_stats.champion import champion_rule
+from akv_stats.champion import Verdict, champion_rule
 from akv_stats.paired import bootstrap_ci, compare_paired
 from evolve.cascade import Cascade, summarize
 from evolve.config import ValidationConfig
 from evolve.fidelity import Judged, LikelihoodJudge, judged_scores
-from evolve.pareto import Point, pareto_front, rank_by_fronts
+from evolve.pareto import Point, pareto_front
 from store import PolicyInfo, Store, TaskResult, ValidationRecord
 
 HELDOUT = "heldout"
@@ -27,14 +27,27 @@ REFERENCE = "expert"  # the baseline every finalist must beat
 SHOWN_AGAINST = ("expert", "standard", "text_engineering", "full")  # the table's comparison columns
 
 
-def pick_finalists(train_points: Sequence[Point], exclude: set[int], top_k: int,
-                   behaviours: Mapping[int, str] | None = None) -> list[int]:
-    """The best `top_k` train policies by non-dominated sorting, baselines excluded.
+def train_verdicts(rows: Mapping[int, Sequence[TaskResult]], expert: Sequence[TaskResult], config: ValidationConfig,
+                   seed: int) -> dict[int, Verdict]:
+    """Each policy judged alone against the expert on the train tasks by the champion rule (a family
+    of one): whether it would be crowned there, and by how much. What decides who is validated."""
+    reference = [(r.score, r.cost_usd) for r in expert]
+    return {pid: champion_rule({str(pid): [(r.score, r.cost_usd) for r in results]}, reference, config.margin,
+                               config.alpha, config.resamples, config.permutations, seed)[str(pid)]
+            for pid, results in rows.items()}
+
+
+def pick_finalists(verdicts: Mapping[int, Verdict], top_k: int, behaviours: Mapping[int, str] | None = None) -> list[int]:
+    """The `top_k` policies that beat the expert on train (cheaper, significantly, at a score
+    non-inferior by the rule's margin), the most promising first: those that lose no score against
+    it, cheapest first, then the others, cheapest first. A policy that does not beat the expert on
+    train is never a finalist: it would only widen the Holm family of those that could win.
 
     Policies with the same train behaviour (`behaviours`: `outcome_digests`) count once, as the
     earliest of them; `twins` names the others.
     """
-    ranked = [p.policy_id for p in rank_by_fronts(train_points) if p.policy_id not in exclude]
+    eligible = [(v.score_delta < 0, v.cost_delta, pid) for pid, v in verdicts.items() if v.eligible]
+    ranked = [pid for _losing, _cost, pid in sorted(eligible)]
     seen: set[str] = set()
     finalists = []
     for pid in ranked:
@@ -45,10 +58,29 @@ def pick_finalists(train_points: Sequence[Point], exclude: set[int], top_k: int,
     return finalists
 
 
+def left_out(verdicts: Mapping[int, Verdict], finalists: Sequence[int], margin: float) -> list[dict[str, Any]]:
+    """Why each policy that does not beat the expert on train stays out of validation, cheapest first."""
+    out = []
+    for pid, v in sorted(verdicts.items(), key=lambda item: item[1].cost_delta):
+        if pid in finalists or v.eligible:
+            continue
+        if v.cost_delta >= 0:
+            why = f"costs {v.cost_percent:+.1f}% vs the expert on train"
+        elif not v.cheaper:
+            why = f"{v.cost_percent:+.1f}% vs the expert on train, not significantly cheaper (p={v.cost_p:.2g})"
+        else:
+            why = (f"{v.cost_percent:+.1f}% vs the expert on train, but score {100 * v.score_delta:+.1f} points, "
+                   f"lower bound {100 * v.score_low:+.1f} vs margin -{100 * margin:.1f}")
+        out.append({"policy_id": pid, "cost_percent": round(v.cost_percent, 2),
+                    "score_delta": round(v.score_delta, 4), "why": why})
+    return out
+
+
 def with_parents(finalists: Sequence[int], train_points: Sequence[Point], parents: Mapping[int, Sequence[int]],
                  behaviours: Mapping[int, str] | None = None) -> list[int]:
     """`finalists` followed by each one's parents that were scored on the whole train split and behave
-    differently from every policy already chosen (baselines are never in `train_points`' candidates).
+    differently from every policy already chosen (baselines are never in `train_points`' candidates;
+    pass only the points that beat the expert on train, so that no parent widens the family in vain).
 
     A child that beats its parent on 20 train tasks may only fit those tasks (a tweak of a good policy
     is most often chosen for noise); validating the parent too lets the held-out split, where the
@@ -107,13 +139,15 @@ def versus(rows: Sequence[TaskResult], base: Sequence[TaskResult], config: Valid
 def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[str], finalists: Sequence[int],
              baselines: Mapping[str, int], config: ValidationConfig, seed: int, code_version: str,
              suite_version: str, train_twins: Mapping[int, Sequence[int]] | None = None,
-             likelihood: LikelihoodJudge | None = None) -> list[ValidationRecord]:
+             likelihood: LikelihoodJudge | None = None,
+             selection: Mapping[str, Any] | None = None) -> list[ValidationRecord]:
     """Run the held-out split for baselines and finalists, judge, store a new round and return it.
 
     `train_twins` (`twins`): per finalist, the later policies that behaved as it did on train. They
     run the held-out split too; one that behaves the same there as well is stored as the
     finalist's duplicate and counts once (in the Holm correction too), one that does not is a
-    finalist of its own. `likelihood` (`validation.fidelity: likelihood`, a trace set): the rule
+    finalist of its own. `selection` (`Evolution.finalists`): how the finalists were chosen on train,
+    kept with the expert's record of the round. `likelihood` (`validation.fidelity: likelihood`, a trace set): the rule
     judges the finalists' and the expert's likelihood fidelity instead of their scores
     (`evolve/fidelity.py`).
     """
@@ -149,6 +183,8 @@ def validate(store: Store, run_id: int, cascade: Cascade, heldout_ids: Sequence[
             "alpha": config.alpha, "margin": config.margin, "policy_name": info.name, "heldout": source,
             "fidelity": judged.stats[info.id],
         }
+        if role == "baseline" and label == REFERENCE and selection is not None:
+            stats["train_selection"] = dict(selection)
         if role == "candidate":
             verdict = verdicts[str(info.id)]
             stats["rule"] = verdict.as_dict()

@@ -34,6 +34,13 @@ DROP_TRIGGERS = ("drop_after_call", "drop_trigger_tokens", "drop_trigger_respons
 TOKEN_OPTIONS = ("drop_trigger_tokens", "reposition_trigger_tokens", "drop_target_tokens")
 REPOSITION_OPTIONS = ("reposition_after_call", "reposition_trigger_tokens")
 RECOVERED_TOOL_CALLS_KEY = "contextualize_recovered_tool_calls"  # upstream's client metadata for text calls
+# Selectors on what no AKVPolicy option reads, refused wherever they stand, with the reason.
+UNREADABLE: dict[type, str] = {
+    n.Covered: "no AKVPolicy option reads whether other messages say a message's content again (content "
+               "coverage); upstream rolls tool responses out by recency only",
+    n.CallContains: "no AKVPolicy option reads the call behind a tool response (its tool and arguments: a "
+                    "command, a path); upstream rolls tool responses out by recency only",
+}
 
 
 class AkvalgoError(ValueError):
@@ -351,6 +358,9 @@ def to_akvalgo(policy: n.Policy, filename: str = "<policy>") -> AkvalgoOptions:
     if cut is not None:
         raise refuse(cut, "cut", "AKVPolicy drops whole messages only; a cut is the API's keep_text_drop, "
                      "which upstream's server takes from the client directly")
+    unread = _first_unreadable(policy)
+    if unread is not None:
+        raise refuse(unread, format_selector(unread), UNREADABLE[type(unread)])
     if policy.mode == "text":
         return _text_drop_options(policy, refuse)
     target, rules = _rolling_target(policy.rules, refuse)
@@ -500,10 +510,24 @@ def _check_target(rule: n.Rule, options: dict[str, int], refuse: Any) -> None:
 
 
 def _first_contains(selector: n.Selector) -> n.Contains | None:
-    if isinstance(selector, n.Contains):
+    return _first_of(selector, (n.Contains,))  # type: ignore[return-value]
+
+
+def _first_unreadable(policy: n.Policy) -> n.Selector | None:
+    """The first `covered` or `call contains` of the policy's rules, in rule order."""
+    for rule in policy.rules:
+        selector = getattr(rule.action.target, "selector", None)
+        found = None if selector is None else _first_of(selector, tuple(UNREADABLE))
+        if found is not None:
+            return found
+    return None
+
+
+def _first_of(selector: n.Selector, kinds: tuple[type, ...]) -> n.Selector | None:
+    if isinstance(selector, kinds):
         return selector
     parts = (selector.part,) if isinstance(selector, n.Not) else getattr(selector, "parts", ())
-    return next((c for c in map(_first_contains, parts) if c is not None), None)
+    return next((c for c in (_first_of(p, kinds) for p in parts) if c is not None), None)
 
 
 def _with_reposition(rule: n.RepositionRule, options: AkvalgoOptions, refuse: Any) -> AkvalgoOptions:

@@ -5,7 +5,9 @@ cumulative: a longer history never changes what a prefix looked like.
 """
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -17,6 +19,7 @@ DROP_CONTEXT_TOOL = "drop_context"
 MAX_ARGUMENT_CHARS = 65_536  # larger drop_context arguments are ignored, not parsed
 SYSTEM_ROLES = ("system", "developer")
 REUSE_FINDER = ReuseFinder()  # one for the process: its per-message memo makes each decision cheap
+_FINDER_LOCK = threading.Lock()  # its memo is not safe to grow from two threads (a proxy decides in threads)
 
 
 class HistoryError(ValueError):
@@ -98,6 +101,7 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
         roles.append(m["role"])
     tokens = tuple(_token_count(counter, m, i) for i, m in enumerate(messages))
     tool_names, batch_end, requests, call_keys, call_texts = _tool_facts(messages, roles)
+    protected = _protected(roles)
     if user_observations:
         batch_end = [end or _user_observation(messages, roles, i) for i, end in enumerate(batch_end)]
     return HistoryView(
@@ -110,14 +114,14 @@ def view_history(messages: Sequence[Mapping[str, Any]], counter: TokenCounter,
         tool_responses=_running_count(r == "tool" for r in roles),
         turns=_running_count(r == "assistant" for r in roles),
         tool_calls=_running_count(batch_end),
-        protected=_protected(roles),
+        protected=protected,
         requests=requests,
         answered_again=_answered_again(call_keys),
         next_turn=_next_turns(roles),
         results_end=_results_end(roles),
         controller_prompt=tuple(role == "user" and i > 0 and batch_end[i - 1] for i, role in enumerate(roles)),
         reused_by=_reused_by(messages, roles) if reuse else ((),) * len(roles),
-        coverage=_coverage(messages, roles) if coverage else None,
+        coverage=_coverage(messages, protected) if coverage else None,
         call_texts=tuple(call_texts),
     )
 
@@ -128,11 +132,12 @@ def _reused_by(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> tuple
     result goes), counting every holder, not only the latest: a result the agent quoted is not
     idle, whichever copy it quoted from."""
     out: list[list[int]] = [[] for _ in roles]
-    for k, role in enumerate(roles):
-        if role != "assistant":
-            continue
-        for j in sorted({found.holders[-1] for found in REUSE_FINDER.reuses(messages, k) if found.at_risk}):
-            out[j].append(k)
+    with _FINDER_LOCK:
+        for k, role in enumerate(roles):
+            if role != "assistant":
+                continue
+            for j in sorted({found.holders[-1] for found in REUSE_FINDER.reuses(messages, k) if found.at_risk}):
+                out[j].append(k)
     return tuple(tuple(ks) for ks in out)
 
 
@@ -145,15 +150,16 @@ def call_texts(messages: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
 
 def coverage_index(messages: Sequence[Mapping[str, Any]]) -> CoverageIndex:
     """The coverage index `covered` reads (`policy_dsl/coverage.py`) for a well-formed history."""
-    return _coverage(messages, [str(m.get("role")) for m in messages])
+    return _coverage(messages, _protected([str(m.get("role")) for m in messages]))
 
 
-def _coverage(messages: Sequence[Mapping[str, Any]], roles: list[str]) -> CoverageIndex:
-    """The coverage index, the prompt being the system messages and the user messages before the
-    first assistant message (the task), as use records exclude them."""
-    first = roles.index("assistant") if "assistant" in roles else len(roles)
-    prompt = {p for p, role in enumerate(roles) if role in SYSTEM_ROLES or role == "user" and p < first}
-    return CoverageIndex(REUSE_FINDER.items_of(messages), prompt)
+def _coverage(messages: Sequence[Mapping[str, Any]], protected: frozenset[int]) -> CoverageIndex:
+    """The coverage index, the prompt being the messages no policy hides (the leading system
+    messages and the first user message): a later user message or system note can be dropped, so
+    what it holds counts only while it is visible, as any other message's."""
+    with _FINDER_LOCK:
+        items = REUSE_FINDER.items_of(messages)
+    return CoverageIndex(items, protected)
 
 
 def _user_observation(messages: Sequence[Mapping[str, Any]], roles: list[str], i: int) -> bool:
@@ -269,12 +275,20 @@ def _call_text(name: str | None, call: Mapping[str, Any]) -> str:
     they are, a line each; decoded from JSON when they parse, the raw text otherwise)."""
     function = call.get("function")
     arguments = function.get("arguments") if isinstance(function, Mapping) else None
-    if isinstance(arguments, str) and len(arguments) <= MAX_ARGUMENT_CHARS:
+    if isinstance(arguments, str):
+        return _decoded_call_text(name or "", arguments)   # the same call is read at every request
+    return "\n".join([name or "", *_values(arguments)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_call_text(name: str, arguments: str) -> str:
+    decoded: Any = arguments
+    if len(arguments) <= MAX_ARGUMENT_CHARS:
         try:
-            arguments = json.loads(arguments)
+            decoded = json.loads(arguments)
         except (ValueError, RecursionError):
             pass
-    return "\n".join([name or "", *_values(arguments)])
+    return "\n".join([name, *_values(decoded)])
 
 
 def _values(node: Any) -> list[str]:

@@ -139,13 +139,20 @@ class WalkCache:
 
     A history whose first m messages equal a remembered history of m messages resumes that walk. A
     policy reading the message after a boundary (`calls include controller_prompts`) is never
-    resumed: its last boundary may change when the history grows. Safe to share between threads.
+    resumed: its last boundary may change when the history grows. Safe to share between threads; a
+    copy (a policy pickled for another process) starts empty, as the walks only save time.
     """
 
     def __init__(self, kept: int = WALKS_KEPT) -> None:
         self._walks: OrderedDict[tuple[int, int], tuple[TokenCounter, KvWalk]] = OrderedDict()
         self._kept = kept
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, int]:
+        return {"kept": self._kept}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(state["kept"])  # type: ignore[misc]
 
     def walk(self, policy: n.Policy, view: HistoryView, history: Sequence[Mapping[str, Any]],
              counter: TokenCounter) -> KvWalk:

@@ -19,11 +19,13 @@ from typing import Any, Mapping, Sequence
 from policy_dsl import nodes as n
 from policy_dsl.counter import ApproxTokenCounter, TokenCounter
 from policy_dsl.decision import OMITTED_PREFIX, SUMMARY_PREFIX, Decision, TextEdit
-from policy_dsl.evaluate import Boundary, fires, matches, on_schedule, prefilter, select_messages
+from policy_dsl.evaluate import Boundary, fires, matches, prefilter, select_messages
 from policy_dsl.history import HistoryView, view_history
+from policy_dsl.kv_walk import WalkCache
 from policy_dsl.printer import format_policy
 from policy_dsl.validator import validate, walk
-from policy_dsl.kv_walk import WalkCache
+
+DEFAULT_COUNTER = ApproxTokenCounter()  # the counter of a decision asked without one
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,9 @@ class CachePolicy:
     ast: n.Policy
     source: str  # canonical text
     # kv walks of recent histories, so that a history extending one decided before (the next request
-    # of a conversation) walks only its new boundaries
-    _walks: WalkCache = field(default_factory=WalkCache, compare=False, repr=False)
+    # of a conversation) walks only its new boundaries; each policy object has its own (not an
+    # argument: `dataclasses.replace` with another AST gets a fresh one)
+    _walks: WalkCache = field(default_factory=WalkCache, init=False, compare=False, repr=False)
 
     @property
     def mode(self) -> str:
@@ -41,7 +44,7 @@ class CachePolicy:
 
     def decide(self, history: Sequence[Mapping[str, Any]], counter: TokenCounter | None = None) -> Decision:
         """The decision for `history` (OpenAI-format messages); raises HistoryError on malformed input."""
-        counter = counter or ApproxTokenCounter()
+        counter = counter or DEFAULT_COUNTER  # one object, so that walks resume without a counter too
         view = view_history(history, counter, self.ast.user_observations, reuse=_reads(self.ast, n.Idle),
                             coverage=_reads(self.ast, n.Covered))
         if self.ast.mode == "kv" and any(isinstance(rule.action, n.Cut) for rule in self.ast.rules):

@@ -292,7 +292,7 @@ class ReuseFinder:
     """Reuses of a history's assistant messages; memoizes per message so a growing history
     (the same list extended step by step, or a fixed trace queried at every step) costs linear time.
 
-    Each message is read once (memo keyed by its identity and a hash of its content) into the forms
+    Each message is read once (memo keyed by a hash of its content, so a copy is not read again) into the forms
     it holds, indexed form -> messages; a query then costs a look-up per earlier message and one per
     candidate. Histories may differ between calls (a policy's view next to the trace): what they
     share is read once. A message changed in place must get a new content or tool_calls object.
@@ -310,23 +310,24 @@ class ReuseFinder:
 
     def _reset(self) -> None:
         self._by_id: dict[int, int] = {}  # id(message) -> entry, valid while its `refs` are unchanged
-        self._memo: dict[tuple[int, int], int] = {}  # (id(message), fingerprint) -> entry
+        self._memo: dict[int, int] = {}  # fingerprint (role, content, calls) -> entry
         self._entries: list[_Entry] = []
         self._holding: dict[str, list[int]] = {}  # form -> entries holding it
         self._span_held: dict[tuple[str, int], bool] = {}
+        self._found: dict[tuple[int, ...], tuple[Reuse, ...]] = {}  # the entries of a history -> its reuses
 
     def _entry(self, message: Mapping[str, Any]) -> int:
         found = self._by_id.get(id(message))
         if found is not None and self._entries[found].refs == _refs(message):
             return found
-        key = (id(message), _fingerprint(message))
+        key = _fingerprint(message)   # a copy of a message read before is read no more
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = len(self._entries)
             self._entries.append(_Entry(message))
             for form in self._entries[found].forms:
                 self._holding.setdefault(form, []).append(found)
-        self._entries[found].refs = _refs(message)  # one entry per message object (its id is in the key)
+        self._entries[found].refs = _refs(message)  # the latest object of that content: the fast path's check
         self._by_id[id(message)] = found
         return found
 
@@ -340,10 +341,14 @@ class ReuseFinder:
             raise ValueError(f"message {index} is not an assistant message of the history")
         if len(self._entries) > self.LIMIT:
             self._reset()
+        order = tuple(self._entry(message) for message in messages[:index + 1])
+        known = self._found.get(order)
+        if known is not None:   # the same history read before (another policy's run of the same trace)
+            return list(known)
         at: dict[int, list[int]] = {}  # entry -> its positions in the history
-        for position, message in enumerate(messages[:index]):
-            at.setdefault(self._entry(message), []).append(position)
-        roles = [self._entries[self._by_id[id(m)]].role for m in messages[:index]]
+        for position, entry in enumerate(order[:-1]):
+            at.setdefault(entry, []).append(position)
+        roles = [self._entries[entry].role for entry in order[:-1]]
         first = next((p for p, role in enumerate(roles) if role == "assistant"), index)
         prompt = {p for p, role in enumerate(roles) if role in PROMPT_ROLES or role == "user" and p < first}
         step = self._entries[self._entry(messages[index])]
@@ -359,6 +364,9 @@ class ReuseFinder:
                 if holders and prompt.isdisjoint(holders) and not covered.issuperset(holders):
                     covered.update(holders)
                     out.append(Reuse(item, holders, all(roles[h] == "tool" for h in holders)))
+        if len(self._found) >= self.LIMIT:
+            self._found.clear()
+        self._found[order] = tuple(out)
         return out
 
     def items_of(self, messages: Sequence[Mapping[str, Any]]) -> list[frozenset[str]]:
@@ -368,7 +376,10 @@ class ReuseFinder:
 
     def _holders(self, item: str, at: Mapping[int, list[int]]) -> tuple[int, ...]:
         if not _SPACE.search(item):
-            return tuple(sorted(p for e in self._holding.get(item, ()) for p in at.get(e, ())))
+            holding = self._holding.get(item, ())
+            if len(holding) > len(at):   # a form many messages of other histories hold: look at this one's
+                return tuple(sorted(p for e, ps in at.items() if item in self._entries[e].forms for p in ps))
+            return tuple(sorted(p for e in holding for p in at.get(e, ())))
         found = []
         for entry, positions in at.items():
             if (item, entry) not in self._span_held:

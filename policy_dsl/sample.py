@@ -162,8 +162,8 @@ def _selector_atom(rng: random.Random, requests: bool) -> n.Selector:
         return n.NextTurnContains(rng.choice(PHRASES))
     if kind == "superseded":
         return n.Superseded()
-    if kind == "covered":
-        return n.Covered(_num(rng, n.Covered, "share"))
+    if kind == "covered":  # `covered` (all of it) is a construct of its own, as `each U` is
+        return n.Covered(n.Num(100) if rng.random() < 0.3 else _num(rng, n.Covered, "share"))
     if kind == "call":
         return n.CallContains(rng.choice(CALLS))
     if kind == "callers":

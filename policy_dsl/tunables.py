@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Literal, Mapping
 
 from policy_dsl import nodes as n
-from policy_dsl.errors import PolicyValidationError, located
+from policy_dsl.errors import PolicyValidationError
 from policy_dsl.validator import numbers_with_bounds, validate
 
 

@@ -9,7 +9,8 @@ from evolve.config import ConfigError, EvolveConfig, load_config
 
 def test_defaults_are_the_offline_embedded_run():
     cfg = load_config()
-    assert cfg.proposers == ["mutate", "optuna"] and cfg.agent == "scripted" and cfg.backend == "replay"
+    assert cfg.proposers == ["reflect", "optuna", "llm", "mutate"] and cfg.agent == "scripted"
+    assert cfg.backend == "replay"
     assert cfg.baselines.standard == "standard-8k" and cfg.llm.model == "MiniMax-M2.7"
     assert cfg.baselines.expert == "expert-8k" and cfg.baselines.full == "full"
     assert cfg.validation.margin == 0.02 and cfg.validation.alpha == 0.05

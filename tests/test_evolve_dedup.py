@@ -134,10 +134,10 @@ def test_finalists_that_behave_the_same_on_train_and_held_out_count_once(tmp_pat
     """Two candidates the fingerprint told apart but whose runs are the same: the earliest is the finalist."""
     from evolve.cascade import Cascade
     from evolve.config import CascadeConfig, ValidationConfig
-    from evolve.validation import HELDOUT, outcome_digests, pick_finalists, twins, validate
+    from evolve.validation import HELDOUT, outcome_digests, pick_finalists, train_verdicts, twins, validate
     from store import TaskResult
 
-    train, heldout = ["t0", "t1"], [f"h{i}" for i in range(6)]
+    train, heldout = [f"t{i}" for i in range(8)], [f"h{i}" for i in range(6)]
     store = Store.open(f"sqlite:///{tmp_path / 'akv.db'}")
     try:
         run = store.create_run("twins", {}, 0, "test", evaluator.suite_version)
@@ -150,15 +150,18 @@ def test_finalists_that_behave_the_same_on_train_and_held_out_count_once(tmp_pat
                     store.add_evaluation(run.id, pid, TaskResult(task, split, "ok", 1.0, cost, 9, {"prompt": 90}))
             return pid
 
-        expert = stored("expert", [0.02, 0.02], [0.02] * 6)
-        first = stored("first", [0.01, 0.01], [0.011] * 6)
-        other = stored("other", [0.015, 0.012], [0.013] * 6)
-        same = stored("same", [0.01, 0.01], [0.011] * 6)     # first's twin on both splits
-        apart = stored("apart", [0.01, 0.01], [0.012] * 6)   # first's twin on train only
+        expert = stored("expert", [0.02] * 8, [0.02] * 6)
+        first = stored("first", [0.01] * 8, [0.011] * 6)
+        other = stored("other", [0.015, 0.012] * 4, [0.013] * 6)
+        same = stored("same", [0.01] * 8, [0.011] * 6)     # first's twin on both splits
+        apart = stored("apart", [0.01] * 8, [0.012] * 6)   # first's twin on train only
         cascade = Cascade(store, run.id, evaluator, train, CascadeConfig())
         behaviours = outcome_digests(store, run.id, TRAIN, train)
         assert behaviours[first] == behaviours[same] == behaviours[apart] != behaviours[other]
-        finalists = pick_finalists(cascade.train_points(), {expert}, 2, behaviours)
+        rows = cascade.train_results()
+        verdicts = train_verdicts({pid: rows[pid] for pid in (first, other, same, apart)}, rows[expert],
+                                  ValidationConfig(resamples=200, permutations=200), 0)
+        finalists = pick_finalists(verdicts, 2, behaviours)
         assert finalists == [first, other]  # the twins take no place of their own on the train front
         found = twins(finalists, [first, other, same, apart], behaviours)
         assert found == {first: [same, apart], other: []}

@@ -18,6 +18,9 @@ from evolve.proposers.prompt import build_prompt
 from evolve.proposers.mutate import MutateProposer
 from evolve.proposers.optuna_search import OptunaProposer, Structure
 from evolve.proposers.tree import get_at, set_at
+from policy_dsl import nodes as n
+from policy_dsl import parse
+from policy_dsl.validator import walk
 from store import EvaluationRecord, PolicyInfo, Store, TaskResult
 
 
@@ -50,6 +53,26 @@ def test_mutate_children_are_valid_new_and_carry_their_lineage():
         assert len(proposal.parent_ids) == 1 and proposal.generation == 1 and proposal.meta["edits"]
         hashes.add(proposal.hash)
     assert len(hashes) > 1
+
+
+def test_mutate_learns_covered_and_call_contains_from_the_population():
+    """Its vocabulary is what the library and the population hold: a parent reading coverage and calls
+    lends them to the other parent's children, and its own children tune the share within 1..100."""
+    reading = check_policy('mode kv\non each tool_response: drop role tool and covered >= 80 percent\n'
+                           'on each turn: drop role tool and call contains "grep " and age >= 2 turns\n'
+                           'reposition after each drop\n').text
+    front = [candidate(1, "expert-8k"), Candidate(2, reading, 0, 0.5, 0.01, candidate(1, "expert-8k").results)]
+    known = {check_policy(c.text).hash for c in front}
+    proposer = MutateProposer(MutateProposerConfig(crossover_rate=0.3), library_texts())
+    lent, shares = set(), set()
+    for seed in range(60):
+        proposal = proposer.ask(context(front, seed, known))
+        assert proposal.rejection_reason is None, proposal.rejection_reason
+        nodes = list(walk(parse(proposal.text)))
+        if proposal.parent_ids == (1,):
+            lent |= {type(x) for x in nodes if isinstance(x, (n.Covered, n.CallContains))}
+        shares |= {x.share.value for x in nodes if isinstance(x, n.Covered)}
+    assert lent == {n.Covered, n.CallContains} and len(shares) > 1 and all(1 <= v <= 100 for v in shares)
 
 
 def test_crossover_has_two_parents():
@@ -124,6 +147,30 @@ def test_optuna_tells_pruned_trials_with_their_subset_means(tmp_path):
     assert trial.user_attrs == {"policy_id": 7, "subset_score": 0.5, "subset_cost": 0.003}
     proposer.tell(proposal, 7, Outcome("evaluated", 1.0, 0.001))  # told once only
     assert optuna.load_study(study_name=proposal.meta["study"], storage=url).trials[1].state == TrialState.PRUNED
+
+
+def test_with_the_expert_known_optuna_searches_the_champion_rules_objective(tmp_path):
+    """One number to minimize: cost relative to the expert within the margin of its score, and past
+    every such point, how far short a point falls; not score and cost traded against each other."""
+    from evolve.proposers.optuna_search import SHORT, rule_objective
+
+    assert rule_objective(0.99, 0.8, (1.0, 1.0), 0.02) == pytest.approx(0.8)
+    assert rule_objective(0.97, 0.1, (1.0, 1.0), 0.02) == pytest.approx(SHORT + 0.01)   # cheap but short
+    assert rule_objective(0.98, 1.2, (1.0, 1.0), 0.02) < rule_objective(0.979, 0.01, (1.0, 1.0), 0.02)
+    url = f"sqlite:///{tmp_path / 'akv.db'}"
+    Store.open(url).close()
+    expert, parent = candidate(1, "expert", 1.0, 0.010), candidate(2, "expert-8k", 0.99, 0.008)
+    ctx = ProposerContext((expert, parent), (expert, parent), frozenset(), random.Random(0), 0, reference_id=1)
+    proposer = OptunaProposer(OptunaProposerConfig(), url, "run-r", seed=0, margin=0.02)
+    proposal = proposer.ask(ctx)
+    assert proposal.meta["study"].endswith("/rule") and proposal.meta["reference"] == [1.0, 0.010]
+    proposer.tell(proposal, 9, Outcome("evaluated", 0.995, 0.006))
+    study = optuna.load_study(study_name=proposal.meta["study"], storage=url)
+    assert len(study.directions) == 1 and study.directions[0] == optuna.study.StudyDirection.MINIMIZE
+    told = study.trials[proposal.meta["trial"]]
+    assert told.values == [pytest.approx(0.6)] and told.user_attrs["score"] == 0.995
+    entered = {t.user_attrs["policy_id"]: t.values[0] for t in study.trials if t.user_attrs.get("source") == "population"}
+    assert entered == {1: pytest.approx(1.0), 2: pytest.approx(0.8)}   # both within the margin of the expert
 
 
 def test_structures_abstract_values_and_ranges_only():

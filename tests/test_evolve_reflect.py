@@ -6,7 +6,7 @@ import random
 from evolve.context import Candidate, ProposerContext
 from evolve.library import SUITE_SPECIFIC, library_texts
 from evolve.proposers.reflect import Prices, ReflectProposer, distil
-from evolve.proposers.rules import Rule, results_of
+from evolve.proposers.rules import results_of
 from policy_dsl import builtin_source, parse
 
 
@@ -94,26 +94,3 @@ def test_the_donor_pool_leaves_out_the_suite_specific_built_ins() -> None:
     for name in SUITE_SPECIFIC:
         assert parse(builtin_source(name)) not in [parse(t) for t in pool]
     assert any("keep last 4" in t for t in pool)   # the expert's window stays a donor
-
-
-def test_a_parent_that_loses_reads_gets_rules_as_cheap_as_its_losses_allow() -> None:
-    from evolve.proposers.reflect import distil_within, parent_losses
-    from evolve.proposers.rules import drop_steps, lost_reads
-
-    # The parent dropped every document one step after it arrived: the found one, read over the
-    # next hop, was lost there (a recorded agent does not fetch it again).
-    windowed = {k: {**v, "messages": [dict(m, dropped=m["arrived"] + 1) if m["role"] == "tool" else m
-                                      for m in v["messages"]]} for k, v in TIMELINES.items()}
-    budget = parent_losses(TIMELINES, windowed)
-    assert budget and budget > 0
-    assert parent_losses(TIMELINES, {k: {**v, "messages": v["messages"][:-1]} for k, v in windowed.items()}) is None
-    timelines = list(TIMELINES.values())
-    results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
-    said = [[m.get("said", "") for m in t["messages"] if m["role"] == "assistant"] for t in timelines]
-    within = [rule for rule, _ in distil_within(results, said, budget)]
-    drops = [min(column) for column in zip(*(drop_steps(rule, results) for rule in within))]
-    assert within and lost_reads(drops, results) <= budget
-    full = Candidate(1, "mode kv\n", 0, 1.0, 0.01, (), TIMELINES)
-    parent = Candidate(2, builtin_source("expert-8k"), 0, 0.8, 0.008, (), windowed)
-    proposal = ReflectProposer().ask(ProposerContext((parent,), (full, parent), frozenset(), random.Random(0)))
-    assert proposal.rejection_reason is None and "as cheap as the parent's losses allow" in proposal.meta["edits"][0]

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 
 from evolve.candidate import check_policy
-from evolve.config import EvolveConfig
+from evolve.config import EvolveConfig, ValidationConfig
 from evolve.context import ProposerContext
 from evolve.loop import Evolution
 from evolve.pareto import Point
 from evolve.proposers.base import Proposer
 from evolve.schedule import next_proposer, spent_at
 from evolve.scoring import HarnessEvaluator
-from evolve.validation import pick_finalists, with_parents
-from store import Proposal, Store
+from evolve.validation import left_out, pick_finalists, train_verdicts, with_parents
+from store import Proposal, Store, TaskResult
 
 WINDOW = "mode kv\non each tool_response: drop role tool keep last {n} in 1..16\nreposition after each drop\n"
 
@@ -53,16 +53,47 @@ def test_the_schedule_is_a_checked_config_field():
         EvolveConfig.model_validate({"lead_patience": 0})
 
 
+def _rows(score: float, costs: list[float]) -> list[TaskResult]:
+    return [TaskResult(f"t{i}", "train", "ok", score, cost) for i, cost in enumerate(costs)]
+
+
+def test_only_points_that_beat_the_expert_on_train_are_finalists_the_safest_cheapest_first():
+    """A constructed train front: the dearer points (the highest-scoring ones, which the old choice
+    took) are reported, not validated; of those that beat the expert, the ones losing no score come
+    first, cheapest first, then the others."""
+    config = ValidationConfig(resamples=300, permutations=300)
+    expert = _rows(0.95, [1.0] * 10)
+    rows = {1: _rows(1.0, [1.19] * 10),                  # full-like: the best score, 19% dearer
+            2: _rows(0.97, [1.09] * 10),                 # 9% dearer at a better score
+            3: _rows(0.95, [0.90] * 10),                 # 10% cheaper, no score lost
+            4: _rows(0.945, [0.80] * 10),                # 20% cheaper, half a point lost (within 2)
+            5: _rows(0.96, [0.93] * 10),                 # 7% cheaper, better score
+            6: _rows(0.80, [0.50] * 10)}                 # half the cost, 15 points lost
+    verdicts = train_verdicts(rows, expert, config, 0)
+    assert pick_finalists(verdicts, 2) == [3, 5]
+    assert pick_finalists(verdicts, 4) == [3, 5, 4]      # 1, 2 and 6 never
+    reasons = {o["policy_id"]: o["why"] for o in left_out(verdicts, [3, 5, 4], config.margin)}
+    assert set(reasons) == {1, 2, 6}
+    assert "+19.0% vs the expert on train" in reasons[1] and "score -15.0 points" in reasons[6]
+    nothing = train_verdicts({1: rows[1], 2: rows[2]}, expert, config, 0)
+    assert pick_finalists(nothing, 2) == []
+
+
 def test_a_finalists_parent_scored_on_train_is_validated_too():
-    """The child dominates its parent on train, so only the child is a finalist; the parent joins it."""
+    """The child beats its parent on train, so only the child is a finalist; the parent joins it."""
     points = [Point(5, 1.0, 0.70), Point(12, 1.0, 0.65), Point(8, 0.9, 0.60), Point(9, 0.5, 0.9)]
-    finalists = pick_finalists(points, set(), 2)
-    assert finalists == [12, 8]
-    parents = {12: (5,), 8: (7,)}   # 7 never reached the whole train split (pruned): not a finalist
-    assert with_parents(finalists, points, parents) == [12, 8, 5]
+    expert = _rows(1.0, [1.0] * 8)
+    verdicts = train_verdicts({p.policy_id: _rows(p.score, [p.cost] * 8) for p in points}, expert,
+                              ValidationConfig(resamples=300, permutations=300), 0)
+    finalists = pick_finalists(verdicts, 1)
+    assert finalists == [12]
+    beating = [p for p in points if verdicts[p.policy_id].eligible]   # 8 loses 10 points, 9 is dearer
+    parents = {12: (5,)}
+    assert with_parents(finalists, beating, parents) == [12, 5]
     behaviours = {5: "x", 12: "x", 8: "y", 9: "z"}   # a parent that behaved as its child did adds nothing
-    assert with_parents(finalists, points, parents, behaviours) == [12, 8]
-    assert with_parents(finalists, [p for p in points if p.policy_id != 5], parents) == [12, 8]  # a baseline
+    assert with_parents(finalists, beating, parents, behaviours) == [12]
+    assert with_parents(finalists, [p for p in beating if p.policy_id != 5], parents) == [12]  # not beating
+    assert with_parents(pick_finalists(verdicts, 1), beating, {12: (8,)}) == [12]   # 8 never beat it
 
 
 class Listed(Proposer):

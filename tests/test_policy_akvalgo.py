@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 import pytest
@@ -333,6 +334,28 @@ def test_the_first_inexpressible_construct_is_named_and_located(text: str, const
     assert err.value.line >= 2 and str(err.value).startswith("p.akvp:")
 
 
+@pytest.mark.parametrize("text, construct", [
+    ("mode kv\non each tool_response: drop role tool and covered keep last 3", "covered"),
+    ("mode kv\non each tool_response: drop role tool and not covered >= 80 in 50..100 percent keep last 3",
+     "covered >= 80 in 50..100 percent"),
+    ('mode kv\non each tool_response: drop role tool and call contains "cat " keep last 3', 'call contains "cat "'),
+    ('mode kv\non each tool_response: drop role tool keep last 3\non each turn: drop callers outside last 3 or '
+     'call contains "grep"', 'call contains "grep"'),
+    ('mode kv\non each turn: drop tool_name "bash" and covered', "covered"),  # named before the tool name
+    ("mode text\non each turn: omit thinking where covered >= 90 percent", "covered >= 90 percent"),
+    ('mode text\non visible_tool_responses >= 4: remove role tool and not call contains "cat " keep last 3',
+     'call contains "cat "'),
+])
+def test_covered_and_call_contains_are_refused_by_name_wherever_they_stand(text: str, construct: str) -> None:
+    """No AKVPolicy option reads what later messages say again, nor the call behind a result."""
+    reason = "content coverage" if construct.startswith("covered") else "the call behind a tool response"
+    with pytest.raises(NotExpressible, match=f"{re.escape(construct)}: no AKVPolicy option reads .*{reason}") as err:
+        to_akvalgo(parse(f"{text}\n", filename="p.akvp"), "p.akvp")
+    lines = text.splitlines()
+    assert str(err.value).startswith(f"p.akvp:{len(lines)}:{lines[-1].index(construct) + 1}: {construct}: ")
+    assert "upstream rolls tool responses out by recency only" in str(err.value)
+
+
 def test_text_policies_and_full_attention_are_refused() -> None:
     with pytest.raises(NotExpressible, match="mode text"):
         to_akvalgo(load_policy("standard").ast)
@@ -354,6 +377,7 @@ def test_akv_export_format_akvalgo_writes_options_or_names_the_construct(tmp_pat
         ids = {}
         for name, text in (("rolling", "on each tool_response: drop role tool keep last 5"),
                            ("content", 'on each tool_response: drop role tool and contains "log" keep last 5'),
+                           ("covered", "on each tool_response: drop role tool and covered keep last 5"),
                            ("each drop", "on each tool_response: drop role tool keep last 6\n"
                                          "reposition after each drop")):
             ast = parse(f"mode kv\n{text}\n")
@@ -375,6 +399,10 @@ def test_akv_export_format_akvalgo_writes_options_or_names_the_construct(tmp_pat
                                   "--out", str(tmp_path / "c.json"), "--db", url])
     assert refused.exit_code == 2 and not (tmp_path / "c.json").exists()
     assert f"r1#{ids['content']}.akvp:2:" in refused.stderr and "content-based" in refused.stderr
+    refused = runner.invoke(app, ["export", "r1", "--format", "akvalgo", "--policy", str(ids["covered"]),
+                                  "--out", str(tmp_path / "c.json"), "--db", url])
+    assert refused.exit_code == 2 and not (tmp_path / "c.json").exists()
+    assert f"r1#{ids['covered']}.akvp:2:43: covered: no AKVPolicy option reads" in refused.stderr
     done = runner.invoke(app, ["export", "r1", "--best", "--format", "akvalgo", "--out", str(out), "--db", url])
     assert done.exit_code == 0, done.output
     exported = {"keep_tool_responses": 6, **BASIC, "reposition_trigger_tokens": 1}

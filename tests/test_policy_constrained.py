@@ -14,7 +14,7 @@ from policy_dsl import (PolicyError, PolicySyntaxError, builtin_names, builtin_s
 from policy_dsl import nodes as n
 from policy_dsl.constrained import MAX_CHAIN, integer_regex, range_blocks
 from policy_dsl.parser import parse_unvalidated
-from policy_dsl.validator import validate
+from policy_dsl.validator import validate, walk
 from test_grammar_support import accepts, matcher, random_walk
 
 CANONICAL = [
@@ -31,6 +31,10 @@ CANONICAL = [
     "mode text\non each turn: omit thinking where role assistant\n"
     "on history_tokens > 6000: summarize all keep last 2 within 512 in 128..2048 tokens",
     "mode text\non drop_context: omit requested",
+    "mode kv\non each tool_response: drop role tool and covered >= 80 in 50..100 percent keep last 2\n"
+    "reposition after each drop",
+    "mode kv\non each turn: drop covered or call contains \"cat \"\nreposition never",
+    "mode text\non each turn: omit not call contains \"pytest\" keep last 3",
     "mode kv\non each tool_response: cut after \"\\n--\" from role tool keep last 3\nreposition never",
     "mode kv\non visible_tokens > 4000: cut before \"Summary:\" from role assistant and tokens > 200\n"
     "reposition never",
@@ -93,6 +97,13 @@ def test_canonical_policies_of_every_construct_are_in_the_variant(text):
     ('mode kv\non each turn: cut after "x" from all\nreposition after each drop', "a cut with a reposition"),
     ('mode kv\non each turn: cut after "x" from thinking', "a cut of thinking"),
     ("mode kv\non each turn: drop all trigger included", "trigger included without until"),
+    ("mode kv\non each turn: drop covered >= 0 percent", "a covered share of 0"),
+    ("mode kv\non each turn: drop covered >= 101 percent", "a covered share above 100"),
+    ("mode kv\non each turn: drop covered >= 80", "a covered share without percent"),
+    ("mode kv\non each turn: drop covered > 80 percent", "a covered share not compared with >="),
+    ("mode kv\non each turn: drop covered >= 80 in 50..120 percent", "a covered share's range above 100"),
+    ('mode kv\non each turn: drop call contains ""', "an empty call pattern"),
+    ('mode kv\non each turn: drop call "x"', "call without contains"),
     ("mode kv\non each turn: drop all keep last 2 trigger included", "trigger included after keep, no until"),
     ('mode kv\non each turn: cut after "x" from all until visible_tokens <= 9 trigger included', "a cut of its trigger"),
     ("mode text\non each turn: omit all until visible_tokens <= 9 trigger included", "omit trigger included"),
@@ -114,6 +125,26 @@ def walks(grammar: str, count: int, seed: int) -> list[str]:
 def test_random_walks_under_the_one_rule_variant_are_all_valid_policies():
     for text in walks(constrained_grammar(), 100, seed=7):
         compile_policy(parse(text, "walk.akvp"), name="walk")
+
+
+@pytest.mark.parametrize("prefix, node", [
+    ("mode kv\non each tool_response: drop covered", n.Covered),
+    ("mode kv\non each tool_response: drop role tool and call contains ", n.CallContains),
+    ("mode text\non each turn: omit not covered >= ", n.Covered),
+])
+def test_random_walks_through_covered_and_call_contains_are_valid_policies(prefix, node):
+    """Walks that start in the new selectors and go on at random: each one parses, validates and holds it."""
+    rng, grammar = random.Random(11), constrained_grammar()
+    shares = set()
+    for _ in range(40):
+        walker = matcher(grammar)
+        assert walker.consume_tokens(list(prefix.encode()))
+        text = prefix + random_walk(walker, rng)
+        policy = compile_policy(parse(text, "walk.akvp"), name="walk").ast
+        found = [x for x in walk(policy) if isinstance(x, node)]
+        assert found, text
+        shares |= {x.share.value for x in found if isinstance(x, n.Covered)}
+    assert node is n.CallContains or len(shares) > 5  # shares over the bounds, not one value
 
 
 def test_with_more_rules_only_duplicate_rules_are_left_to_the_validator():

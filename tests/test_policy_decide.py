@@ -1,6 +1,10 @@
 """Decisions of the built-in library and of each trigger, selector and reposition rule."""
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
 import pytest
 from test_policy_support import CharCounter, agent_history, call, tool_indices
 
@@ -8,6 +12,8 @@ from policy_dsl import (
     SUMMARY_PREFIX, ApproxTokenCounter, HistoryError, apply_text_edits, builtin_names, load_policy, parse,
     compile_policy,
 )
+
+DATA = Path(__file__).parent / "data" / "traces"
 
 
 def decide(source: str, history, counter=None):
@@ -299,3 +305,277 @@ def test_builtin_evaluation_work_grows_linearly_with_the_history(name: str, monk
         load_policy(name).decide(agent_history(rounds, response="r" * 8000))  # ~2000 tokens each
         work.append(calls)
     assert work[1] <= 5 * work[0], work  # 4x the history: linear work is ~4x, quadratic ~16x
+
+
+# ---- covered and call contains: what a result says again, and the call behind it ---------------
+
+def bash(call_id: str, command: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [call(call_id, "bash", {"command": command})]}
+
+
+def answer(call_id: str, content: str, name: str = "bash") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+FILE_VIEW = "def add_numbers(a, b):\n    return a - b\n\n\ndef mul_numbers(a, b):\n    return a * b\n"
+FAILURE = "FAILED tests/test_ops.py::test_add - assert -1 == 3"
+
+
+def coding_session() -> list[dict]:
+    """A coding agent with native tool calls: it reads a file, runs the failing test, re-reads part
+    of the file, then all of it, re-runs the test, edits, and runs the tests twice."""
+    edit = {"path": "src/calc/ops.py", "old_str": "a - b", "new_str": "a + b"}
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "The test tests/test_ops.py fails; fix src/calc/ops.py."},
+        bash("c1", "cat src/calc/ops.py"), answer("c1", FILE_VIEW),                  # 2, 3: add_numbers, mul_numbers
+        bash("c2", "pytest -q tests/test_ops.py"), answer("c2", FAILURE),            # 4, 5: 3 of 4 items in the task
+        bash("c3", "sed -n 1,2p src/calc/ops.py"), answer("c3", FILE_VIEW[:41]),    # 6, 7: add_numbers again
+        bash("c4", "cat src/calc/ops.py"), answer("c4", FILE_VIEW),                  # 8, 9: all of 3 again
+        bash("c5", "pytest -q tests/test_ops.py"), answer("c5", FAILURE),            # 10, 11: all of 5 again
+        {"role": "assistant", "content": None, "tool_calls": [call("c6", "str_replace_editor", edit)]},
+        answer("c6", "The file was edited.", "str_replace_editor"),                  # 12, 13: no distinctive item
+        bash("c7", "pytest -q"), answer("c7", "1 passed"),                           # 14, 15: none either
+        bash("c8", "pytest -q"), answer("c8", "1 passed"),                           # 16, 17
+    ]
+
+
+@pytest.mark.parametrize("selector, expected", [
+    ("covered", {"9": [3, 7], "11": [5]}),                      # all: once the whole file and the test are back
+    ("covered >= 75 percent", {"7": [5], "9": [3, 7], "13": [11]}),  # 5, 11: three of four items in the task
+    ("covered >= 50 percent", {"7": [3, 5], "9": [7], "13": [11]}),  # 3: half of it read again at 7
+    ("covered >= 1 percent", {"7": [3, 5], "9": [7], "13": [11]}),   # 13, 15: no item, never covered, however low
+    # 7 stays while 9 says it again, and goes at 13, once 9 itself is gone (at 11)
+    ("not covered", {"5": [3], "7": [5], "11": [9], "13": [7, 11], "15": [13], "17": [15]}),
+])
+def test_covered_picks_what_later_visible_messages_or_the_prompt_say_again(selector: str, expected: dict) -> None:
+    history = coding_session()
+    source = f"mode kv\non each tool_response: drop role tool and {selector}\nreposition never\n"
+    assert decide(source, history).drop_message == expected
+    for k in range(1, len(history)):  # decisions are cumulative: a prefix decides what the whole did there
+        assert decide(source, history[:k]).drop_message == {i: v for i, v in expected.items() if int(i) < k}
+
+
+def test_a_covering_message_dropped_by_an_earlier_rule_covers_nothing() -> None:
+    history = coding_session()
+    covered = "on each turn: drop role tool and covered >= 50 percent\n"
+    partial = 'on each turn: drop role tool and call contains "sed -n"\n'
+    assert decide(f"mode kv\n{covered}", history).drop_message == {"6": [5], "8": [3], "10": [7], "12": [11]}
+    # the partial re-read goes first at 8: file view 3 waits for the whole one, visible at 10
+    assert decide(f"mode kv\n{partial}{covered}", history).drop_message == {"6": [5], "8": [7], "10": [3], "12": [11]}
+    # the other way round, 7 still covers 3 when the coverage rule runs
+    assert decide(f"mode kv\n{covered}{partial}", history).drop_message == {"6": [5], "8": [3, 7], "12": [11]}
+
+
+def test_only_messages_no_policy_hides_count_as_the_prompt_and_none_covers_itself() -> None:
+    history = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "The test tests/test_ops.py fails; fix src/calc/ops.py."},
+        {"role": "user", "content": "Hint: the helper add_numbers is wrong."},  # not protected: a policy may drop it
+        bash("c1", "ls tests"), answer("c1", "tests/test_ops.py"),              # 3, 4: all of it in the task
+        bash("c2", "grep -n add_numbers src/calc/ops.py"), answer("c2", "1:def add_numbers(a, b):"),
+        {"role": "assistant", "content": "Found it."},
+    ]
+    source = "mode kv\non each turn: drop covered\nreposition never\n"
+    assert decide(source, history[:5]).drop_message == {}  # the hint holds its own items only
+    # at 5 the agent's call says the hint again and the listing is the task's; at 7 the call is in its result
+    assert decide(source, history).drop_message == {"5": [2, 4], "7": [5]}
+    # the result 6 is not covered by the hint: an earlier message that is no prompt, and dropped by then
+    assert decide("mode kv\non each turn: drop role tool and covered\nreposition never\n",
+                  history).drop_message == {"5": [4]}
+
+
+@pytest.mark.parametrize("selector, expected", [
+    ('role tool and call contains "cat "', {"4": [3], "10": [9]}),
+    ('call contains "pytest"', {"6": [4, 5], "12": [10, 11], "16": [14, 15]}),  # an assistant on its own calls
+    ('role tool and call contains "src/calc/ops.py"', {"4": [3], "8": [7], "10": [9], "14": [13]}),
+    ('role tool and call contains "str_replace_editor"', {"14": [13]}),        # the tool's name is in the call
+    ('role tool and not call contains "pytest"', {"4": [3], "8": [7], "10": [9], "14": [13]}),
+    ('role tool and call contains "Cat "', {}),  # case-sensitive
+])
+def test_call_contains_reads_the_call_behind_a_result(selector: str, expected: dict) -> None:
+    source = f"mode kv\non each turn: drop {selector}\nreposition never\n"
+    assert decide(source, coding_session()).drop_message == expected
+
+
+def test_call_contains_reads_decoded_arguments_and_raw_text_when_they_do_not_parse() -> None:
+    truncated = call("c1", "bash")
+    truncated["function"]["arguments"] = '{"command": "cat a.py'  # not JSON: read as recorded
+    as_object = call("c2", "bash")
+    as_object["function"]["arguments"] = {"command": "grep -n \"TODO\" a.py", "lines": 120}  # not a string
+    huge = call("c3", "bash")
+    huge["function"]["arguments"] = json.dumps({"command": "cat big.txt", "pad": "x" * 70_000})  # too long to parse
+    history = [{"role": "user", "content": "Tidy a.py."}]
+    for n, c in enumerate((truncated, as_object, huge)):
+        history += [{"role": "assistant", "content": None, "tool_calls": [c]}, answer(c["id"], f"out {n}")]
+    history += [bash("c4", "ls"), answer("nobody", "a.py")]  # 7, 8: an answer to no call of its assistant
+    history.append({"role": "assistant", "content": "Done."})
+
+    def picked(text: str) -> list[int]:
+        source = f"mode kv\non each turn: drop role tool and call contains {json.dumps(text)}\nreposition never\n"
+        return sorted(j for v in decide(source, history).drop_message.values() for j in v)
+
+    assert picked("cat a.py") == [2] and picked('"command"') == [2, 6]  # raw text keeps the keys
+    assert picked('grep -n "TODO"') == [4] and picked("120") == [4]    # values decoded, keys left out
+    assert picked("lines") == [] and picked("bash") == [2, 4, 6]      # the orphan answer has no call
+    assert picked("cat big.txt") == [6]
+
+
+def test_call_contains_tells_the_results_of_a_text_action_agent_apart_once_converted() -> None:
+    """mini-swe-agent acts in text: every result answers `bash`, only the command says what it is."""
+    from sandbox.traces.formats import as_tool_calls, read_traces
+
+    [text] = read_traces(DATA / "mswea.traj.json")
+    trace = as_tool_calls(text)
+    history = [dict(m) for m in trace.messages]
+    source = 'mode kv\non each turn: drop role tool and call contains "{}"\nreposition never\n'
+    assert decide(source.format("grep -n"), history).drop_message == {"4": [3]}
+    assert decide(source.format("sed -i"), history).drop_message == {"8": [7]}  # 9's call edits too, but is last
+    assert decide(source.format("bash"), history).drop_message == {"4": [3], "8": [7]}
+    assert decide('mode kv\non each turn: drop call contains "sed -n 84,95p"\nreposition never\n',
+                  history).drop_message == {"8": [6, 7]}  # the assistant message on its own call, and its result
+    # the same run in text, observations as user messages: no call is behind them
+    raw = [dict(m) for m in text.messages]
+    assert decide("mode kv\ncalls include user_observations\n" + source.format("grep -n").split("\n", 1)[1],
+                  raw).drop_message == {}
+
+
+def recorded_runs() -> list[list[dict]]:
+    """Real runs: a mini-swe-agent run converted to tool calls, a SWE-agent run, a tau-bench run."""
+    from sandbox.traces.formats import read_traces
+
+    return [[dict(m) for m in trace.messages] for trace in read_traces(DATA / "samples.jsonl")]
+
+
+@pytest.mark.parametrize("share", [100, 50])
+def test_covered_on_recorded_runs_matches_its_definition(share: int) -> None:
+    """At every boundary the rule fires, a visible tool result is picked exactly when `share` percent
+    of its distinctive items are held by the prompt or by a later message still visible."""
+    from policy_dsl.reuse import distinctive_items, message_text
+
+    picks = 0
+    for history in recorded_runs():
+        items = [distinctive_items(message_text(m, names=False)) for m in history]
+        prompt = {0, 1} if history[0]["role"] == "system" else {0}
+        source = f"mode kv\non each tool_response: drop role tool and covered >= {share} percent\n"
+        decision = decide(source, history)
+        gone: set[int] = set()
+        for i in (i for i, m in enumerate(history) if m["role"] == "tool"):
+            def held(item: str, j: int) -> bool:
+                return any(item in items[p] for p in prompt) or \
+                    any(item in items[k] for k in range(j + 1, i + 1) if k not in gone)
+            visible = [j for j in range(i) if history[j]["role"] == "tool" and j not in gone]
+            expected = [j for j in visible if items[j] and sum(held(x, j) for x in items[j]) * 100 >= share * len(items[j])]
+            assert decision.drop_message.get(str(i), []) == expected, i
+            gone |= set(expected)
+        picks += len(gone)
+    assert picks > 20  # not vacuous
+
+
+def test_call_contains_on_recorded_runs_picks_the_results_of_matching_calls() -> None:
+    found: dict[str, int] = {}
+    for history in recorded_runs():
+        called, calls = {}, {}
+        for j, m in enumerate(history):  # ids repeat across a tau-bench run: a result answers its own turn's call
+            calls = {c["id"]: c["function"] for c in m.get("tool_calls") or ()} if m["role"] == "assistant" else calls
+            if m["role"] == "tool":
+                called[j] = calls[m["tool_call_id"]]
+        last_turn = max(i for i, m in enumerate(history) if m["role"] == "assistant")
+        for text in ("grep", "python ", "edit ", "IAH", "get_reservation_details"):
+            decision = decide(f"mode kv\non each turn: drop role tool and call contains {json.dumps(text)}\n", history)
+            picked = sorted(j for v in decision.drop_message.values() for j in v)
+            expected = [j for j, f in called.items() if j < last_turn and text in
+                        f["name"] + json.dumps(json.loads(f["arguments"]), ensure_ascii=False)]
+            assert picked == expected, text
+            found[text] = found.get(text, 0) + len(picked)
+    assert all(found.values()), found  # each text picks something somewhere
+
+
+# ---- the kv walk: a conversation decided request by request -------------------------------------
+
+def test_a_conversation_decided_request_by_request_walks_each_boundary_once(monkeypatch) -> None:
+    from policy_dsl.kv_walk import KvWalk
+
+    walked = 0
+    real = KvWalk._boundary
+
+    def counted(self, *args):
+        nonlocal walked
+        walked += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(KvWalk, "_boundary", counted)
+    history = coding_session()
+    source = "mode kv\non each tool_response: drop role tool and covered >= 50 percent\nreposition after each drop\n"
+    for counter in (CharCounter(), None):  # None: the default counter, one object for every request
+        policy, walked = compile_policy(parse(source)), 0
+        decisions = [policy.decide(history[:k], counter) for k in range(1, len(history) + 1)]
+        assert walked == len(history)  # each request walks only its new messages
+        assert decisions == [compile_policy(parse(source)).decide(history[:k], counter)
+                             for k in range(1, len(history) + 1)]
+        assert walked == len(history) + sum(range(1, len(history) + 1))  # a fresh policy walks from the start
+    prompts = ("mode kv\ncalls include controller_prompts\non each tool_response: drop role tool keep last 2\n"
+               "reposition when positions > 100\n")
+    policy, walked = compile_policy(parse(prompts)), 0
+    for k in range(1, len(history) + 1):
+        policy.decide(history[:k])
+    assert walked == sum(range(1, len(history) + 1))  # the last boundary reads the next message: never resumed
+
+
+def test_a_compiled_policy_travels_to_another_process_without_its_walks() -> None:
+    import pickle
+    from dataclasses import replace
+
+    policy = load_policy("expert")
+    history = agent_history(20)
+    decided = policy.decide(history)
+    copy = pickle.loads(pickle.dumps(policy))  # process lanes send the policy with each task
+    assert copy == policy and copy.decide(history) == decided
+    assert replace(policy, name="other")._walks is not policy._walks  # another policy object, its own walks
+
+
+def reading_session(seed: int) -> list[dict]:
+    """A coding agent reading and grepping files of its own project, often the same ones again."""
+    rng = random.Random(seed)
+    history = [{"role": "system", "content": "You are a coding agent."},
+               {"role": "user", "content": f"Fix src/pkg/mod_{seed}.py."}]
+    for step in range(30):
+        path = f"src/pkg/file_{seed}_{rng.randint(0, 8)}.py"
+        history += [bash(f"c{step}", f"cat {path}"),
+                    answer(f"c{step}", f"{path}: def func_{seed}_{rng.randint(0, 5)}(): return HAT{rng.randint(100, 999)}")]
+        history.append({"role": "assistant", "content": f"Now func_{seed}_{rng.randint(0, 5)}."})
+    return history
+
+
+@pytest.mark.parametrize("selector", ["covered >= 50 percent", "role tool and idle >= 6 turns"])
+def test_decisions_made_in_threads_at_once_equal_those_made_one_at_a_time(selector: str, monkeypatch) -> None:
+    """A proxy decides its clients' requests in threads; the process's one reuse finder serves them all."""
+    import sys
+    import threading
+
+    from policy_dsl import history as history_module
+    from policy_dsl.reuse import ReuseFinder
+
+    sessions = [reading_session(seed) for seed in range(8)]
+    source = f"mode kv\non each tool_response: drop {selector}\nreposition never\n"
+    alone = [decide(source, session) for session in sessions]
+    assert all(d.drop_message for d in alone)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so that they meet in the finder
+    try:
+        for _ in range(5):
+            monkeypatch.setattr(history_module, "REUSE_FINDER", ReuseFinder())  # its memo empty: filled at once
+            policy, start, decided = compile_policy(parse(source)), threading.Barrier(len(sessions)), {}
+
+            def run(k: int) -> None:
+                start.wait()
+                decided[k] = policy.decide(sessions[k], CharCounter())
+
+            threads = [threading.Thread(target=run, args=(k,)) for k in range(len(sessions))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert [decided[k] for k in range(len(sessions))] == alone
+    finally:
+        sys.setswitchinterval(interval)

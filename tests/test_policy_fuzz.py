@@ -9,12 +9,14 @@ from policy_dsl import PolicyError, builtin_names, builtin_source, compile_polic
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCES = [builtin_source(name) for name in builtin_names()] + [
     "mode kv\non each tool_call and visible_tokens > 6000: drop role tool until visible_tokens <= 3000 trigger included\n"
-    "reposition after 1 tool_calls then every 1\n"]
+    "reposition after 1 tool_calls then every 1\n",
+    'mode kv\non each turn: drop role tool and (covered >= 80 in 50..100 percent or call contains "cat ")\n'
+    "reposition after each drop\n"]
 WORDS = ["mode", "kv", "text", "on", "each", "every", "after", "drop", "omit", "summarize", "within", "tokens",
          "keep", "last", "until", "visible_tokens", "history_tokens", "<=", ">", ">=", "(", ")", ":", "and", "or",
          "not", "role", "tool", "tool_name", "age", "contains", "next_turn", "requested", "superseded", "drop_context", "thinking", "where",
          "reposition", "never", "gap", "in", "..", "0", "12", "99999999999999", '"x"', '"\\q"', "#", "\n", "\x00",
-         "cut", "before", "from", "trigger", "included", "with", "turns"]
+         "cut", "before", "from", "trigger", "included", "with", "turns", "covered", "percent", "call", "100", "101"]
 
 
 def parse_and_compile(text: str) -> None:

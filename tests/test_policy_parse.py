@@ -53,6 +53,35 @@ def test_every_construct_parses_to_its_node() -> None:
     assert parse(format_policy(milestone)) == milestone
 
 
+@pytest.mark.parametrize("written, node, canonical", [
+    ("covered", n.Covered(n.Num(100)), "covered"),
+    ("covered >= 100 percent", n.Covered(n.Num(100)), "covered"),  # all of it: the short form
+    ("covered >= 80 percent", n.Covered(n.Num(80)), "covered >= 80 percent"),
+    ("covered   >=  80 in 50..100\n percent", n.Covered(n.Num(80, 50, 100)), "covered >= 80 in 50..100 percent"),
+    ("covered >= 100 in 50..100 percent", n.Covered(n.Num(100, 50, 100)), "covered >= 100 in 50..100 percent"),
+    ('call contains "cat "', n.CallContains("cat "), 'call contains "cat "'),
+    ('call contains "grep -n \\"def \\""', n.CallContains('grep -n "def "'), 'call contains "grep -n \\"def \\""'),
+])
+def test_covered_and_call_contains_parse_and_print_canonically(written: str, node: object, canonical: str) -> None:
+    ast = parse(f"mode kv\non each tool_response: drop role tool and not {written} keep last 2\n")
+    assert ast.rules[0].action.target.selector == n.And((n.Role("tool"), n.Not(node)))
+    text = format_policy(ast)
+    assert f"drop role tool and not {canonical} keep last 2\n" in text
+    assert parse(text) == ast and format_policy(parse(text)) == text
+
+
+def test_a_covered_share_is_tunable() -> None:
+    ast = parse("mode kv\non each turn: drop role tool and covered >= 80 in 50..100 percent\n")
+    [share] = tunables(ast)
+    assert (share.path, share.value, share.lo, share.hi, share.kind) == (
+        "rules[0].action.target.selector.parts[1].share", 80, 50, 100, "int")
+    tuned = with_tunables(ast, {share.path: 95})
+    assert "covered >= 95 in 50..100 percent" in format_policy(tuned) and parse(format_policy(tuned)) == tuned
+    assert "covered >= 80 percent" in format_policy(without_ranges(ast))
+    with pytest.raises(PolicyValidationError, match="outside its range 50..100"):
+        with_tunables(ast, {share.path: 40})
+
+
 def test_call_lines_parse_in_any_order_and_print_in_one() -> None:
     body = "on each tool_response: drop role tool keep last 2\nreposition when positions > 600\n"
     both = parse(f"mode kv\ncalls include controller_prompts\ncalls include user_observations\n{body}")
@@ -105,6 +134,19 @@ BAD_INPUT = [
     ('mode kv\non each turn: drop next_turn "x"\n', 2, 30, PolicySyntaxError, "expected 'contains'"),
     ('mode kv\non each turn: drop age > 1 tool_calls with "Found"\n', 2, 20, PolicyValidationError,
      "with a text counts turns"),
+    ("mode kv\non each turn: drop covered >= 0 percent\n", 2, 31, PolicyValidationError,
+     "covered share (percent) 0 is out of range; expected 1..100"),
+    ("mode kv\non each turn: drop covered >= 101 percent\n", 2, 31, PolicyValidationError,
+     "covered share (percent) 101 is out of range; expected 1..100"),
+    ("mode kv\non each turn: drop covered >= 80 in 50..120 percent\n", 2, 31, PolicyValidationError,
+     "covered share (percent) range 50..120 is invalid"),
+    ("mode kv\non each turn: drop covered >= 80\n", 2, 33, PolicySyntaxError, "unexpected end of file; expected 'percent'"),
+    ("mode kv\non each turn: drop covered >= 80 keep last 2\n", 2, 34, PolicySyntaxError, "expected 'percent'"),
+    ("mode kv\non each turn: drop covered > 80 percent\n", 2, 28, PolicySyntaxError, "unexpected '>'"),
+    ('mode kv\non each turn: drop call "cat"\n', 2, 25, PolicySyntaxError, "expected 'contains'"),
+    ('mode kv\non each turn: drop call contains ""\n', 2, 34, PolicySyntaxError, "empty string"),
+    ('mode kv\non each turn: drop call contains "' + "x" * 257 + '"\n', 2, 34, PolicySyntaxError,
+     "string of 257 characters; the limit is 256"),
     ("mode kv\ncalls include controller_prompts\non each tool_response: drop role tool keep last 2\n"
      "reposition after each drop\n", 2, 1, PolicyValidationError, "expected that reposition rule, but this "
      "policy has `reposition after each drop`"),

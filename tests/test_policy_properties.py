@@ -43,6 +43,7 @@ SELECTOR_ATOMS = st.one_of(
     st.sampled_from(["error", "ok"]).map(n.Contains), st.text(min_size=1, max_size=12).map(n.Contains),
     st.sampled_from(["a", "aa", "x"]).map(n.NextTurnContains), st.just(n.Requested()), st.just(n.Superseded()),
     st.builds(n.CallersOutside, nums(1, 4)), st.builds(n.Idle, OPS, nums(0, 6), UNITS),
+    st.builds(n.Covered, nums(1, 100)), st.sampled_from(["cat ", "parse_config", "q", "search", "1"]).map(n.CallContains),
 )
 SIMPLE_SELECTORS = st.one_of(st.just(n.AllMessages()), st.sampled_from(["tool", "assistant"]).map(n.Role),
                              st.builds(n.Age, st.just(">="), nums(0, 4), UNITS))
@@ -61,6 +62,20 @@ REPOSITIONS = st.one_of(st.just(n.RepositionNever()), st.just(n.RepositionEachDr
                         st.builds(n.RepositionGap, nums(1, 500)), st.builds(n.RepositionPositions, nums(1, 3000)))
 KV_POLICIES = st.builds(n.Policy, st.just("kv"), st.lists(KV_RULES, max_size=3).map(tuple), REPOSITIONS,
                         st.booleans(), st.booleans())  # user observations, controller prompts
+# Policies sure to read what a message says again (`covered`) or the call behind it (`call contains`),
+# alone, beside a selector of another kind, or negated, in a rule among others.
+READING_ATOMS = st.one_of(st.builds(n.Covered, nums(1, 100)), st.just(n.Covered(n.Num(100))),
+                          st.sampled_from(["cat ", "parse_config", "q", "search", "1"]).map(n.CallContains))
+READING_SELECTORS = st.one_of(
+    READING_ATOMS, READING_ATOMS.map(n.Not),
+    st.tuples(SELECTOR_ATOMS | st.sampled_from(n.ROLES).map(n.Role), READING_ATOMS).map(lambda ps: n.And(ps)),
+    st.tuples(READING_ATOMS, SELECTOR_ATOMS).map(lambda ps: n.Or(ps)))
+READING_RULES = st.builds(n.Rule, TRIGGERS, st.builds(n.Drop, st.builds(
+    n.Messages, READING_SELECTORS, st.none() | nums(0, 6), st.none() | nums(0, 2000), st.booleans())))
+READING_POLICIES = st.builds(
+    lambda rule, others, at, reposition, observations, prompts: n.Policy(
+        "kv", (*others[:at], rule, *others[at:]), reposition, observations, prompts),
+    READING_RULES, st.lists(KV_RULES, max_size=2), st.integers(0, 2), REPOSITIONS, st.booleans(), st.booleans())
 TEXT_RULES = st.builds(n.Rule, TRIGGERS, st.one_of(
     st.builds(n.Omit, MESSAGE_TARGETS), st.builds(n.Omit, st.builds(n.Thinking, st.none() | SELECTORS)),
     st.builds(n.Remove, MESSAGE_TARGETS),
@@ -139,6 +154,12 @@ def test_random_kv_policies_are_cumulative_and_safe(history, ast, counter) -> No
 
 
 @SMALL
+@given(history=histories(max_rounds=8), ast=READING_POLICIES.filter(valid), counter=COUNTERS)
+def test_random_policies_reading_coverage_and_calls_are_cumulative_and_safe(history, ast, counter) -> None:
+    check_cumulative_and_safe(compile_policy(ast), history, counter)
+
+
+@SMALL
 @given(history=histories(max_rounds=8), ast=ANY_POLICIES.filter(valid))
 def test_text_edits_are_in_range_and_never_touch_protected_messages(history, ast) -> None:
     decision = compile_policy(ast).decide(history, CharCounter())
@@ -184,3 +205,59 @@ def test_printer_round_trips_every_valid_ast_and_parse_rejects_the_rest(ast) -> 
         except PolicyError:
             return
         raise AssertionError("parse accepted the text of an invalid policy")
+
+
+def decide_fresh(ast: n.Policy, history, counter):
+    """The decision of a policy object that has decided nothing before (no walk to resume)."""
+    return compile_policy(ast).decide(history, counter)
+
+
+@SMALL
+@given(conversations=st.lists(histories(max_rounds=6), min_size=2, max_size=3),
+       ast=(KV_POLICIES | READING_POLICIES).filter(valid), data=st.data())
+def test_one_policy_object_decides_growing_conversations_as_a_fresh_one_decides_each_request(conversations, ast,
+                                                                                             data) -> None:
+    """A kv decision resumes the walk of a history it decided before (policy_dsl/kv_walk.py): request by
+    request, conversations interleaved, each counter apart, after a history diverges, from threads."""
+    policy = compile_policy(ast)
+    counters = [CharCounter(), ScaledCounter()]
+    longest = max(map(len, conversations))
+    requests = [(c[:k], counters[i % 2]) for k in range(1, longest + 1) for i, c in enumerate(conversations)
+                if k <= len(c)]
+    for history, counter in requests:  # interleaved, one counter per conversation
+        assert policy.decide(history, counter) == decide_fresh(ast, history, counter)
+    first = conversations[0]
+    for k in range(1, len(first) + 1):  # the same requests, counted by the other counter
+        assert policy.decide(first[:k], counters[1]) == decide_fresh(ast, first[:k], counters[1])
+    at = data.draw(st.integers(0, len(first) - 1))  # an earlier message edited: the history diverges there
+    edited = first[:at] + [{**first[at], "content": f"{first[at].get('content') or ''} see src/app/main.py"}] + \
+        first[at + 1:]
+    for k in range(at + 1, len(edited) + 1):
+        assert policy.decide(edited[:k], counters[0]) == decide_fresh(ast, edited[:k], counters[0])
+    check_in_threads(ast, conversations, counters[0])
+
+
+def check_in_threads(ast: n.Policy, conversations, counter) -> None:
+    """Each conversation decided request by request in a thread of its own, all on one policy object."""
+    import sys
+    import threading
+
+    policy, start = compile_policy(ast), threading.Barrier(len(conversations))
+    decided: list[list] = [[] for _ in conversations]
+
+    def converse(i: int) -> None:
+        start.wait()
+        decided[i] = [policy.decide(conversations[i][:k], counter) for k in range(1, len(conversations[i]) + 1)]
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so that their decisions interleave
+    try:
+        threads = [threading.Thread(target=converse, args=(i,)) for i in range(len(conversations))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    for conversation, got in zip(conversations, decided):
+        assert got == [decide_fresh(ast, conversation[:k], counter) for k in range(1, len(conversation) + 1)]

@@ -19,7 +19,7 @@ from evolve.proposers import random_sampler
 from evolve.proposers.random_sampler import RandomProposer
 from policy_dsl import canonical_hash, compile_policy, format_policy, parse
 from policy_dsl import nodes as n
-from policy_dsl.sample import draw_policy, sample_policy
+from policy_dsl.sample import CALLS, draw_policy, sample_policy
 from policy_dsl.validator import BOUNDS, numbers_with_bounds, walk
 
 DRAWS = 2000
@@ -81,6 +81,10 @@ def _variants(node: object, mode: str) -> set[Any]:
         out |= {name for name in ("keep_last", "until_visible", "trigger_included") if getattr(node, name)}
     if isinstance(node, n.Thinking):
         out.add(("thinking", mode, node.selector is not None))
+    if isinstance(node, n.Covered):
+        out.add("covered" if node.share == n.Num(100) else "covered >= P percent")
+    if isinstance(node, n.CallContains):
+        out.add(("call contains", node.text))
     return out
 
 
@@ -91,7 +95,8 @@ def test_every_construct_appears():
     expected = {("mode", "kv"), ("mode", "text"), "user_observations", "controller_prompts", "each", "every N",
                 ("After", "then"), ("RepositionAfter", "then"), "age with", "keep_last", "until_visible",
                 "trigger_included", ("thinking", "kv", False), ("thinking", "text", False),
-                ("thinking", "text", True)}
+                ("thinking", "text", True), "covered", "covered >= P percent"}
+    expected |= {("call contains", text) for text in CALLS}
     expected |= {("reposition", name) for name in reposition}
     expected |= {(kind, "unit", unit) for kind in ("Every", "After", "Age", "Idle") for unit in n.COUNT_UNITS}
     expected |= {("RepositionEvery", "unit", unit) for unit in n.REPOSITION_UNITS}
@@ -107,8 +112,8 @@ def test_numbers_spread_over_their_bounds():
     values: dict[tuple[type, str], list[int]] = defaultdict(list)
     for policy in policies():
         for path, num, _, owner in numbers_with_bounds(policy):
-            if isinstance(owner, n.Every) and num == n.Num(1):
-                continue  # `each U`: a construct of its own, not a drawn count
+            if isinstance(owner, n.Every) and num == n.Num(1) or isinstance(owner, n.Covered) and num == n.Num(100):
+                continue  # `each U` and `covered` (all of it): constructs of their own, not drawn numbers
             values[(type(owner), path.rsplit(".", 1)[-1])].append(num.value)
     assert set(values) == set(BOUNDS)
     for key, (low, high) in BOUNDS.items():
@@ -179,13 +184,17 @@ def coding_history() -> list[dict]:
 
 def test_drawn_policies_decide_on_agent_histories():
     histories = [research_history(), coding_history(), research_history()[:7]]
-    decided = set()
+    decided, reading = set(), set()
     for policy in policies():
         compiled = compile_policy(policy)
         for history in histories:
             decision = compiled.decide(history)
-            decided.add(bool(decision.drop_message or decision.text_edits or decision.thinking_drop or decision.kept))
+            acted = bool(decision.drop_message or decision.text_edits or decision.thinking_drop or decision.kept)
+            decided.add(acted)
+            if acted:
+                reading |= {type(node) for node in walk(policy) if isinstance(node, (n.Covered, n.CallContains))}
     assert decided == {True, False}  # some policies act on these histories and some do not
+    assert reading == {n.Covered, n.CallContains}  # policies with the new selectors among those that act
 
 
 def context(seed: int, known: frozenset[str] = frozenset()) -> ProposerContext:

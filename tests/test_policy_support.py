@@ -38,17 +38,29 @@ def tool_indices(history: list[Message]) -> list[int]:
     return [i for i, m in enumerate(history) if m["role"] == "tool"]
 
 
+# Lines with distinctive content (a path, identifiers, an id) that results and turns repeat, as an agent
+# re-reads a file or re-runs a test: what `covered` compares.
+LINES = ("src/app/main.py", "def parse_config(path):", "FAILED tests/test_main.py::test_parse", "booking HAT136",
+         "1 passed")
+ARGUMENTS = (None, {"q": 1}, {"q": 2}, {"command": "cat src/app/main.py"}, {"command": "grep -n parse_config src"})
+
+
+def distinctive(draw: st.DrawFn) -> str:
+    return "\n".join(draw(st.lists(st.sampled_from(LINES), min_size=1, max_size=3)))
+
+
 @st.composite
 def histories(draw: st.DrawFn, max_rounds: int = 14) -> list[Message]:
     """Random agent histories: batches of 0-3 tool calls, drop_context calls, thinking, extra user turns,
-    and possibly an unfinished last batch."""
+    content that earlier messages held (LINES), and possibly an unfinished last batch."""
     history: list[Message] = []
     if draw(st.booleans()):
         history.append({"role": "system", "content": "s" * draw(st.integers(1, 30))})
     history.append({"role": "user", "content": "u" * draw(st.integers(1, 30))})
     for r in range(draw(st.integers(0, max_rounds))):
         if draw(st.integers(0, 9)) == 0:
-            history.append({"role": "user", "content": "more " * draw(st.integers(1, 5))})
+            words = "more " * draw(st.integers(1, 5))
+            history.append({"role": "user", "content": distinctive(draw) if draw(st.booleans()) else words})
         width = draw(st.integers(0, 3))
         calls = []
         for k in range(width):
@@ -56,9 +68,10 @@ def histories(draw: st.DrawFn, max_rounds: int = 14) -> list[Message]:
                 ids = draw(st.lists(st.integers(-2, len(history) + 6), max_size=4))
                 calls.append(call(f"c{r}_{k}", "drop_context", {"message_ids": ids}))
             else:
-                arguments = draw(st.sampled_from([None, {"q": 1}, {"q": 2}]))
+                arguments = draw(st.sampled_from(ARGUMENTS))
                 calls.append(call(f"c{r}_{k}", draw(st.sampled_from(["search", "open", "run"])), arguments))
-        assistant: Message = {"role": "assistant", "content": "a" * draw(st.integers(0, 20)) or None}
+        said = distinctive(draw) if draw(st.integers(0, 3)) == 0 else "a" * draw(st.integers(0, 20))
+        assistant: Message = {"role": "assistant", "content": said or None}
         if calls:
             assistant["tool_calls"] = calls
         if draw(st.booleans()):
@@ -67,6 +80,7 @@ def histories(draw: st.DrawFn, max_rounds: int = 14) -> list[Message]:
         answered = width if draw(st.integers(0, 7)) else draw(st.integers(0, width))
         for c in calls[:answered]:
             size = draw(st.integers(1, 400))
-            history.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                            "content": draw(st.sampled_from(["x", "error: ", "ok "])) * size})
+            content = distinctive(draw) if draw(st.integers(0, 2)) == 0 else \
+                draw(st.sampled_from(["x", "error: ", "ok "])) * size
+            history.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"], "content": content})
     return history

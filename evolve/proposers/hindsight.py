@@ -30,7 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, round_size
+from evolve.context import Candidate
+from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, results_of, round_size
 from evolve.reflection import COVER_SHARES
 
 MAX_RULES = 4            # rules added to a base window
@@ -41,6 +42,7 @@ MIN_SUPPORT = 3          # a phrase or a call word must occur in this many tasks
 CALL_SHARE = 0.15        # ... and in this share of the tasks with tool results
 TOOL_SHARE = 0.5         # a tool is named only when this share of the tasks with tool results call it
 CALL_WORDS = 12          # most call words kept (by the tasks they occur in)
+MIN_GAIN = 0.005         # a rule is added only for at least this share of what the oracle saves
 _SEGMENT = re.compile(r"&&|\|\||[|;]")
 _COMMAND = re.compile(r"[A-Za-z_][\w.-]*(?: -[A-Za-z]+)?")
 
@@ -51,8 +53,9 @@ class Composition:
 
     rules: tuple[Rule, ...]
     saved: float     # visible tokens no longer paid for, summed over the requests
-    lost: int        # reads that came after the drop of what they read
-    budget: int      # the losses it was chosen within
+    lost: int        # copied strings lost (reads, without reuses)
+    loss: float      # what they cost the score (`Table.loss`)
+    budget: float    # the loss it was chosen within
 
     def texts(self) -> list[str]:
         return [rule.text() for rule in self.rules]
@@ -73,15 +76,19 @@ class Table:
     """The timelines' messages as arrays: what a set of drop steps saves and loses, at once.
 
     Losses, with `reuses` (recorded traces): the copied strings whose every holder was hidden at the
-    step that copied them, as the fidelity score counts them; without, the reads (use records) that
-    came after their message's drop. A holder that is not among `results` (the prompt) is never hidden.
+    step that copied them (`lost`), and what they cost the fidelity score, the mean over the `tasks`
+    traces of each one's share of its copied strings lost (`loss`, 0..1: what the champion rule
+    judges); without, the reads (use records) that came after their message's drop, both ways. A
+    holder that is not among `results` (the prompt) is never hidden.
     """
 
-    def __init__(self, results: Sequence[Result], reuses: Sequence[Reuse] | None = None) -> None:
+    def __init__(self, results: Sequence[Result], reuses: Sequence[Reuse] | None = None, tasks: int = 1) -> None:
         self.results = list(results)
         self.tokens = np.array([r.tokens for r in results], dtype=np.float64)
         self.steps = np.array([r.steps for r in results], dtype=np.int64)
         self.never = np.full(len(results), NEVER, dtype=np.int64)
+        self._drops: dict[Rule, np.ndarray] = {}
+        self.unit = 1.0   # the loss of one copied string, on average: what `efficient` counts in
         if reuses is None:
             owners = [(k, u) for k, r in enumerate(results) for u in r.uses]
         else:
@@ -99,9 +106,19 @@ class Table:
             ends = np.flatnonzero(self.use_owner < 0)
             self._starts = np.concatenate(([0], ends[:-1] + 1)) if ends.size else np.zeros(0, dtype=np.int64)
             self._entry_step = self.use_step[ends - 1] if ends.size else np.zeros(0, dtype=np.int64)
+            copied: dict[int, int] = {}   # per task, every copied string: the score's denominator
+            for task, _step, _holders in reuses:
+                copied[task] = copied.get(task, 0) + 1
+            weights = [1.0 / (copied[task] * max(1, tasks)) for task, _step, holders in reuses
+                       if holders and None not in (position.get((task, h)) for h in holders)]
+            self._weight = np.array(weights, dtype=np.float64)
+            self.unit = float(np.mean(self._weight)) if weights else 1.0
 
     def drops(self, rule: Rule) -> np.ndarray:
-        return np.array(drop_steps(rule, self.results), dtype=np.int64)
+        """The step each message stops being shown under `rule` alone (NEVER: kept), computed once."""
+        if rule not in self._drops:
+            self._drops[rule] = np.array(drop_steps(rule, self.results), dtype=np.int64)
+        return self._drops[rule]
 
     def saved(self, drops: np.ndarray) -> float:
         return float(np.sum(self.tokens * np.clip(self.steps - drops, 0, None)))
@@ -111,9 +128,18 @@ class Table:
             return 0
         if not self._grouped:
             return int(np.sum(self.use_step >= drops[self.use_owner]))
+        return int(np.sum(self._lost(drops)))
+
+    def loss(self, drops: np.ndarray) -> float:
+        """What the losses cost the score (with reuses; without, the reads lost)."""
+        if not self._grouped or not self.use_owner.size:
+            return float(self.lost(drops))
+        return float(np.sum(self._weight[self._lost(drops)]))
+
+    def _lost(self, drops: np.ndarray) -> np.ndarray:
         shown = np.where(self.use_owner >= 0, drops[np.maximum(self.use_owner, 0)], 0)
         latest = np.maximum.reduceat(shown, self._starts)   # the last holder to go: gone from then on
-        return int(np.sum(latest <= self._entry_step))
+        return latest <= self._entry_step
 
     def oracle_saved(self) -> float:
         """What dropping every message right after its last read saves: the ceiling of `saved`."""
@@ -202,49 +228,48 @@ def shared_tools(results: Sequence[Result]) -> list[str]:
                   if all(len(tasks & mine) >= TOOL_SHARE * len(mine) for mine in groups.values()))
 
 
-def compose(results: Sequence[Result], rules: Sequence[Rule], budget: int,
-            reuses: Sequence[Reuse] | None = None) -> list[Composition]:
-    """Rule sets that lose at most `budget` (copied strings with `reuses`, else reads), the most saving
-    first: for each base (no window, or each window), rules added greedily, each for the tokens it adds
-    (and, as a second path, for what it adds per loss)."""
-    table = Table(results, reuses)
+def compose(table: Table, rules: Sequence[Rule], budget: float) -> list[Composition]:
+    """Rule sets whose losses cost the score at most `budget` (`Table.loss`), the most saving first: for
+    each base (no window, or each window), rules added greedily, each for the tokens it adds (and, as a
+    second path, for what it adds per loss)."""
     drops = {rule: table.drops(rule) for rule in rules}
     windows = [rule for rule in rules if rule.event == "window"]
     others = [rule for rule in rules if rule.event != "window" and np.any(drops[rule] < table.steps)]
     found: dict[tuple[str, ...], Composition] = {}
+    floor = MIN_GAIN * table.oracle_saved()
     for base in [None, *windows]:
         start = drops[base] if base is not None else table.never
-        if table.lost(start) > budget:
+        if table.loss(start) > budget:
             continue
         for efficient in (False, True):
-            chosen = _greedy(table, drops, others, budget, start, efficient)
+            chosen = _greedy(table, drops, others, budget, start, efficient, floor)
             rules_of = tuple([base] if base is not None else []) + tuple(chosen)
             if not rules_of:
                 continue
             current = start
             for rule in chosen:
                 current = np.minimum(current, drops[rule])
-            made = Composition(rules_of, table.saved(current), table.lost(current), budget)
+            made = Composition(rules_of, table.saved(current), table.lost(current), table.loss(current), budget)
             found.setdefault(tuple(made.texts()), made)
     return sorted(found.values(), key=lambda c: (-c.saved, c.lost, c.texts()))
 
 
-def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], budget: int, start: np.ndarray,
-            efficient: bool) -> list[Rule]:
-    current, saved, lost, chosen = start, table.saved(start), table.lost(start), []
+def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], budget: float, start: np.ndarray,
+            efficient: bool, floor: float = 0.0) -> list[Rule]:
+    current, saved, lost, chosen = start, table.saved(start), table.loss(start), []
     for _ in range(MAX_RULES):
-        best: tuple[float, str, Rule, np.ndarray, float, int] | None = None
+        best: tuple[float, str, Rule, np.ndarray, float, float] | None = None
         for rule in rules:
             if rule in chosen:
                 continue
             merged = np.minimum(current, drops[rule])
             more = table.saved(merged) - saved
-            if more <= 0:
+            if more <= floor or best is not None and more < best[0]:   # a value is never above what it saves
                 continue
-            losing = table.lost(merged)
+            losing = table.loss(merged)
             if losing > budget:
                 continue
-            value = more / (1 + losing - lost) if efficient else more
+            value = more / (1 + (losing - lost) / table.unit) if efficient else more
             if best is None or (-value, rule.text()) < (-best[0], best[1]):
                 best = (value, rule.text(), rule, merged, saved + more, losing)
         if best is None:
@@ -252,3 +277,127 @@ def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], 
         chosen.append(best[2])
         current, saved, lost = best[3], best[4], best[5]
     return chosen
+
+
+ROLES = ("tool", "assistant", "user")   # what a rule may drop: never the prompt
+BUDGET_SHARES = (1.0, 0.5, 0.25, 0.0)   # of the parent's losses: as many, half, a quarter, none
+Option = tuple[list[str], str, dict[str, Any]]   # rule lines, the edit note, what the timelines predict
+
+
+def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[Mapping[str, Any]],
+                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse]) -> list[Option]:
+    """Proposals distilled from `timelines` (`full`'s, where nothing was hidden) against a parent that
+    ran the same histories (`parent`, task by task): the rule sets that save more than the parent
+    while their losses cost the score as much as the parent's did, half, a quarter and nothing; those
+    no other set beats in both first (the most saving first), then the others, then the best with one
+    rule left out."""
+    results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
+    table = Table(results, reuses, len(timelines))
+    own = parent_drops(results, parent)
+    budget, lost, saved, ceiling = table.loss(own), table.lost(own), table.saved(own), table.oracle_saved() or 1.0
+    rules = hindsight_rules(results, said)
+    found: dict[tuple[str, ...], Composition] = {}
+    for share in BUDGET_SHARES:
+        for c in compose(table, rules, budget * share):
+            if c.saved > saved:
+                found.setdefault(tuple(c.texts()), c)
+    chosen = _undominated(list(found.values()))
+    options: list[Option] = []
+    for c in chosen:
+        note = (f"hindsight: {len(c.rules)} rules losing {c.lost} copied strings, {100 * c.loss:.2f} points of "
+                f"score, on the train timelines (the parent {lost}, {100 * budget:.2f} points): "
+                f"{c.saved / ceiling:.0%} of the oracle's saving, the parent {saved / ceiling:.0%}")
+        options.append((c.texts(), note, {"predicted": {
+            "lost": c.lost, "score_points": round(100 * c.loss, 3), "budget_points": round(100 * c.budget, 3),
+            "parent_lost": lost, "parent_points": round(100 * budget, 3),
+            "saved_share": round(c.saved / ceiling, 4), "parent_share": round(saved / ceiling, 4)}}))
+    if chosen and len(chosen[0].rules) > 1:
+        best = chosen[0].texts()
+        options += [(best[:i] + best[i + 1:], f"hindsight: the best set without rule {i + 1}", {})
+                    for i in range(len(best))]
+    return options
+
+
+def _undominated(found: Sequence[Composition]) -> list[Composition]:
+    """The rule sets no other saves as much at no more losses, the most saving first; then the rest, so
+    a later proposal still has somewhere to go."""
+    def dominated(c: Composition) -> bool:
+        return any(o.saved >= c.saved and o.loss <= c.loss and (o.saved, -o.loss) != (c.saved, -c.loss)
+                   for o in found)
+
+    order = sorted(found, key=lambda c: (-c.saved, c.loss, c.texts()))
+    return [c for c in order if not dominated(c)] + [c for c in order if dominated(c)]
+
+
+def needs_of(population: Sequence[Candidate]) -> Candidate | None:
+    """The evaluated policy whose timelines show the agent's needs best: use records on every step, no
+    summary rewriting the history (its timeline covers only the steps after the last rewrite), the
+    highest score, then the fewest drops: `full` when it is a baseline."""
+    recorded = [c for c in population if c.timelines and all(t.get("uses_recorded") and not t.get("rewrites")
+                                                             for t in c.timelines.values())]
+
+    def drops(c: Candidate) -> int:
+        return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
+
+    return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
+
+
+def parent_drops(results: Sequence[Result], parent: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """The step at which the parent dropped each of `results` (NEVER where it kept it), from its timelines."""
+    dropped = {(n, int(m["i"])): int(m["dropped"]) for n, t in enumerate(parent) for m in t["messages"]
+               if m.get("dropped") is not None}
+    return np.array([dropped.get((r.task, r.index), NEVER) for r in results], dtype=np.int64)
+
+
+EVIDENCE_RULES = 6   # single rules the evidence names
+
+
+def evidence(needs: Candidate, parent: Candidate) -> list[str]:
+    """What reflect reads in the train timelines, as lines for a model's prompt: how much the
+    hindsight oracle would save and how much of it the parent gets at what losses, where the tokens
+    paid after their last read are (by role and by the call behind a tool result), and the single
+    rules a deployed policy could run that save the most within the parent's losses, with what they
+    save and lose there. Empty unless the timelines are of recorded traces the parent ran too."""
+    timelines = [needs.timelines[t] for t in sorted(needs.timelines)]
+    reuses = reuses_of(timelines)
+    if reuses is None or any(t not in parent.timelines for t in needs.timelines):
+        return []
+    results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
+    said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
+    table = Table(results, reuses, len(timelines))
+    own = parent_drops(results, [parent.timelines[t] for t in sorted(needs.timelines)])
+    budget, lost, ceiling = table.loss(own), table.lost(own), table.oracle_saved() or 1.0
+    lines = [f"the hindsight oracle (each message dropped right after its last read) saves {ceiling:,.0f} visible "
+             f"token-requests on the train traces; the parent saves {table.saved(own) / ceiling:.0%} of that and "
+             f"loses {lost} copied strings (reuses whose every holder it had hidden), {100 * budget:.2f} points "
+             "of the mean fidelity score"]
+    wasted = _wasted(results, own)
+    total = sum(wasted.values()) or 1.0
+    kinds = sorted(wasted.items(), key=lambda item: -item[1])[:8]
+    lines.append("tokens the parent keeps visible after their last read, by kind: "
+                 + "; ".join(f"{kind} {share / total:.0%}" for kind, share in kinds))
+    same: dict[bytes, tuple[float, int, str]] = {}   # rules that drop the same messages: the shortest stands
+    for rule in hindsight_rules(results, said):
+        drops = np.minimum(own, table.drops(rule))
+        key, text = drops.tobytes(), rule.text()
+        if table.loss(drops) <= budget and (key not in same or len(text) < len(same[key][2])):
+            same[key] = (table.saved(drops) / ceiling, -table.lost(drops), text)
+    best = sorted(same.values(), key=lambda s: (-s[0], -s[1], len(s[2]), s[2]))[:EVIDENCE_RULES]
+    lines += [f"added to the parent, `{text}` saves {share:.0%} of the oracle's saving and loses {-more - lost} "
+              "more copied strings" for share, more, text in best]
+    return lines
+
+
+def _wasted(results: Sequence[Result], drops: np.ndarray) -> dict[str, float]:
+    """Visible token-requests after the last read that `drops` still pays for, by role (tool results
+    also by the first command word of their call)."""
+    out: dict[str, float] = {}
+    for r, drop in zip(results, drops):
+        paid = max(0, min(int(drop), r.steps) - max(r.last_read + 1, r.arrived)) * r.tokens
+        if not paid:
+            continue
+        word = _COMMAND.match((r.call.splitlines()[1:] or [""])[0].strip()) if r.role == "tool" else None
+        kind = {"tool": "tool results", "assistant": "the agent's messages", "user": "user turns"}[r.role]
+        key = f"{kind} (call `{word.group()}`)" if word else kind
+        out[key] = out.get(key, 0.0) + paid
+    return out

@@ -26,8 +26,9 @@ import openai
 
 from evolve.candidate import check_policy, rejection
 from evolve.config import LLMProposerConfig
-from evolve.context import ProposerContext
+from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import BudgetExhausted, Proposer, ProposerUnavailable
+from evolve.proposers.hindsight import evidence, needs_of
 from evolve.proposers.prompt import MOST_MESSAGE_OVERHEAD, PromptTooLong, extract_diagnosis, fit_prompt
 from policy_dsl import PolicyError, constrained_grammar
 from policy_dsl.counter import CHARS_PER_TOKEN
@@ -133,6 +134,7 @@ class LLMProposer(Proposer):
         # The grammar sent as `lark` while the endpoint takes it; None once `auto` fell back.
         self.grammar = None if config.constrain == "off" else (grammar or answer_grammar(diagnosis_room(config)))
         self.note: str | None = None   # why the grammar was turned off, told with the next proposal
+        self._evidence_of: dict[tuple[int, int], list[str]] = {}   # (needs, parent) -> hindsight evidence
 
     def ask(self, context: ProposerContext) -> Proposal:
         parent = context.pick_parent()
@@ -140,7 +142,7 @@ class LLMProposer(Proposer):
         config = self.config
         try:
             prompt = fit_prompt(self.system, parent, others, context.front, config.context_tokens, config.max_tokens,
-                                config.digest_tasks, self.count)
+                                config.digest_tasks, self.count, self._evidence(context, parent))
         except PromptTooLong as err:  # never sent over the model's context
             return Proposal(self.name, None, (parent.policy_id,), parent.generation + 1,
                             rejection_reason=f"prompt too long: {err}; raise llm.context_tokens or lower "
@@ -178,6 +180,16 @@ class LLMProposer(Proposer):
                   "request_tokens": prompt.tokens,
                   "constrained": constrained and self.grammar is not None, **({"note": note} if note else {})},
         )
+
+    def _evidence(self, context: ProposerContext, parent: Candidate) -> list[str]:
+        """The hindsight evidence reflect reads, on recorded traces (none elsewhere), once per parent."""
+        needs = needs_of(context.population)
+        if needs is None or not parent.timelines:
+            return []
+        key = (needs.policy_id, parent.policy_id)
+        if key not in self._evidence_of:
+            self._evidence_of[key] = evidence(needs, parent)
+        return self._evidence_of[key]
 
     def _check(self, answer: str, finish_reason: str | None):
         if finish_reason == "length":

@@ -8,7 +8,14 @@ The search space is fixed when the study opens (the first parent's ranges) and k
 study; a later parent written with other ranges is searched within the study's. Studies live in
 optuna's RDB storage in the run's own database, so a resumed run continues them. Pruned
 candidates are told as pruned, with the cascade's subset-stage means as the trial's
-intermediate result (user attributes: optuna's `report` is single-objective only).
+intermediate result (user attributes).
+
+The objective is the champion rule's: the cheapest policy at a score non-inferior to the expert's.
+Where the expert's train results are known (`ProposerContext.reference`), a study minimizes one
+number, `rule_objective`: a trial's cost relative to the expert's when its score is within the
+margin of the expert's, and past every such trial, by how far short it falls, when it is not. So
+the search is told what the rule will ask, not a mix of score and cost. Without a reference (a run
+without an expert baseline) a study keeps the two objectives, score and cost.
 """
 from __future__ import annotations
 
@@ -29,12 +36,25 @@ from evolve.proposers.base import Outcome, Proposer
 from evolve.proposers.tree import Path, set_at, walk
 from policy_dsl import PolicyError, format_policy, tunables, with_tunables
 from policy_dsl.nodes import Num
+from akv_stats.champion import DEFAULT_MARGIN
 from store.records import Proposal
 
 optuna.logging.set_verbosity(logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
 
 Space = dict[str, tuple[int, int]]  # tunable path -> (lo, hi)
+SHORT = 10.0  # where the objective of a trial below the margin starts: past any cost relative to the expert
+EXPLOIT = 0.75  # share of proposals whose parent is the rule's best policy with tunable numbers
+
+
+def rule_objective(score: float, cost: float, reference: tuple[float, float], margin: float) -> float:
+    """The champion rule as one number to minimize (module docstring): cost / the expert's for a trial
+    within `margin` of the expert's score; SHORT plus the points it falls short by, for the others."""
+    expert_score, expert_cost = reference
+    short = (expert_score - margin) - score
+    if short > 1e-12:
+        return SHORT + short
+    return cost / expert_cost if expert_cost > 0 else cost
 
 
 @dataclass(frozen=True)
@@ -81,11 +101,13 @@ def with_space(ast: Any, space: Mapping[str, tuple[int, int]]) -> Any:
 class OptunaProposer(Proposer):
     name = "optuna"
 
-    def __init__(self, config: OptunaProposerConfig, storage_url: str, run_name: str, seed: int) -> None:
+    def __init__(self, config: OptunaProposerConfig, storage_url: str, run_name: str, seed: int,
+                 margin: float = DEFAULT_MARGIN) -> None:
         self.config = config
         self.storage = optuna.storages.RDBStorage(storage_url)
         self.run_name = run_name
         self.seed = seed
+        self.margin = margin  # the champion rule's (validation.margin)
 
     def sampler(self, index: int) -> optuna.samplers.BaseSampler:
         # A fresh seed per proposal: a resumed run must not replay the same suggestions. The samplers
@@ -98,19 +120,29 @@ class OptunaProposer(Proposer):
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.config.startup_trials,
                                           multivariate=True)
 
-    def study(self, structure: Structure, index: int) -> optuna.Study:
-        """The structure's study (opened with this structure's ranges as its search space if new)."""
-        study = optuna.create_study(storage=self.storage, study_name=f"{self.run_name}/{structure.key}",
-                                    directions=["maximize", "minimize"], sampler=self.sampler(index),
-                                    load_if_exists=True)
+    def study(self, structure: Structure, index: int, rule: bool = False) -> optuna.Study:
+        """The structure's study (opened with this structure's ranges as its search space if new): on the
+        champion rule's objective with `rule`, else on score and cost."""
+        name, directions = (f"{self.run_name}/{structure.key}/rule", ["minimize"]) if rule else \
+            (f"{self.run_name}/{structure.key}", ["maximize", "minimize"])
+        study = optuna.create_study(storage=self.storage, study_name=name, directions=directions,
+                                    sampler=self.sampler(index), load_if_exists=True)
         if "space" not in study.user_attrs:
             study.set_user_attr("space", {p: list(r) for p, r in structure.space.items()})
             study.set_user_attr("structure", structure.text)
         return study
 
     def _parent(self, context: ProposerContext) -> tuple[Candidate, Any] | None:
+        """A policy with tunable numbers: from the front in a random order; with the expert known, most
+        often (EXPLOIT) the one the champion rule's objective ranks first, so that the search tunes
+        the structures that could win rather than, say, a summary threshold no trace ever reaches."""
         order = list(context.front)
         context.rng.shuffle(order)
+        reference = context.reference
+        if reference is not None and context.rng.random() < EXPLOIT:
+            judge = (reference.score, reference.cost)
+            ranked = sorted(context.population, key=lambda c: rule_objective(c.score, c.cost, judge, self.margin))
+            order = ranked + [c for c in order if c not in ranked]
         for candidate in order + [c for c in context.population if c not in order]:
             ast = check_policy(candidate.text).ast
             if tunables(ast):
@@ -125,13 +157,16 @@ class OptunaProposer(Proposer):
                             rejection_reason="optuna: no evaluated policy has a tunable range (`N in LO..HI`)")
         parent, ast = chosen
         structure = Structure.of(ast)
-        study = self.study(structure, context.index)
+        reference = context.reference
+        judge = (reference.score, reference.cost) if reference is not None else None
+        study = self.study(structure, context.index, rule=judge is not None)
         space: Space = {p: (int(r[0]), int(r[1])) for p, r in study.user_attrs["space"].items()}
-        added = add_population(study, structure.key, space, context.population)
+        added = add_population(study, structure.key, space, context.population, judge, self.margin)
         trial = study.ask()
         values = {path: trial.suggest_int(path, lo, hi) for path, (lo, hi) in space.items()}
         meta = {"study": study.study_name, "trial": trial.number, "params": dict(values),
-                "structure": structure.key, "population_trials": added}
+                "structure": structure.key, "population_trials": added,
+                **({"reference": list(judge), "margin": self.margin} if judge is not None else {})}
         try:
             checked = check_ast(with_tunables(with_space(ast, space), values))
         except PolicyError as err:
@@ -153,7 +188,13 @@ class OptunaProposer(Proposer):
             self.storage.get_study_id_from_name(meta["study"]), number)
         self.storage.set_trial_user_attr(trial_id, "policy_id", policy_id)
         if outcome.status in ("evaluated", "duplicate") and outcome.score is not None:
-            study.tell(number, values=[outcome.score, outcome.cost])
+            if "reference" in meta:
+                self.storage.set_trial_user_attr(trial_id, "score", outcome.score)
+                self.storage.set_trial_user_attr(trial_id, "cost", outcome.cost)
+                reference = (float(meta["reference"][0]), float(meta["reference"][1]))
+                study.tell(number, values=[rule_objective(outcome.score, outcome.cost, reference, meta["margin"])])
+            else:
+                study.tell(number, values=[outcome.score, outcome.cost])
         elif outcome.status == "pruned" and outcome.score is not None:
             # The subset stage's means: the trial's intermediate result, kept with it.
             self.storage.set_trial_user_attr(trial_id, "subset_score", outcome.score)
@@ -163,8 +204,10 @@ class OptunaProposer(Proposer):
             study.tell(number, state=TrialState.FAIL)
 
 
-def add_population(study: optuna.Study, key: str, space: Space, population: Sequence[Candidate]) -> int:
-    """Enter every evaluated policy of the structure as a completed trial, once per point; returns how many."""
+def add_population(study: optuna.Study, key: str, space: Space, population: Sequence[Candidate],
+                   reference: tuple[float, float] | None = None, margin: float = DEFAULT_MARGIN) -> int:
+    """Enter every evaluated policy of the structure as a completed trial, once per point (valued by the
+    champion rule's objective against `reference`, else by score and cost); returns how many."""
     seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
     seen_ids = {t.user_attrs.get("policy_id") for t in study.get_trials(deepcopy=False)}
@@ -178,9 +221,11 @@ def add_population(study: optuna.Study, key: str, space: Space, population: Sequ
         point = tuple(sorted(params.items()))
         if point in seen or any(not space[p][0] <= v <= space[p][1] for p, v in params.items()):
             continue
-        study.add_trial(create_trial(params=params, distributions=distributions,
-                                     values=[candidate.score, candidate.cost],
-                                     user_attrs={"policy_id": candidate.policy_id, "source": "population"}))
+        values = ([rule_objective(candidate.score, candidate.cost, reference, margin)] if reference is not None
+                  else [candidate.score, candidate.cost])
+        study.add_trial(create_trial(params=params, distributions=distributions, values=values,
+                                     user_attrs={"policy_id": candidate.policy_id, "source": "population",
+                                                 "score": candidate.score, "cost": candidate.cost}))
         seen.add(point)
         added += 1
     return added

@@ -1,7 +1,10 @@
 """The llm proposer's prompt, fitted to the model's context.
 
-It holds the parent with its train results, the digests of its worst and its most expensive
-train tasks (evolve/reflection.py: what its drops cost and lost there), and the Pareto front;
+It holds the parent with its train results, on recorded traces the evidence the reflect proposer
+reads (`evolve/proposers/hindsight.py`: what the hindsight oracle saves, where the parent pays for
+tokens after their last read, the rules that save most within its losses), the digests of its
+worst and its most expensive train tasks (evolve/reflection.py: what its drops cost and lost
+there), and the Pareto front;
 it asks first for a short diagnosis, then for the policy. The whole request, system prompt and
 completion budget included, must fit `llm.context_tokens`: the digests get what the rest leaves
 and are shortened to fit; then the front's texts go; a prompt that still does not fit is never
@@ -50,8 +53,11 @@ def describe(candidate: Candidate, rows: int = MAX_RESULT_ROWS) -> str:
 
 
 def build_prompt(parent: Candidate, inspirations: Sequence[Candidate], digest_texts: Sequence[str] = (),
-                 front: Sequence[Candidate] = ()) -> str:
+                 front: Sequence[Candidate] = (), evidence: Sequence[str] = ()) -> str:
     parts = [f"Parent policy:\n```akvp\n{parent.text.strip()}\n```\nIts results: {describe(parent)}"]
+    if evidence:
+        parts.append("What the train timelines say in hindsight (scored as the champion rule scores: cost, and "
+                     "copied strings lost):\n" + "\n".join(f"- {line}" for line in evidence))
     if digest_texts:
         parts.append("What happened in the parent's trajectories (its worst and its most expensive tasks):\n"
                      + "\n\n".join(digest_texts))
@@ -66,11 +72,13 @@ def build_prompt(parent: Candidate, inspirations: Sequence[Candidate], digest_te
 
 
 def fit_prompt(system: str, parent: Candidate, inspirations: Sequence[Candidate], front: Sequence[Candidate],
-               context_tokens: int, max_tokens: int, digest_tasks: int, count: Count) -> Prompt:
-    """The richest prompt whose request, with `max_tokens` to answer, fits `context_tokens`."""
+               context_tokens: int, max_tokens: int, digest_tasks: int, count: Count,
+               evidence: Sequence[str] = ()) -> Prompt:
+    """The richest prompt whose request, with `max_tokens` to answer, fits `context_tokens`: the
+    evidence before the other policies, both before the digests."""
     fixed = count(system) + 2 * MOST_MESSAGE_OVERHEAD + max_tokens
-    for shown in (list(inspirations), []):
-        bare = build_prompt(parent, shown, front=front)
+    for shown, told in ((list(inspirations), list(evidence)), ([], list(evidence)), ([], [])):
+        bare = build_prompt(parent, shown, front=front, evidence=told)
         room = context_tokens - fixed - count(bare)
         if room >= 0:
             break
@@ -80,7 +88,7 @@ def fit_prompt(system: str, parent: Candidate, inspirations: Sequence[Candidate]
     tasks = pick_tasks(parent.timelines, digest_tasks, digest_tasks)
     made = digests(parent.timelines, tasks, max(0, room - count("\n\n" * (len(tasks) + 2)) - 48), count)
     while True:
-        text = build_prompt(parent, shown, [d.text for d in made], front)
+        text = build_prompt(parent, shown, [d.text for d in made], front, told)
         tokens = fixed - max_tokens + count(text)
         if tokens + max_tokens <= context_tokens or not made:
             break
@@ -88,7 +96,7 @@ def fit_prompt(system: str, parent: Candidate, inspirations: Sequence[Candidate]
     if tokens + max_tokens > context_tokens:
         raise PromptTooLong(f"the prompt needs {tokens + max_tokens} tokens, over llm.context_tokens "
                             f"{context_tokens}")
-    shortened = len(made) < len(tasks) or any(d.shortened for d in made)
+    shortened = len(made) < len(tasks) or any(d.shortened for d in made) or len(told) < len(evidence)
     return Prompt(text, tokens, tuple(d.task_id for d in made), shortened)
 
 

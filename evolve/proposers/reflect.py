@@ -34,8 +34,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from evolve.candidate import Checked, check_policy
 from evolve.context import Candidate, ProposerContext
 from evolve.proposers.base import Proposer
-from evolve.proposers.rules import (NEVER, Result, Rule, by_task, drop_steps, lost_reads, phrases, results_of,
-                                    round_size)
+from evolve.proposers.hindsight import Option, hindsight_options, needs_of, reuses_of
+from evolve.proposers.rules import NEVER, Result, Rule, by_task, drop_steps, phrases, results_of, round_size
 from policy_dsl import PolicyError
 from store.records import Proposal
 
@@ -117,44 +117,6 @@ def distil(results: Sequence[Result], said: Sequence[Sequence[str]], prices: Pri
     return chosen
 
 
-def distil_within(results: Sequence[Result], said: Sequence[Sequence[str]], budget: int) -> list[tuple[Rule, None]]:
-    """Rules chosen greedily for the visible tokens they stop paying for, as long as all of them
-    together lose at most `budget` reads: as cheap as possible at the parent's own losses (a trace's
-    agent never re-fetches what it lost, so an early drop costs score, not a request)."""
-    rules = candidate_rules(results, said)
-    table = {rule: drop_steps(rule, results) for rule in rules}
-    current, base, chosen = [NEVER] * len(results), 0.0, []
-    for _ in range(MAX_RULES):
-        best: tuple[float, str, Rule] | None = None
-        for rule in rules:
-            drops = [min(a, b) for a, b in zip(current, table[rule])]
-            if lost_reads(drops, results) > budget:
-                continue
-            gain = sum(r.tokens * (r.steps - d) for d, r in zip(drops, results) if d < r.steps)
-            if gain > base and (best is None or (-gain, rule.text()) < (-best[0], best[1])):
-                best = (gain, rule.text(), rule)
-        if best is None:
-            break
-        base, rule = best[0], best[2]
-        chosen.append((rule, None))
-        current = [min(a, b) for a, b in zip(current, table[rule])]
-    return chosen
-
-
-def parent_losses(needs: Mapping[str, Mapping[str, Any]], parent: Mapping[str, Mapping[str, Any]]) -> int | None:
-    """Reads of tool results (in `needs`' timelines, where nothing was hidden) that came after the
-    parent dropped them; None unless the parent ran the very same histories (recorded traces do)."""
-    total = 0
-    for task_id, timeline in needs.items():
-        mine = parent.get(task_id)
-        if mine is None or [m["role"] for m in mine["messages"]] != [m["role"] for m in timeline["messages"]]:
-            return None
-        for m, p in zip(timeline["messages"], mine["messages"]):
-            if m["role"] == "tool" and p.get("dropped") is not None:
-                total += sum(1 for use in m.get("uses") or () if use >= p["dropped"])
-    return total
-
-
 def prices_for(timelines: Iterable[Mapping[str, Any]]) -> Prices:
     """The default price table's ratios, with the context and reply sizes of `timelines` (the parent's)."""
     from sandbox.runs.cost import price_table
@@ -178,56 +140,68 @@ class ReflectProposer(Proposer):
     reads_timelines = True
 
     def __init__(self) -> None:
-        self._distilled: dict[tuple[int, int], list[tuple[Rule, Rule | None]]] = {}
-        self._within: dict[tuple[int, int], list[tuple[Rule, None]]] = {}  # at the parent's losses
+        self._options: dict[tuple[int, int], list[Option]] = {}  # (needs, parent) -> proposals in order
 
     def ask(self, context: ProposerContext) -> Proposal:
-        parent = context.pick_parent()
-        needs = _needs(context.population)
-        if needs is None or not parent.timelines:
-            return self._reject(parent, "no train timeline with use records to reflect on")
-        key = (needs.policy_id, parent.policy_id)
-        if key not in self._distilled:
-            timelines = [needs.timelines[t] for t in sorted(needs.timelines)]
-            results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
-            said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
-            self._distilled[key] = distil(results, said, prices_for(parent.timelines.values()))
-            budget = parent_losses(needs.timelines, parent.timelines)
-            self._within[key] = distil_within(results, said, budget) if budget else []
-        chosen, within = self._distilled[key], self._within[key]
-        if not chosen and not within:
-            return self._reject(parent, f"no rule saves anything on the timelines of #{needs.policy_id}")
-        for rules, note in _budgeted(within) + list(_variants(chosen, parent) if chosen else ()):
-            checked = _checked(rules, parent)
-            if checked is None or checked.hash in context.known_hashes or checked.structure in context.known_structures:
-                continue
-            return Proposal(self.name, raw_text=checked.text, parent_ids=(parent.policy_id,),
-                            generation=parent.generation + 1, text=checked.text, hash=checked.hash,
-                            meta={"edits": [note], "reflected_on": needs.policy_id})
-        return self._reject(parent, "every variant of the distilled rules is already known")
+        needs = needs_of(context.population)
+        parents = _parents(context, needs)
+        if needs is None or not parents:
+            return self._reject(context.pick_parent(), "no train timeline with use records to reflect on")
+        reflected = False
+        for parent in parents:
+            key = (needs.policy_id, parent.policy_id)
+            if key not in self._options:
+                self._options[key] = self._distil(needs, parent)
+            reflected = reflected or bool(self._options[key])
+            for rules, note, predicted in self._options[key]:
+                checked = _checked(rules, parent)
+                if checked is None or checked.hash in context.known_hashes or \
+                        checked.structure in context.known_structures:
+                    continue
+                return Proposal(self.name, raw_text=checked.text, parent_ids=(parent.policy_id,),
+                                generation=parent.generation + 1, text=checked.text, hash=checked.hash,
+                                meta={"edits": [note], "reflected_on": needs.policy_id, **predicted})
+        if not reflected:
+            return self._reject(parents[0], f"no rule saves anything on the timelines of #{needs.policy_id}")
+        return self._reject(parents[0], "every variant of the distilled rules is already known")
+
+    def _distil(self, needs: Candidate, parent: Candidate) -> list[Option]:
+        """The proposals for one parent: distilled within its own losses where it ran the very same
+        histories (recorded traces: `evolve/proposers/hindsight.py`), else distilled for what they save
+        net of re-fetches and then varied."""
+        timelines = [needs.timelines[t] for t in sorted(needs.timelines)]
+        said = [[str(m.get("said") or "") for m in t["messages"] if m.get("role") == "assistant"] for t in timelines]
+        reuses = reuses_of(timelines)
+        if reuses is not None and _same_histories(needs.timelines, parent.timelines):
+            mine = [parent.timelines[t] for t in sorted(needs.timelines)]
+            return hindsight_options(timelines, mine, said, reuses)
+        results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
+        chosen = distil(results, said, prices_for(parent.timelines.values()))
+        return [(rules, note, {}) for rules, note in _variants(chosen, parent)] if chosen else []
 
     def _reject(self, parent: Candidate, why: str) -> Proposal:
         return Proposal(self.name, raw_text=None, parent_ids=(parent.policy_id,), generation=parent.generation + 1,
                         rejection_reason=f"reflect: {why}")
 
 
-def _needs(population: Sequence[Candidate]) -> Candidate | None:
-    """The evaluated policy whose timelines show the agent's needs best: use records on every step, no
-    summary rewriting the history (its timeline covers only the steps after the last rewrite), the
-    highest score, then the fewest drops: `full` when it is a baseline."""
-    recorded = [c for c in population if c.timelines and all(t.get("uses_recorded") and not t.get("rewrites")
-                                                             for t in c.timelines.values())]
+def _parents(context: ProposerContext, needs: Candidate | None) -> list[Candidate]:
+    """Whom to reflect on. On recorded traces, in order: the expert first (the bar every proposal is
+    judged against, so its losses are the budget), then the train front in the proposal's own order.
+    Elsewhere one parent drawn from the front."""
+    if needs is None or reuses_of(list(needs.timelines.values())) is None:
+        parent = context.pick_parent()
+        return [parent] if parent.timelines else []
+    front = list(context.front)
+    context.rng.shuffle(front)
+    reference = context.reference
+    first = [reference] if reference is not None and reference.timelines else []
+    return first + [c for c in front if c.timelines and c is not reference]
 
-    def drops(c: Candidate) -> int:
-        return sum(1 for t in c.timelines.values() for m in t["messages"] if m.get("dropped") is not None)
 
-    return min(recorded, key=lambda c: (-c.score, drops(c), c.policy_id), default=None)
-
-
-def _budgeted(within: Sequence[tuple[Rule, None]]) -> list[tuple[list[str], str]]:
-    """The rules distilled within the parent's losses, then each prefix of them (fewer rules lose less)."""
-    rules = [rule.text() for rule, _none in within]
-    return [(rules[:n], f"{n} rules as cheap as the parent's losses allow") for n in range(len(rules), 0, -1)]
+def _same_histories(needs: Mapping[str, Mapping[str, Any]], parent: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the parent ran the very histories `needs` shows (recorded traces do, whatever the policy)."""
+    return all(t in parent and [m["role"] for m in parent[t]["messages"]] == [m["role"] for m in needs[t]["messages"]]
+               for t in needs)
 
 
 def _variants(chosen: Sequence[tuple[Rule, Rule | None]], parent: Candidate) -> Iterable[tuple[list[str], str]]:

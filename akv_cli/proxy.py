@@ -144,14 +144,6 @@ def _settings(flags: dict, config: Path | None) -> RefineSettings:
         settings = refine_settings(flags, config)
     except SettingsError as err:
         fail(str(err))
-    if settings.proposers and "llm" in settings.proposers:
-        from evolve.command import EvolveError, check_proposers
-        from evolve.config import ConfigError, load_config
-
-        try:
-            check_proposers(load_config(None, settings.evolve_overrides()))
-        except (EvolveError, ConfigError) as err:
-            fail(f"--refine-proposers: {err}")
     return settings
 
 

@@ -203,6 +203,31 @@ def test_an_evolution_that_times_out_changes_nothing_and_bad_content_is_left_out
     assert (totals["unknown"].conversations, totals["unknown"].skipped) == (0, 1)  # it named no policy
 
 
+def test_conversations_of_one_task_share_a_split_and_the_refiner_waits_for_the_other_side(tmp_path) -> None:
+    from dataclasses import replace
+
+    from sandbox.traces.suite import split_of
+    from sandbox.traces.window import freeze_window
+
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    traces = [replace(t, metadata={"task": "archive-search"}) for t in read_traces(TRAFFIC)]
+    in_store(url, lambda s: (s.traces.add("archive", [stored_of(t) for t in traces]),
+                             s.live.start("archive", "full", "mode kv\n")))
+    side = split_of("archive-search")  # the task decides, not each id (whose hashes split them 11 / 5)
+    settings = RefineSettings(every=16, idle=0.001, timeout=60, budget=2, proposers=("reflect",))
+    refiner = Refiner(RefinerConfig("archive", url, settings, os.getpid()))
+    try:
+        refiner.cycle()
+    finally:
+        refiner._close_store()
+    counts = (16, 0) if side == "train" else (0, 16)
+    assert refiner.said == (f"waiting for traffic: the latest 16 finished conversations hold {counts[0]} train and "
+                            f"{counts[1]} held-out ones (2 of each needed)")
+    assert in_store(url, lambda s: s.live.rounds("archive")) == []
+    window = in_store(url, lambda s: freeze_window(s, "archive", "archive.w", s.traces.index("archive")))
+    assert len(window.train if side == "train" else window.heldout) == 16
+
+
 def test_a_champion_is_promotable_only_when_the_rule_crowns_it_over_the_live_policy_too(db_url, monkeypatch) -> None:
     from evolve.command import run_command
     from evolve.promotion import judge_against_live

@@ -7,8 +7,8 @@ needs: `EMBEDDED_LLM`), and the suite's own baselines where it names them.
 A trace set of real traffic (a suite with recorded runs): the full-scale baselines (`expert`,
 `standard`, `text-engineering`) and the expert as the seed; the reflect-led mix without a model
 (`reflect`, `optuna`, `mutate`; `llm` too when an endpoint is given: a strong model gets the same
-evidence reflect reads); every train and every held-out trace; four finalists (TRACE_FINALISTS) and a
-score margin of half a point (TRACE_MARGIN); and a candidate budget that fits the
+evidence reflect reads); every train and every held-out trace; a score margin of half a point
+(TRACE_MARGIN); and a candidate budget that fits the
 suite: a policy scores a recorded request in milliseconds on replay, so the budget is the number
 of candidates whose train runs replay about TRACE_REQUESTS requests, at least TRACE_CANDIDATES[0]
 and at most TRACE_CANDIDATES[1]. `chosen_defaults` says what it chose, one line each.
@@ -28,9 +28,6 @@ TRACE_CANDIDATES = (20, 100)
 # The score a trace set's champion may lose against the expert: its fidelity is near 1 (the expert
 # itself loses a fraction of a point), so half a point, not the two points of a task suite's score.
 TRACE_MARGIN = 0.005
-# Finalists validated: a held-out replay costs seconds, and the rule's cost test on tens of traces gives
-# p-values far below alpha / 4, so a wider Holm family costs little and gives the rule more to choose from.
-TRACE_FINALISTS = 4
 MIN_SIDE = 2                     # traces a trace set needs on each side of its split
 # The embedded model's request: a 4K-token prompt and a short constrained answer (decoding on a
 # CPU is the slow part), and a long timeout for a busy CPU (evolve.yaml spells the same).
@@ -134,8 +131,6 @@ def _trace_defaults(config: EvolveConfig, suite: Any) -> tuple[EvolveConfig, str
         chosen["heldout_limit"] = None
     if "margin" not in named and validation.fidelity == "references":
         chosen["margin"] = TRACE_MARGIN
-    if "top_k" not in named:
-        chosen["top_k"] = TRACE_FINALISTS
     if chosen:
         update["validation"] = validation.model_copy(update=chosen)
     config = config.model_copy(update=update)

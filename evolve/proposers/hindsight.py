@@ -49,16 +49,18 @@ _COMMAND = re.compile(r"[A-Za-z_][\w.-]*(?: -[A-Za-z]+)?")
 
 @dataclass(frozen=True)
 class Composition:
-    """A rule set (a base window or none, then the rules added) with what it does on the timelines."""
+    """A rule set (a base: the parent's own rules, a window or none; then the rules added) with what it
+    does on the timelines."""
 
     rules: tuple[Rule, ...]
     saved: float     # visible tokens no longer paid for, summed over the requests
     lost: int        # copied strings lost (reads, without reuses)
     loss: float      # what they cost the score (`Table.loss`)
     budget: float    # the loss it was chosen within
+    base: tuple[str, ...] = ()   # the parent's own rule lines, kept as they are ahead of `rules`
 
     def texts(self) -> list[str]:
-        return [rule.text() for rule in self.rules]
+        return [*self.base, *(rule.text() for rule in self.rules)]
 
 
 Reuse = tuple[int, int, tuple[int, ...]]  # (task, step, the messages holding the copied string)
@@ -84,33 +86,40 @@ class Table:
 
     def __init__(self, results: Sequence[Result], reuses: Sequence[Reuse] | None = None, tasks: int = 1) -> None:
         self.results = list(results)
+        self.tasks = max(1, tasks)
         self.tokens = np.array([r.tokens for r in results], dtype=np.float64)
         self.steps = np.array([r.steps for r in results], dtype=np.int64)
         self.never = np.full(len(results), NEVER, dtype=np.int64)
         self._drops: dict[Rule, np.ndarray] = {}
+        tools: dict[int, list[int]] = {}   # per task, its tool results in order (what a window counts)
+        for k, r in enumerate(results):
+            if r.role == "tool":
+                tools.setdefault(r.task, []).append(k)
+        self._tools = [sorted(ks, key=lambda k: results[k].index) for ks in tools.values()]
         self.unit = 1.0   # the loss of one copied string, on average: what `efficient` counts in
-        if reuses is None:
-            owners = [(k, u) for k, r in enumerate(results) for u in r.uses]
-        else:
-            position = {(r.task, r.index): k for k, r in enumerate(results)}
-            owners = []
-            for task, step, holders in reuses:
-                found = [position.get((task, h)) for h in holders]
-                if holders and None not in found:   # a holder no rule hides keeps it
-                    owners += [(k, step) for k in found]
-                    owners.append((-1, -1))   # the end of one copied string's holders
         self._grouped = reuses is not None
-        self.use_owner = np.array([k for k, _u in owners], dtype=np.int64)
-        self.use_step = np.array([u for _k, u in owners], dtype=np.int64)
-        if self._grouped:
-            ends = np.flatnonzero(self.use_owner < 0)
-            self._starts = np.concatenate(([0], ends[:-1] + 1)) if ends.size else np.zeros(0, dtype=np.int64)
-            self._entry_step = self.use_step[ends - 1] if ends.size else np.zeros(0, dtype=np.int64)
+        if reuses is None:   # reads: each use record of a message
+            owners = [(k, u) for k, r in enumerate(results) for u in r.uses]
+            self.use_owner = np.array([k for k, _u in owners], dtype=np.int64)
+            self.use_step = np.array([u for _k, u in owners], dtype=np.int64)
+        else:                # copied strings: each one's holders, one run after another
+            position = {(r.task, r.index): k for k, r in enumerate(results)}
             copied: dict[int, int] = {}   # per task, every copied string: the score's denominator
             for task, _step, _holders in reuses:
                 copied[task] = copied.get(task, 0) + 1
-            weights = [1.0 / (copied[task] * max(1, tasks)) for task, _step, holders in reuses
-                       if holders and None not in (position.get((task, h)) for h in holders)]
+            holders_of, starts, steps, weights, owners = [], [], [], [], []
+            for task, step, holders in reuses:
+                found = [position.get((task, h)) for h in holders]
+                if holders and None not in found:   # a holder no rule hides keeps it
+                    starts.append(len(holders_of))
+                    holders_of += found
+                    steps.append(step)
+                    weights.append(1.0 / (copied[task] * max(1, tasks)))
+                    owners.append(task)
+            self._entry_task = np.array(owners, dtype=np.int64)
+            self.use_owner = np.array(holders_of, dtype=np.int64)
+            self._starts = np.array(starts, dtype=np.int64)
+            self._entry_step = np.array(steps, dtype=np.int64)
             self._weight = np.array(weights, dtype=np.float64)
             self.unit = float(np.mean(self._weight)) if weights else 1.0
 
@@ -119,6 +128,22 @@ class Table:
         if rule not in self._drops:
             self._drops[rule] = np.array(drop_steps(rule, self.results), dtype=np.int64)
         return self._drops[rule]
+
+    def window(self, n: int, others: np.ndarray) -> np.ndarray:
+        """`others` with a window of the n latest visible tool results laid over it, as the language runs
+        `on each tool_response: drop role tool keep last n` ahead of the other rules: at each tool result's
+        arrival the window keeps the n newest still visible, so what the other rules dropped leaves room
+        for an older result (the rule-by-rule drops of `drops` cannot see that)."""
+        out = others.copy()
+        for ordered in self._tools:
+            visible: list[int] = []
+            for k in ordered:
+                shown = self.results[k].arrived
+                visible = [j for j in visible if out[j] > shown] + [k]
+                for j in visible[:-n] if len(visible) > n else ():
+                    out[j] = min(out[j], shown)
+                visible = visible[-n:]
+        return out
 
     def saved(self, drops: np.ndarray) -> float:
         return float(np.sum(self.tokens * np.clip(self.steps - drops, 0, None)))
@@ -130,6 +155,13 @@ class Table:
             return int(np.sum(self.use_step >= drops[self.use_owner]))
         return int(np.sum(self._lost(drops)))
 
+    def task_loss(self, drops: np.ndarray) -> np.ndarray:
+        """Per task, what its losses cost the score (with reuses; without, zeros)."""
+        if not self._grouped or not self.use_owner.size:
+            return np.zeros(self.tasks)
+        lost = self._lost(drops)
+        return np.bincount(self._entry_task[lost], self._weight[lost], minlength=self.tasks)
+
     def loss(self, drops: np.ndarray) -> float:
         """What the losses cost the score (with reuses; without, the reads lost)."""
         if not self._grouped or not self.use_owner.size:
@@ -137,8 +169,7 @@ class Table:
         return float(np.sum(self._weight[self._lost(drops)]))
 
     def _lost(self, drops: np.ndarray) -> np.ndarray:
-        shown = np.where(self.use_owner >= 0, drops[np.maximum(self.use_owner, 0)], 0)
-        latest = np.maximum.reduceat(shown, self._starts)   # the last holder to go: gone from then on
+        latest = np.maximum.reduceat(drops[self.use_owner], self._starts)   # the last holder to go
         return latest <= self._entry_step
 
     def oracle_saved(self) -> float:
@@ -234,24 +265,38 @@ def compose(table: Table, rules: Sequence[Rule], budget: float) -> list[Composit
     second path, for what it adds per loss)."""
     drops = {rule: table.drops(rule) for rule in rules}
     windows = [rule for rule in rules if rule.event == "window"]
-    others = [rule for rule in rules if rule.event != "window" and np.any(drops[rule] < table.steps)]
+    others = _distinct([rule for rule in rules if rule.event != "window"], drops, table)
     found: dict[tuple[str, ...], Composition] = {}
     floor = MIN_GAIN * table.oracle_saved()
-    for base in [None, *windows]:
-        start = drops[base] if base is not None else table.never
+    bases = [((), table.never)] + [((w,), drops[w]) for w in windows]
+    for kept, start in bases:
         if table.loss(start) > budget:
             continue
         for efficient in (False, True):
             chosen = _greedy(table, drops, others, budget, start, efficient, floor)
-            rules_of = tuple([base] if base is not None else []) + tuple(chosen)
-            if not rules_of:
+            if not chosen and not kept:
                 continue
             current = start
             for rule in chosen:
                 current = np.minimum(current, drops[rule])
-            made = Composition(rules_of, table.saved(current), table.lost(current), table.loss(current), budget)
+            made = Composition(kept + tuple(chosen), table.saved(current), table.lost(current), table.loss(current),
+                               budget)
             found.setdefault(tuple(made.texts()), made)
     return sorted(found.values(), key=lambda c: (-c.saved, c.lost, c.texts()))
+
+
+def _distinct(rules: Sequence[Rule], drops: dict[Rule, np.ndarray], table: Table) -> list[Rule]:
+    """The rules that drop anything, one per set of drop steps (the shortest text stands for rules that
+    drop the same messages at the same steps), the most saving alone first: the greedy search then
+    meets a good rule early and skips the many that cannot beat it."""
+    same: dict[bytes, Rule] = {}
+    for rule in rules:
+        if not np.any(drops[rule] < table.steps):
+            continue
+        key = drops[rule].tobytes()
+        if key not in same or (len(rule.text()), rule.text()) < (len(same[key].text()), same[key].text()):
+            same[key] = rule
+    return sorted(same.values(), key=lambda r: (-table.saved(drops[r]), r.text()))
 
 
 def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], budget: float, start: np.ndarray,
@@ -269,7 +314,7 @@ def _greedy(table: Table, drops: dict[Rule, np.ndarray], rules: Sequence[Rule], 
             losing = table.loss(merged)
             if losing > budget:
                 continue
-            value = more / (1 + (losing - lost) / table.unit) if efficient else more
+            value = more / (1 + max(0.0, losing - lost) / table.unit) if efficient else more
             if best is None or (-value, rule.text()) < (-best[0], best[1]):
                 best = (value, rule.text(), rule, merged, saved + more, losing)
         if best is None:
@@ -285,12 +330,14 @@ Option = tuple[list[str], str, dict[str, Any]]   # rule lines, the edit note, wh
 
 
 def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[Mapping[str, Any]],
-                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse]) -> list[Option]:
+                      said: Sequence[Sequence[str]], reuses: Sequence[Reuse],
+                      parent_rules: Sequence[str] = ()) -> list[Option]:
     """Proposals distilled from `timelines` (`full`'s, where nothing was hidden) against a parent that
-    ran the same histories (`parent`, task by task): the rule sets that save more than the parent
-    while their losses cost the score as much as the parent's did, half, a quarter and nothing; those
-    no other set beats in both first (the most saving first), then the others, then the best with one
-    rule left out."""
+    ran the same histories (`parent`, task by task; `parent_rules` its rule lines): the rule sets that
+    save more than the parent while their losses cost the score as much as the parent's did, half, a
+    quarter and nothing. First the parent tightened (`_tightened`: its rules kept and rules added, no
+    trace losing more than under it, then within its whole loss), then those no other set beats in
+    both (the most saving first), then the others, then the best with one rule left out."""
     results = [r for n, t in enumerate(timelines) for r in results_of(t, n, roles=ROLES)]
     table = Table(results, reuses, len(timelines))
     own = parent_drops(results, parent)
@@ -301,7 +348,9 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
         for c in compose(table, rules, budget * share):
             if c.saved > saved:
                 found.setdefault(tuple(c.texts()), c)
-    chosen = _undominated(list(found.values()))
+    tightened = [c for c in _tightened(table, rules, parent_rules, own, budget) if c.saved > saved]
+    kept = {tuple(c.texts()) for c in tightened}
+    chosen = tightened + _undominated([c for c in found.values() if tuple(c.texts()) not in kept])
     options: list[Option] = []
     for c in chosen:
         note = (f"hindsight: {len(c.rules)} rules losing {c.lost} copied strings, {100 * c.loss:.2f} points of "
@@ -316,6 +365,83 @@ def hindsight_options(timelines: Sequence[Mapping[str, Any]], parent: Sequence[M
         options += [(best[:i] + best[i + 1:], f"hindsight: the best set without rule {i + 1}", {})
                     for i in range(len(best))]
     return options
+
+
+_WINDOW = re.compile(r"^on each tool_responses?: drop role tool keep last (\d+)")
+
+
+PRICES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)   # what a loss costs in saved tokens, in TIGHTEN_RATE units
+TIGHTEN_RULES = 150                        # candidate rules the tightening looks at (the most saving alone)
+
+
+def _tightened(table: Table, rules: Sequence[Rule], parent_rules: Sequence[str], own: np.ndarray,
+               budget: float) -> list[Composition]:
+    """The parent's rules kept and rules added: first while no trace loses more than it did under the
+    parent (the score can only rise, trace by trace, and no trace costs more); then, for each price
+    of a loss in saved tokens (PRICES, in units of what the oracle saves beyond the parent per loss of
+    the parent's), the rules that add the most saving net of that price, kept when the set loses no
+    more than the parent in all. The parent's window (`keep last N` over tool results, when its first
+    rule is one) is laid over the added rules at every step: what they drop leaves the window room
+    for older results, so a rule can even lose less than none, which `compose` cannot see."""
+    if not parent_rules:
+        return []
+    found = _WINDOW.match(parent_rules[0])
+    beyond = _beyond_window(own, parent_rules, table)
+
+    def dropped(added: np.ndarray) -> np.ndarray:
+        return table.window(int(found.group(1)), np.minimum(added, beyond)) if found else np.minimum(own, added)
+
+    drops = {r: table.drops(r) for r in rules}
+    candidates = _distinct([r for r in rules if r.event != "window"], drops, table)[:TIGHTEN_RULES]
+    ceiling, floor = table.task_loss(own) + 1e-12, MIN_GAIN * table.oracle_saved()
+    rate = max(table.oracle_saved() - table.saved(own), floor) / max(table.loss(own), table.unit)
+    out: dict[tuple[str, ...], Composition] = {}
+    for price in (None, *PRICES):
+        chosen: list[Rule] = []
+        added, current = table.never, dropped(table.never)
+        for _ in range(MAX_RULES):
+            best: tuple[float, Rule, np.ndarray, np.ndarray] | None = None
+            saved, loss = table.saved(current), table.loss(current)
+            for rule in candidates:
+                if rule in chosen:
+                    continue
+                merged = np.minimum(added, drops[rule])
+                trial = dropped(merged)
+                more = table.saved(trial) - saved
+                if price is None:   # safe: no trace may lose more than under the parent
+                    value = more if not np.any(table.task_loss(trial) > ceiling) else -1.0
+                else:
+                    value = more - price * rate * (table.loss(trial) - loss)
+                if value > floor and (best is None or value > best[0]):
+                    best = (value, rule, merged, trial)
+            if best is None:
+                break
+            chosen.append(best[1])
+            added, current = best[2], best[3]
+        for rule in list(chosen):   # a rule the others make redundant goes: the same drops without it
+            rest = [r for r in chosen if r is not rule]
+            if rest and np.array_equal(dropped(_union(rest, drops, table)), current):
+                chosen = rest
+        if chosen and table.loss(current) <= budget + 1e-12:
+            made = Composition(tuple(chosen), table.saved(current), table.lost(current), table.loss(current), budget,
+                               tuple(parent_rules))
+            out.setdefault(tuple(made.texts()), made)
+    return sorted(out.values(), key=lambda c: (-c.saved, c.loss, c.texts()))
+
+
+def _union(rules: Sequence[Rule], drops: Mapping[Rule, np.ndarray], table: Table) -> np.ndarray:
+    out = table.never
+    for rule in rules:
+        out = np.minimum(out, drops[rule])
+    return out
+
+
+def _beyond_window(own: np.ndarray, parent_rules: Sequence[str], table: Table) -> np.ndarray:
+    """The drops of the parent's rules after its window (none for the expert): the parent's drops of
+    messages other than tool results, where its window cannot have made them."""
+    if len(parent_rules) == 1:
+        return table.never
+    return np.where(np.array([r.role != "tool" for r in table.results]), own, NEVER)
 
 
 def _undominated(found: Sequence[Composition]) -> list[Composition]:

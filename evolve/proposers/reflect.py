@@ -174,7 +174,8 @@ class ReflectProposer(Proposer):
         reuses = reuses_of(timelines)
         if reuses is not None and _same_histories(needs.timelines, parent.timelines):
             mine = [parent.timelines[t] for t in sorted(needs.timelines)]
-            return hindsight_options(timelines, mine, said, reuses)
+            own = [line for line in _canonical_lines(parent.text) if line.startswith("on ")]
+            return hindsight_options(timelines, mine, said, reuses, own)
         results = [r for n, t in enumerate(timelines) for r in results_of(t, n)]
         chosen = distil(results, said, prices_for(parent.timelines.values()))
         return [(rules, note, {}) for rules, note in _variants(chosen, parent)] if chosen else []

@@ -386,13 +386,29 @@ def _tightened(table: Table, rules: Sequence[Rule], parent_rules: Sequence[str],
     if not parent_rules:
         return []
     found = _WINDOW.match(parent_rules[0])
-    beyond = _beyond_window(own, parent_rules, table)
-
-    def dropped(added: np.ndarray) -> np.ndarray:
-        return table.window(int(found.group(1)), np.minimum(added, beyond)) if found else np.minimum(own, added)
-
     drops = {r: table.drops(r) for r in rules}
     candidates = _distinct([r for r in rules if r.event != "window"], drops, table)[:TIGHTEN_RULES]
+    out: dict[tuple[str, ...], Composition] = {}
+    if not found:
+        return _tighten(table, candidates, drops, tuple(parent_rules), own, budget, lambda added: np.minimum(own, added))
+    beyond = _beyond_window(own, parent_rules, table)
+    n = int(found.group(1))
+    for wider in dict.fromkeys((n, n + 4, n + 8, 2 * n)):   # the parent's window, then loosened
+        line = parent_rules[0] if wider == n else \
+            f"on each tool_response: drop role tool keep last {wider} in 2..{max(48, 2 * wider)}"
+
+        def dropped(added: np.ndarray, keep: int = wider) -> np.ndarray:
+            return table.window(keep, np.minimum(added, beyond))
+
+        for made in _tighten(table, candidates, drops, (line, *parent_rules[1:]), own, budget, dropped):
+            out.setdefault(tuple(made.texts()), made)
+    return sorted(out.values(), key=lambda c: (-c.saved, c.loss, c.texts()))
+
+
+def _tighten(table: Table, candidates: Sequence[Rule], drops: Mapping[Rule, np.ndarray], lines: tuple[str, ...],
+             own: np.ndarray, budget: float, dropped: Any) -> list[Composition]:
+    """Rules added to the rule `lines` (whose drops, with what is added, `dropped` gives) for each
+    price of a loss, and first while no trace loses more than under the parent (`own`)."""
     ceiling, floor = table.task_loss(own) + 1e-12, MIN_GAIN * table.oracle_saved()
     rate = max(table.oracle_saved() - table.saved(own), floor) / max(table.loss(own), table.unit)
     out: dict[tuple[str, ...], Composition] = {}
@@ -422,11 +438,11 @@ def _tightened(table: Table, rules: Sequence[Rule], parent_rules: Sequence[str],
             rest = [r for r in chosen if r is not rule]
             if rest and np.array_equal(dropped(_union(rest, drops, table)), current):
                 chosen = rest
-        if chosen and table.loss(current) <= budget + 1e-12:
+        if table.loss(current) <= budget + 1e-12:
             made = Composition(tuple(chosen), table.saved(current), table.lost(current), table.loss(current), budget,
-                               tuple(parent_rules))
+                               lines)
             out.setdefault(tuple(made.texts()), made)
-    return sorted(out.values(), key=lambda c: (-c.saved, c.loss, c.texts()))
+    return list(out.values())
 
 
 def _union(rules: Sequence[Rule], drops: Mapping[Rule, np.ndarray], table: Table) -> np.ndarray:

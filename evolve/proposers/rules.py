@@ -39,6 +39,9 @@ class Result:
     later_tools: tuple[int, ...] = ()  # the first request that shows each later tool result, in order
     group: str = ""       # the agent of its task, where the timeline names one
     index: int = -1       # its position in the task's messages
+    # the requests whose copied strings `idle` credits it with: where only tool results held a string,
+    # the latest of them (`policy_dsl.history`); None where the timeline has no holders (then `uses`)
+    credits: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ def results_of(timeline: Mapping[str, Any], task: int = 0, roles: Sequence[str] 
     turns = [(m["i"], int(m["arrived"]), str(m.get("said") or "")) for m in messages if m.get("role") == "assistant"]
     tools = [(m["i"], int(m["arrived"])) for m in messages if m.get("role") == "tool"]
     first_user = next((m["i"] for m in messages if m.get("role") == "user"), -1)
+    credits = _idle_credits(timeline)
     out = []
     for m in messages:
         role = m.get("role")
@@ -126,7 +130,22 @@ def results_of(timeline: Mapping[str, Any], task: int = 0, roles: Sequence[str] 
                           int(m["arrived"]), max(m.get("uses") or [int(m["arrived"]) - 1]), after, steps,
                           tuple(int(u) for u in m.get("uses") or ()), str(role), str(m.get("call") or ""),
                           tuple(m.get("covered") or ()), tuple(shown for i, shown in tools if i > m["i"]),
-                          str(timeline.get("group") or ""), int(m["i"])))
+                          str(timeline.get("group") or ""), int(m["i"]),
+                          None if credits is None else tuple(credits.get(int(m["i"]), ()))))
+    return out
+
+
+def _idle_credits(timeline: Mapping[str, Any]) -> dict[int, list[int]] | None:
+    """Per message, the requests at which `idle` counts it reused: a string only tool results held,
+    credited to the latest of them, as the policy language reads a history (None without holders)."""
+    if "reuses" not in timeline:
+        return None
+    roles = {int(m["i"]): m.get("role") for m in timeline.get("messages") or ()}
+    out: dict[int, list[int]] = {}
+    for step, found in timeline["reuses"]:
+        for holders in found:
+            if holders and all(roles.get(int(h)) == "tool" for h in holders):
+                out.setdefault(int(max(holders)), []).append(int(step))
     return out
 
 
@@ -137,7 +156,7 @@ NEVER = 1 << 30  # a drop step: never
 def _idle_drop(r: Result, n: int) -> int | None:
     """Where `idle >= n turns` drops `r`, deciding as a deployed policy would, without the future:
     each turn that reuses it (written at a request that read it) starts the count again."""
-    uses, seen = set(r.uses), 0
+    uses, seen = set(r.uses if r.credits is None else r.credits), 0
     for shown, _said in r.turns:
         if shown - 1 in uses:   # this turn was written by a request that read r: a reuse
             seen = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,15 +28,19 @@ from starlette.background import BackgroundTask
 from akv_core.client import ChatClient, ChatError
 from akv_core.server.errors import APIError
 from akv_core.server.guard import Guard
-from policy_dsl import CachePolicy
+from policy_dsl import CachePolicy, PolicyError, compile_policy, parse
 
 from akv_proxy.access import ProxyAccess, RefusedSummaries, SummariesRefused
-from akv_proxy.metrics import ProxyMetrics
-from akv_proxy.recorder import StreamedReply, TraceRecorder
-from akv_proxy.step import Applied, PolicyStep, RequestError, SummaryClient
+from akv_proxy.live import LiveSource, LiveState, Policies, ServedPolicy
+from akv_proxy.metrics import ProxyMetrics, RefineMetrics
+from akv_proxy.recorder import StreamedReply, TraceRecorder, first_line
+from akv_proxy.step import Applied, RequestError, SummaryClient
 from akv_proxy.upstream import Upstream, UpstreamError, error_body, response_headers
 
 CHAT_PATH = "/v1/chat/completions"
+POLL_S = 1.0  # a refining proxy asks its store for the live policy this often (off the request path)
+RESUMED_CONVERSATIONS = 1024  # a restarted refining proxy's most recent recorded conversations that keep their policy
+log = logging.getLogger("akv.proxy")
 
 
 class Summarizers:
@@ -64,22 +69,27 @@ class Summarizers:
 
 
 def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeout_s: float = 600.0,
-                     recorder: TraceRecorder | None = None, access: ProxyAccess = ProxyAccess()) -> FastAPI:
+                     recorder: TraceRecorder | None = None, access: ProxyAccess = ProxyAccess(),
+                     live: Refining | None = None) -> FastAPI:
     """An app that applies `policy` to chat requests and forwards them to `upstream_url`.
 
     `counter` is the policy's token counter (the harness's chat tokenizer, so decisions match
     the ones the policy was scored with); `timeout_s` bounds every upstream read. `recorder`
     records the answered chat requests; the app closes it when it stops. `access`: the callers'
-    key, the body limit, the upstream key and whether summaries are written (access.py).
+    key, the body limit, the upstream key and whether summaries are written (access.py). `live`
+    (a refining proxy): where the live policy is polled from; `policy` is then its entry's.
     """
     proxy = Proxy(policy, Upstream(upstream_url, timeout_s, access.upstream_api_key), counter, recorder,
-                  access.summaries_allowed)
+                  access.summaries_allowed, live)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(proxy.watch()) if live is not None else None
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
             await proxy.close()
 
     app = FastAPI(title="AKV proxy", version="0.1.0", lifespan=lifespan,
@@ -90,12 +100,15 @@ def create_proxy_app(policy: CachePolicy, upstream_url: str, counter: Any, timeo
     @app.get("/health")
     async def health() -> JSONResponse:
         recording = {"record": recorder.set_name} if recorder is not None else {}
-        return JSONResponse({"status": "ok", "policy": policy.name, "mode": policy.mode,
-                             "upstream": proxy.upstream.root, **recording})
+        served = proxy.policies.live
+        return JSONResponse({"status": "ok", "policy": served.name, "mode": served.policy.mode,
+                             "upstream": proxy.upstream.root, **recording, **proxy.refine_health()})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
         text = proxy.metrics.render() + (recorder.render_metrics() if recorder is not None else "")
+        if proxy.refine is not None:
+            text += proxy.refine.render(proxy.policies.live.name)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post(CHAT_PATH)
@@ -115,25 +128,100 @@ class Recording:
 
     raw: bytes
     started: float  # time.monotonic()
+    policy: str     # the policy that served it
+
+
+@dataclass(frozen=True)
+class Refining:
+    """A refining proxy's live policy: the lineage entry it starts with and where changes are polled from."""
+
+    source: LiveSource
+    entry: int
+    poll_s: float = POLL_S
 
 
 class Proxy:
-    """The policy step, the upstream, the metrics and the recorder (if any) of one proxy app."""
+    """The policies, the upstream, the metrics and the recorder (if any) of one proxy app."""
 
     def __init__(self, policy: CachePolicy, upstream: Upstream, counter: Any,
-                 recorder: TraceRecorder | None = None, summaries_allowed: bool = True) -> None:
-        self.policy, self.upstream, self.recorder = policy, upstream, recorder
+                 recorder: TraceRecorder | None = None, summaries_allowed: bool = True,
+                 live: Refining | None = None) -> None:
+        self.upstream, self.recorder, self.live = upstream, recorder, live
         self.summarizers = Summarizers(upstream.root, upstream.timeout_s, upstream.api_key, summaries_allowed)
-        self.step = PolicyStep(policy, counter, self.summarizers)
+        self.policies = Policies(policy, counter, self.summarizers, live.entry if live is not None else None,
+                                 pinned=live is not None)
         self.metrics = ProxyMetrics(policy.name)
+        self.refine = RefineMetrics() if live is not None else None
         if recorder is not None:
             recorder.serving(policy.name, upstream.root)
+            if live is not None:
+                self._resume_conversations()
+
+    def _resume_conversations(self) -> None:
+        """A restarted refining proxy: the recorded conversations under way whose policy is not the
+        live one keep theirs, when its text is known (the lineage's)."""
+        live = self.policies.live
+        known = {live.name: live}
+        for history, name in self.recorder.under_way(RESUMED_CONVERSATIONS):
+            if name not in known:
+                known[name] = self._served(name)
+            if known[name] is not None and name != live.name:
+                self.policies.remember(history, known[name])
+
+    def _served(self, name: str) -> ServedPolicy | None:
+        """The lineage's policy `name`, ready to serve (None when its text is unknown or does not compile)."""
+        text = self.live.source.text_of(name)
+        try:
+            return None if text is None else self.policies.serving(name, _compiled(text, name))
+        except PolicyError:
+            return None
+
+    async def watch(self) -> None:
+        """Poll the live source off the request path; a change is taken up by new conversations."""
+        while True:
+            try:
+                state = await asyncio.to_thread(self.live.source.poll)
+            except Exception as err:  # the store is unreachable: keep serving the live policy, say so once
+                self.refine.poll_errors += 1
+                if self.refine.reachable:
+                    self.refine.reachable = False
+                    log.warning("the store does not answer (%s: %s); serving the live policy %s until it does",
+                                type(err).__name__, first_line(err), self.policies.live.name)
+            else:
+                if not self.refine.reachable:
+                    self.refine.reachable = True
+                    log.warning("the store answers again; live policy %s", state.name)
+                self.refine.state = state
+                if state.entry != self.policies.live.entry:
+                    self.take_up(state)
+            await asyncio.sleep(self.live.poll_s)
+
+    def take_up(self, state: LiveState) -> None:
+        """Make the state's policy live for new conversations (a text that does not compile is logged, not taken)."""
+        try:
+            policy = _compiled(state.text, state.name)
+        except PolicyError as err:
+            log.error("live policy %s (entry #%d) does not compile, keeping %s: %s", state.name, state.entry,
+                      self.policies.live.name, err)
+            return
+        self.policies.swap(self.policies.serving(state.name, policy, state.entry))
+        self.metrics.policy = state.name
+        self.refine.changes += 1
+        log.warning("live policy is now %s (entry #%d, %s) for new conversations; those under way keep theirs",
+                    state.name, state.entry, state.kind)
+
+    def refine_health(self) -> dict[str, Any]:
+        if self.refine is None:
+            return {}
+        state = self.refine.state
+        return {"refine": {"entry": self.policies.live.entry, "store": "ok" if self.refine.reachable else "unreachable",
+                           "refiner_pid": state.refiner_pid if state is not None else None}}
 
     async def chat(self, request: Request) -> Response:
         started = time.monotonic()
         raw = await request.body()
         try:
-            applied = await asyncio.to_thread(self.step.apply, _json_object(raw))
+            applied = await asyncio.to_thread(self.policies.apply, _json_object(raw))
         except (RequestError, RecursionError, SummariesRefused) as err:
             self.metrics.requests["rejected"] += 1
             return _refusal(err).response()
@@ -141,7 +229,7 @@ class Proxy:
             return self.failure(UpstreamError(502, "upstream_summary_failed", f"summary request failed: {err}"))
         self.metrics.decided(applied)
         content = raw if applied.passthrough else json.dumps(applied.body).encode()
-        recording = Recording(raw, started) if self.recorder is not None else None
+        recording = Recording(raw, started, applied.policy) if self.recorder is not None else None
         return await self.forward(request, CHAT_PATH, content, applied, recording)
 
     async def forward(self, request: Request, path: str, content: bytes, applied: Applied | None,
@@ -156,7 +244,7 @@ class Proxy:
             return self.failure(failure)
         if response.status_code >= 400:
             self.metrics.upstream_errors[f"http_{response.status_code}"] += 1
-        headers = {**response_headers(response), **_policy_headers(self.policy, applied)}
+        headers = {**response_headers(response), **_policy_headers(applied)}
         recording = recording if response.status_code == 200 else None
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return self.streamed(response, headers, recording)
@@ -191,7 +279,7 @@ class Proxy:
         """
         if latency_s is None:
             latency_s = time.monotonic() - recording.started
-        await self.recorder.record_reply(recording.raw, reply, latency_s)
+        await self.recorder.record_reply(recording.raw, reply, latency_s, recording.policy)
 
     def refused(self, path: str) -> None:
         """A request the guard refused (no key, body too large): a rejected chat request."""
@@ -210,6 +298,8 @@ class Proxy:
         self.summarizers.close()
         if self.recorder is not None:
             self.recorder.close()
+        if self.live is not None:
+            self.live.source.close()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -231,11 +321,16 @@ def _refusal(err: RequestError | RecursionError | SummariesRefused) -> APIError:
     return APIError(str(err), param=err.param)
 
 
-def _policy_headers(policy: CachePolicy, applied: Applied | None) -> dict[str, str]:
+def _policy_headers(applied: Applied | None) -> dict[str, str]:
     if applied is None:
         return {}
-    return {"x-akv-policy": policy.name, "x-akv-proxy": "passthrough" if applied.passthrough else
+    return {"x-akv-policy": applied.policy, "x-akv-proxy": "passthrough" if applied.passthrough else
             ",".join(applied.effects) or "none"}
+
+
+def _compiled(text: str, name: str) -> CachePolicy:
+    """A stored policy text, compiled under its lineage name (PolicyError when it does not)."""
+    return compile_policy(parse(text), name=name)
 
 
 def _both(first: Callable[[bytes], None], second: Callable[[bytes], None]) -> Callable[[bytes], None]:

@@ -34,8 +34,13 @@ class TraceLog(Protocol):
         """What the recorded traffic passes through (the provenance of new traces)."""
 
     def add(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], reply: Mapping[str, Any],
-            usage: Mapping[str, Any] | None, latency_s: float, model: str | None = None) -> None:
-        """Record one answered request; any exception is a failed recording."""
+            usage: Mapping[str, Any] | None, latency_s: float, model: str | None = None,
+            policy: str | None = None) -> None:
+        """Record one answered request (`policy`: the one that served it); any exception is a failed recording."""
+
+    def under_way(self, limit: int) -> list[tuple[list[Message], str]]:
+        """The `limit` most recent conversations: the history of each one's last request and the policy
+        that served it (those recorded without one left out)."""
 
     def close(self) -> None:
         """Release what the log holds (the store)."""
@@ -50,6 +55,7 @@ class Exchange:
     reply: Message
     usage: Mapping[str, Any] | None
     model: str | None
+    policy: str | None = None  # the policy that served it
 
 
 class StreamedReply:
@@ -117,7 +123,7 @@ class StreamedReply:
         return message
 
 
-def exchange_of(request_body: bytes, reply: bytes | StreamedReply) -> Exchange | None:
+def exchange_of(request_body: bytes, reply: bytes | StreamedReply, policy: str | None = None) -> Exchange | None:
     """The recordable parts of a request and its reply (a JSON completion or an assembled stream).
 
     None when there is nothing to record: no message list, or no assistant message in the reply.
@@ -135,7 +141,7 @@ def exchange_of(request_body: bytes, reply: bytes | StreamedReply) -> Exchange |
         return None
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    return Exchange(messages, tools, message, usage if isinstance(usage, Mapping) else None, model)
+    return Exchange(messages, tools, message, usage if isinstance(usage, Mapping) else None, model, policy)
 
 
 def _completion(data: Any) -> tuple[Message | None, Any]:
@@ -165,17 +171,22 @@ class TraceRecorder:
 
     async def record(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                      reply: Message, usage: Mapping[str, Any] | None, latency_s: float,
-                     model: str | None = None) -> None:
+                     model: str | None = None, policy: str | None = None) -> None:
         """Record one answered request; a failure is logged and counted, never raised."""
-        exchange = Exchange(list(messages), list(tools or ()), dict(reply), usage, model)
+        exchange = Exchange(list(messages), list(tools or ()), dict(reply), usage, model, policy)
         await self._guarded(lambda: self._write(exchange, latency_s))
 
-    async def record_reply(self, request_body: bytes, reply: bytes | StreamedReply, latency_s: float) -> None:
+    async def record_reply(self, request_body: bytes, reply: bytes | StreamedReply, latency_s: float,
+                           policy: str | None = None) -> None:
         """Record a request the proxy answered, from its raw body and its reply (parsed off the loop)."""
         def work() -> bool:
-            exchange = exchange_of(request_body, reply)
+            exchange = exchange_of(request_body, reply, policy)
             return exchange is not None and self._write(exchange, latency_s)
         await self._guarded(work)
+
+    def under_way(self, limit: int) -> list[tuple[list[Message], str]]:
+        """The log's most recent conversations, with the policy of each one's last request (TraceLog.under_way)."""
+        return self.traces.under_way(limit)
 
     async def _guarded(self, work: Callable[[], bool]) -> None:
         # One recording at a time, in the order replies ended: a conversation's requests keep order.
@@ -185,12 +196,13 @@ class TraceRecorder:
             except Exception as err:  # a recording must never fail the proxy: any failure is counted
                 self.errors += 1
                 log.warning("recording to trace set %r failed: %s: %s", self.set_name, type(err).__name__,
-                            _first_line(err))
+                            first_line(err))
                 return
         self.recorded += written
 
     def _write(self, exchange: Exchange, latency_s: float) -> bool:
-        self.traces.add(exchange.messages, exchange.tools, exchange.reply, exchange.usage, latency_s, exchange.model)
+        self.traces.add(exchange.messages, exchange.tools, exchange.reply, exchange.usage, latency_s, exchange.model,
+                        exchange.policy)
         return True
 
     def render_metrics(self) -> str:
@@ -206,6 +218,6 @@ class TraceRecorder:
         self.traces.close()
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(getattr(err, "orig", None) or err).strip()
     return text.splitlines()[0] if text else "(no message)"

@@ -38,6 +38,7 @@ class Applied:
     effects: tuple[str, ...] = ()      # drop, reposition, thinking_drop, cut, summarize, omit, strip_thinking
     dropped_tokens: int = 0            # tokens of the history hidden (kv) or edited away (text)
     summaries: int = 0                 # summary requests sent upstream for this request
+    policy: str = ""                   # the name of the policy that served it
 
 
 class SerializedCounter:
@@ -77,7 +78,8 @@ class PolicyStep:
 
     def __init__(self, policy: CachePolicy, counter: Any, summarizer: Any) -> None:
         self.policy = policy
-        self.counter = SerializedCounter(counter)
+        # One lock for the tokenizer, however many policies share it (a refining proxy serves several).
+        self.counter = counter if isinstance(counter, SerializedCounter) else SerializedCounter(counter)
         self.summarizer = summarizer  # model name -> SummaryClient that writes summaries
         self.histories = EditedHistories()
 

@@ -39,6 +39,7 @@ class Verdict:
     margin: float
     alpha: float
     score_unit: str = POINTS  # the unit of score_delta, score_low and margin: POINTS or NATS_PER_TOKEN
+    reference: str = "the expert"  # what the candidate was judged against, as the reason names it
 
     @property
     def eligible(self) -> bool:
@@ -47,7 +48,7 @@ class Verdict:
     @property
     def reason(self) -> str:
         """One sentence a user can check against the numbers."""
-        cost = (f"cost {self.cost_percent:+.1f}% vs the expert (one-sided p={self.cost_p:.3g}, Holm-adjusted "
+        cost = (f"cost {self.cost_percent:+.1f}% vs {self.reference} (one-sided p={self.cost_p:.3g}, Holm-adjusted "
                 f"over {self.family} finalist{'s' if self.family != 1 else ''}: {self.cost_p_holm:.3g})")
         if self.score_unit == NATS_PER_TOKEN:
             score = (f"log-likelihood {self.score_delta:+.4f} nats/token, lower bound {self.score_low:+.4f} "
@@ -56,10 +57,10 @@ class Verdict:
             score = (f"score {100 * self.score_delta:+.1f} points, lower bound {100 * self.score_low:+.1f} "
                      f"vs margin -{100 * self.margin:.1f}")
         if not self.cheaper:
-            return f"not significantly cheaper than the expert: {cost}; {score}"
+            return f"not significantly cheaper than {self.reference}: {cost}; {score}"
         if not self.non_inferior:
-            return f"score may be worse than the expert's by more than the margin: {score}; {cost}"
-        return f"cheaper than the expert, score non-inferior: {cost}; {score}"
+            return f"score may be worse than {self.reference}'s by more than the margin: {score}; {cost}"
+        return f"cheaper than {self.reference}, score non-inferior: {cost}; {score}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"n": self.n, "cost_delta": self.cost_delta, "cost_percent": self.cost_percent,
@@ -74,7 +75,8 @@ ScoreCost = tuple[float, float]
 
 def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequence[ScoreCost],
                   margin: float = DEFAULT_MARGIN, alpha: float = 0.05, resamples: int = 2000,
-                  permutations: int = 10000, seed: int = 0, score_unit: str = POINTS) -> dict[str, Verdict]:
+                  permutations: int = 10000, seed: int = 0, score_unit: str = POINTS,
+                  reference: str = "the expert") -> dict[str, Verdict]:
     """Judge every candidate against the expert on the same tasks, in the same order.
 
     Cost: a one-sided paired sign-flip test that the candidate is cheaper, Holm-Bonferroni
@@ -83,7 +85,8 @@ def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequenc
     A candidate passing both is eligible; the eligible one with the lowest mean cost (then the
     highest mean score, then the earlier name by `name_order`) is the champion. At most one
     verdict has champion=True. `score_unit` names the scores' unit (POINTS: 0..1 scores; NATS_PER_TOKEN:
-    likelihood changes), which `margin` shares and the verdicts' reasons print.
+    likelihood changes), which `margin` shares and the verdicts' reasons print; `reference` names what
+    `expert` holds in those reasons (a refining proxy also judges candidates against its live policy).
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
@@ -113,7 +116,7 @@ def champion_rule(candidates: Mapping[str, Sequence[ScoreCost]], expert: Sequenc
     champion = min(eligible)[-1] if eligible else None
     return {name: Verdict(name, f["n"], f["cost_delta"], f["cost_percent"], f["cost_p"], holm[name],
                           f["score_delta"], f["score_low"], f["cheaper"], f["non_inferior"], name == champion,
-                          len(found), margin, alpha, score_unit)
+                          len(found), margin, alpha, score_unit, reference)
             for name, f in found.items()}
 
 

@@ -15,8 +15,8 @@ from alembic.operations import Operations
 from sqlalchemy import Column, Connection, Integer, String, inspect, select, text
 
 from store.errors import StoreError
-from store.schema import (Base, Run, SchemaVersion, Timeline, TraceRow, TraceSet, Validation, ValidationRound,
-                          WorkItem, Worker)
+from store.schema import (Base, ConversationSavings, LivePolicyEntry, RefineRound, Run, SchemaVersion, Timeline,
+                          TraceRow, TraceSet, Validation, ValidationRound, WorkItem, Worker)
 
 Step = Callable[[Connection], None]
 
@@ -72,6 +72,13 @@ def _traces(conn: Connection) -> None:
     TraceRow.__table__.create(conn, checkfirst=True)
 
 
+def _refining_proxies(conn: Connection) -> None:
+    # `akv proxy --refine`: the live policy of each trace set with its lineage, the evolutions tried,
+    # and what each recorded conversation cost under its policy, the expert and full. New tables only.
+    for table in (LivePolicyEntry, RefineRound, ConversationSavings):
+        table.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "runs, policies, lineage, evaluations, validations, baselines", _create_tables),
     (2, "index evaluations by run and split", _index_evaluations_by_split),
@@ -79,6 +86,8 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (4, "message timelines of train evaluations", _timelines),
     (5, "work leases, workers, and the worker of each evaluation", _work_leases_and_workers),
     (6, "trace sets and traces: recorded agent runs", _traces),
+    (7, "refining proxies: live policies and their lineage, refinement rounds, conversation savings",
+     _refining_proxies),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -153,3 +153,88 @@ class TraceSetInfo:
     n_requests: int
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class TraceIndexEntry:
+    """A trace of a set without its content: enough to tell new, changed and finished conversations."""
+
+    trace_id: str
+    digest: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class LiveEntry:
+    """One entry of a trace set's live-policy lineage (`store.schema.LivePolicyEntry`)."""
+
+    id: int
+    set_name: str
+    kind: str  # start | promotion | rollback
+    name: str
+    text: str
+    run_name: str | None
+    policy_id: int | None
+    restores: int | None
+    figures: Mapping[str, Any]
+    note: str
+    created_at: datetime
+
+    @property
+    def origin(self) -> int:
+        """The entry that first made this policy live: the restored one for a rollback, else itself."""
+        return self.restores if self.restores is not None else self.id
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One refinement round (`store.schema.RefineRound`)."""
+
+    id: int
+    set_name: str
+    number: int
+    run_name: str
+    status: str
+    detail: str
+    traces: int
+    through: datetime | None
+    live_id: int | None
+    figures: Mapping[str, Any]
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ConversationCost:
+    """One conversation replayed under the policy that served it, the expert and `full` (USD)."""
+
+    trace_id: str
+    digest: str
+    policy: str
+    requests: int = 0
+    cost_usd: float = 0.0
+    expert_cost_usd: float = 0.0
+    full_cost_usd: float = 0.0
+    lost_reuses: int = 0
+    reuses: int = 0  # the reuses its fidelity score counts (lost_reuses of them were hidden)
+    drops: int = 0
+    repositions: int = 0
+    skipped: str | None = None  # why it could not be measured; the figures are then zero
+
+
+@dataclass(frozen=True)
+class PolicyTotals:
+    """What one served policy's measured conversations cost, and what the expert and `full` would have."""
+
+    policy: str
+    conversations: int
+    requests: int
+    cost_usd: float
+    expert_cost_usd: float
+    full_cost_usd: float
+    lost_reuses: int
+    reuses: int
+    drops: int
+    repositions: int
+    skipped: int  # conversations that could not be measured

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from store.database import default_url, display_url, open_engine
 from store.errors import DuplicateRunName, RunNotFound, StoreError
+from store.live import LivePolicies
 from store.migrations import migrate
 from store.traces import TraceStore
 from store.work import WorkQueue, add_result_rows
@@ -53,6 +54,11 @@ class Store:
     def traces(self) -> TraceStore:
         """Trace sets: recorded agent runs (`store/traces.py`)."""
         return TraceStore(self._tx, self.display_url)
+
+    @property
+    def live(self) -> LivePolicies:
+        """Refining proxies: live policies and their lineage, rounds, conversation costs (`store/live.py`)."""
+        return LivePolicies(self._tx, self.display_url)
 
     @property
     def work(self) -> WorkQueue:

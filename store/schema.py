@@ -243,3 +243,77 @@ class TraceRow(Base):
     provenance: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class LivePolicyEntry(Base):
+    """One change of the live policy of a trace set that a refining proxy serves (`akv proxy --refine`).
+
+    `kind`: start (the policy the proxy was started with), promotion (a candidate of run `run_name`
+    that the champion rule crowned over the live policy and the expert; `figures` holds both
+    verdicts) or rollback (`restores` names the entry whose policy came back). The latest entry of
+    a set is its live policy; entries are never changed or deleted, so they are its lineage.
+    """
+
+    __tablename__ = "akv_live_policies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    set_name: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    name: Mapped[str] = mapped_column(String(200))  # the label requests record: `best`, `mytraffic.r3#12`
+    text: Mapped[str] = mapped_column(Text)
+    run_name: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    policy_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the run's policy
+    restores: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RefineRound(Base):
+    """One evolution a refiner ran on the recent traffic of a trace set, and what came of it.
+
+    running -> promoted | kept (no proven winner) | dry_run (a winner, not promoted) | failed |
+    timed_out | interrupted (its refiner died). `through` is when the newest conversation of its
+    window last changed: conversations finished after it are the new traffic of the next round.
+    """
+
+    __tablename__ = "akv_refine_rounds"
+    __table_args__ = (UniqueConstraint("set_name", "number", name="uq_refine_round"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    set_name: Mapped[str] = mapped_column(String(200), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    run_name: Mapped[str] = mapped_column(String(200))  # the evolution run, and the window's trace set
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    detail: Mapped[str] = mapped_column(Text, default="")
+    traces: Mapped[int] = mapped_column(Integer, default=0)
+    through: Mapped[Optional[datetime]] = mapped_column(nullable=True)
+    live_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the live entry it was judged against
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[Optional[datetime]] = mapped_column(nullable=True)
+
+
+class ConversationSavings(Base):
+    """One recorded conversation replayed under the policy that served it, the expert and `full`.
+
+    Replayed on the replay backend (costs in USD); `digest` is the trace's content when measured,
+    so a conversation that went on is measured again. `skipped` holds why a conversation could not
+    be measured (bad content, a policy whose text is unknown); its figures are then zero.
+    """
+
+    __tablename__ = "akv_conversation_savings"
+    __table_args__ = (UniqueConstraint("set_name", "trace_id", name="uq_conversation_savings"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    set_name: Mapped[str] = mapped_column(String(200), index=True)
+    trace_id: Mapped[str] = mapped_column(String(200))
+    digest: Mapped[str] = mapped_column(String(64))
+    policy: Mapped[str] = mapped_column(String(200))
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    expert_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    full_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    lost_reuses: Mapped[int] = mapped_column(Integer, default=0)
+    reuses: Mapped[int] = mapped_column(Integer, default=0)
+    drops: Mapped[int] = mapped_column(Integer, default=0)
+    repositions: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    measured_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -6,7 +6,7 @@ recorded request replaces its conversation's trace atomically.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import delete, func, inspect, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from store.database import default_url, display_url, open_read_only
 from store.errors import StoreError, TraceConflict, TraceSetNotFound
 from store.migrations import check_known, current_version
-from store.records import StoredTrace, TraceSetInfo
+from store.records import StoredTrace, TraceIndexEntry, TraceSetInfo
 from store.schema import TraceRow, TraceSet, utcnow
 
 
@@ -101,12 +101,22 @@ class TraceStore:
                 row.provenance = dict(trace.provenance)
             trace_set.updated_at = utcnow()
 
-    def get(self, name: str) -> list[StoredTrace]:
-        """The set's traces in the order they were added."""
+    def get(self, name: str, ids: Sequence[str] | None = None) -> list[StoredTrace]:
+        """The set's traces (those of `ids` only, when given) in the order they were added."""
         with self._tx() as s:
             trace_set = self._set(s, name)
-            rows = s.scalars(select(TraceRow).where(TraceRow.set_id == trace_set.id).order_by(TraceRow.id))
-            return [_stored(r) for r in rows]
+            query = select(TraceRow).where(TraceRow.set_id == trace_set.id).order_by(TraceRow.id)
+            if ids is not None:
+                query = query.where(TraceRow.trace_id.in_(list(ids)))
+            return [_stored(r) for r in s.scalars(query)]
+
+    def index(self, name: str) -> list[TraceIndexEntry]:
+        """The set's traces without their content, in the order they were added ([] for no such set)."""
+        with self._tx() as s:
+            rows = s.execute(select(TraceRow.trace_id, TraceRow.digest, TraceRow.created_at, TraceRow.updated_at)
+                             .join(TraceSet, TraceSet.id == TraceRow.set_id).where(TraceSet.name == name)
+                             .order_by(TraceRow.id)).all()
+            return [TraceIndexEntry(*row) for row in rows]
 
     def names(self) -> list[str]:
         with self._tx() as s:

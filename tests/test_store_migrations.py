@@ -166,3 +166,29 @@ def test_version_3_postgresql_database_gets_work_leases_and_workers(postgres_url
             conn.execute(statement)
         conn.execute("SELECT setval('akv_policies_id_seq', 1); SELECT setval('akv_runs_id_seq', 1)")
     _check_version_3_migrated(postgres_url)
+
+
+def test_version_6_database_gets_the_refining_proxy_s_tables_and_keeps_its_traces(tmp_path):
+    """Step 7 adds the live policies, refinement rounds and conversation costs; a trace set stays as it was."""
+    from store.records import ConversationCost, StoredTrace
+
+    path = tmp_path / "v6.db"
+    store = Store.open(f"sqlite:///{path}")
+    store.traces.add("traffic", [StoredTrace("t1", "d1", ({"role": "user", "content": "hi"},
+                                                            {"role": "assistant", "content": "hello"}))])
+    store.close()
+    with sqlite3.connect(path) as conn:  # roll the file back to what version 6 created
+        for table in ("akv_live_policies", "akv_refine_rounds", "akv_conversation_savings"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("DELETE FROM akv_schema_version WHERE version > 6")
+    store = Store.open(f"sqlite:///{path}")
+    try:
+        assert store.schema_version == LATEST == 7
+        assert [t.trace_id for t in store.traces.get("traffic")] == ["t1"]
+        entry, new = store.live.start("traffic", "full", "mode kv\n")
+        assert new and store.live.live("traffic") == entry
+        store.live.save_costs("traffic", [ConversationCost("t1", "d1", "full", 1, 0.01, 0.01, 0.01)])
+        assert [t.conversations for t in store.live.totals("traffic")] == [1]
+    finally:
+        store.close()
+    assert versions(path) == list(range(1, LATEST + 1))

@@ -84,6 +84,27 @@ def test_export_reads_back_as_the_same_traces(env, tmp_path) -> None:
     assert code == 2 and "no trace set named 'nope'" in err
 
 
+def test_the_policy_that_served_each_request_survives_export_and_import(env, tmp_path) -> None:
+    from sandbox.traces.records import trace_of
+    from store import Store
+
+    recorded = [json.loads(line) for line in (DATA / "archive-traffic.jsonl").read_text().splitlines()[:2]]
+    recorded[1]["requests"][-1]["policy"] = "archive.r1#5"  # a conversation's last request after a promotion
+    source = tmp_path / "recorded.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in recorded))
+    assert akv(env, "traces", "import", str(source), "--name", "a")[0] == 0
+    out = tmp_path / "a.jsonl"
+    assert akv(env, "traces", "export", "a", "--out", str(out))[0] == 0
+    assert akv(env, "traces", "import", str(out), "--name", "b", "--format", "akv")[0] == 0
+    store = Store.open(env["AKV_DB"])
+    try:
+        served = {name: [[r.policy for r in trace_of(t).requests] for t in store.traces.get(name)] for name in "ab"}
+    finally:
+        store.close()
+    assert served["a"] == served["b"] == [[r.get("policy") for r in t["requests"]] for t in recorded]
+    assert served["b"][1][-1] == "archive.r1#5" and set(served["b"][0]) == {"full"}
+
+
 def test_bench_traces_scores_the_built_ins_and_a_lossless_oracle(env) -> None:
     assert akv(env, "traces", "import", str(EXAMPLES / "traces.jsonl"), "--name", "ex")[0] == 0
     code, out, err = akv(env, "bench", "traces", "--suite", "ex", "--json")

@@ -20,12 +20,14 @@ class TraceRequest:
 
     `usage` holds what the serving side reported for it (OpenAI's `usage` object: prompt_tokens,
     completion_tokens, and cached tokens where the provider reports them), `latency_s` the seconds
-    it took; both None when the log does not say.
+    it took; both None when the log does not say. `policy` names the cache policy that served it
+    (`akv proxy --record` writes it; None when the log does not say).
     """
 
     index: int
     usage: Mapping[str, Any] | None = None
     latency_s: float | None = None
+    policy: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index}
@@ -33,7 +35,16 @@ class TraceRequest:
             out["usage"] = dict(self.usage)
         if self.latency_s is not None:
             out["latency_s"] = self.latency_s
+        if self.policy is not None:
+            out["policy"] = self.policy
         return out
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> TraceRequest:
+        """The request of a `to_dict` record (KeyError without an index)."""
+        policy = record.get("policy")
+        return cls(int(record["index"]), record.get("usage"), record.get("latency_s"),
+                   policy if isinstance(policy, str) else None)
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 The proxy (`akv_proxy/recorder.py`) hands over each answered chat request: the history as the
 agent sent it (before the policy edited anything), the reply that came back, the upstream's
-`usage` and the latency. An agent resends its whole history each turn, so a request continues a
-trace when the trace's history before its last reply is a prefix of the new history and the new
-history has an assistant message right there (the agent's copy of that reply): the trace then
-becomes the new history plus the new reply, since what the agent sent is the truth. Any other
-request starts a trace `<set>-<NNNNN>`. The set is loaded when it is opened, so a restarted proxy
-continues its conversations. The reply keeps OpenAI's keys only (nulls left out, but a null
-content). Each write is the whole trace, one transaction; the trace is kept in memory first, so
-after a failed write the next write of it carries it whole.
+`usage`, the latency and the policy that served it. An agent resends its whole history each
+turn, so a request continues a trace when the trace's history before its last reply is a prefix
+of the new history and the new history has an assistant message right there (the agent's copy of
+that reply): the trace then becomes the new history plus the new reply, since what the agent
+sent is the truth. Any other request starts a trace `<set>-<NNNNN>`. The set is loaded when it
+is opened, so a restarted proxy continues its conversations. The reply keeps OpenAI's keys only
+(nulls left out, but a null content). Each write is the whole trace, one transaction; the trace
+is kept in memory first, so after a failed write the next write of it carries it whole.
 """
 from __future__ import annotations
 
@@ -62,19 +62,23 @@ class TraceSetRecording:
         self.source = {"policy": policy, "upstream": upstream}
 
     def add(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], reply: Mapping[str, Any],
-            usage: Mapping[str, Any] | None, latency_s: float, model: str | None = None) -> None:
-        """One answered request into its trace, kept in memory first, then the whole trace written."""
-        trace = self._next(list(messages), list(tools), _kept_reply(reply), usage, latency_s, model)
+            usage: Mapping[str, Any] | None, latency_s: float, model: str | None = None,
+            policy: str | None = None) -> None:
+        """One answered request into its trace, kept in memory first, then the whole trace written.
+
+        `policy` names the policy that served it (the one `serving` named when not given)."""
+        trace = self._next(list(messages), list(tools), _kept_reply(reply), usage, latency_s, model,
+                           policy or self.source.get("policy"))
         self.traces[trace.id] = trace
         self.store.traces.put(self.name, stored_of(trace))
 
     def _next(self, history: list[Message], tools: list[Mapping[str, Any]], reply: Message,
-              usage: Mapping[str, Any] | None, latency_s: float, model: str | None) -> Trace:
-        request = TraceRequest(len(history), usage, latency_s)
+              usage: Mapping[str, Any] | None, latency_s: float, model: str | None, policy: str | None) -> Trace:
+        request = TraceRequest(len(history), usage, latency_s, policy)
         earlier = self._continued(history)
         if earlier is None:
             started = datetime.now(timezone.utc) - timedelta(seconds=latency_s)
-            provenance = {"format": FORMAT, **self.source, "model": model,
+            provenance = {"format": FORMAT, **self.source, "policy": policy, "model": model,
                           "recorded_at": started.isoformat(timespec="seconds")}
             return Trace(self._new_id(), (*history, reply), tuple(tools), (request,), "tools", provenance)
         return Trace(earlier.id, (*history, reply), tuple(tools or earlier.tools), (*earlier.requests, request),
@@ -94,6 +98,13 @@ class TraceSetRecording:
                     and extends(before, history):
                 best, best_length = trace, n
         return best
+
+    def under_way(self, limit: int) -> list[tuple[list[Message], str]]:
+        """The `limit` most recently started conversations: the history of each one's last request
+        and the policy that served it (those recorded without one left out)."""
+        recent = list(self.traces.values())[-limit:] if limit > 0 else []
+        return [(list(t.messages[:t.requests[-1].index]), t.requests[-1].policy) for t in recent
+                if t.requests and t.requests[-1].policy]
 
     def _new_id(self) -> str:
         pattern = re.compile(re.escape(self.name) + r"-(\d+)")

@@ -30,7 +30,7 @@ def stored_of(trace: Trace) -> StoredTrace:
 
 
 def trace_of(stored: StoredTrace) -> Trace:
-    requests = tuple(TraceRequest(int(r["index"]), r.get("usage"), r.get("latency_s")) for r in stored.requests)
+    requests = tuple(TraceRequest.from_dict(r) for r in stored.requests)
     provenance = dict(stored.provenance)
     metadata = provenance.pop(METADATA, None)
     return Trace(stored.trace_id, tuple(stored.messages), tuple(stored.tools), requests, stored.actions,

@@ -1,5 +1,6 @@
 """This project's own JSON Lines (`akv`): `Trace.to_dict()` a line, as `akv traces export` writes
-it, read back exactly (id, messages, tools, requests, actions, provenance, metadata)."""
+it, read back exactly (id, messages, tools, requests with the policy that served each, actions,
+provenance, metadata)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -26,14 +27,15 @@ def _trace(where: str, record: Any) -> Trace:
     if not isinstance(record, Mapping):
         raise TraceError(f"{where}: {expected}")
     try:
-        requests = tuple(TraceRequest(r["index"], r.get("usage"), r.get("latency_s")) for r in record["requests"])
+        if not all(isinstance(r["index"], int) for r in record["requests"]):
+            raise TypeError("request indices must be integers")
+        requests = tuple(TraceRequest.from_dict(r) for r in record["requests"])
         trace = Trace(record["id"], tuple(record["messages"]), tuple(record.get("tools", ())), requests,
                       record["actions"], dict(record.get("provenance", {})), dict(record.get("metadata", {})))
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise TraceError(f"{where}: {expected}; {type(error).__name__}: {error}") from error
-    if not all(isinstance(m, Mapping) for m in trace.messages) or not all(
-            isinstance(r.index, int) for r in trace.requests):
-        raise TraceError(f"{where}: {expected}; messages must be objects and request indices integers")
+    if not all(isinstance(m, Mapping) for m in trace.messages):
+        raise TraceError(f"{where}: {expected}; messages must be objects")
     if not isinstance(trace.id, str) or trace.actions not in ("tools", "text"):
         raise TraceError(f"{where}: id {trace.id!r}, actions {trace.actions!r}: "
                          'expected a string id and actions "tools" or "text"')

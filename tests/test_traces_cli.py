@@ -136,7 +136,9 @@ def test_evolve_on_a_trace_set_reflects_on_inferred_use_records(env, tmp_path) -
         assert run.config["baselines"]["expert"] == "expert" and run.config["seed_policies"] == ["expert"]
         reflected = [p for p in store.policies(run.id) if p.proposer == "reflect"]
         assert reflected and all(p.status != "rejected" for p in reflected), [p.rejection_reason for p in reflected]
-        assert "idle >=" in " ".join(store.policy(p.id).text or "" for p in reflected)
+        expert = store.baselines(run.id)["expert"]
+        assert all(p.parent_ids == (expert,) and p.meta["edits"][0].startswith("hindsight") for p in reflected)
+        assert "predicted" in reflected[0].meta   # what the timelines said the rules would save and lose
         assert store.validations(run.id)
     finally:
         store.close()
@@ -226,3 +228,15 @@ def test_refusals_name_the_format_assumed_and_how_to_force_another(env, tmp_path
     code, _, err = akv(env, "traces", "import", str(tmp_path / "missing.jsonl"), "--name", "t")
     assert code == 2 and f"{tmp_path / 'missing.jsonl'}:1: no such file" in err
     assert json.loads(akv(env, "traces", "list", "--json")[1])["trace_sets"] == []
+
+
+def test_a_folder_stands_for_its_trace_files(env, tmp_path) -> None:
+    files = sorted(p for p in (EXAMPLES / "traces").iterdir() if p.suffix in (".json", ".jsonl", ".traj"))
+    one_by_one = akv(env, "traces", "import", *map(str, files), "--name", "by-file")
+    whole = akv(env, "traces", "import", str(EXAMPLES / "traces"), "--name", "by-folder")   # its README is skipped
+    assert one_by_one[0] == whole[0] == 0, whole[2]
+    assert whole[1].replace("by-folder", "by-file") == one_by_one[1]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a trace")
+    code, _out, err = akv(env, "traces", "import", str(tmp_path / "empty"), "--name", "none")
+    assert code == 2 and "a folder without trace files" in err and ".jsonl" in err

@@ -11,8 +11,11 @@ at once; a run without xdist keeps the caller's folder.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -33,6 +36,22 @@ def localcomp_built() -> None:
     from sandbox.suites import get_suite
 
     get_suite("localcomp").build(akv_home(), 0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_memory_after_each_file():
+    """A file's models are let go when it ends (`test_model_support.release_models`), and the freed
+    memory handed back to the system: each test process otherwise grows by every model any of its
+    files loaded, past what two of them can hold on this machine."""
+    yield
+    support = sys.modules.get("test_model_support")
+    if support is not None:
+        support.release_models()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the memory stays with the process until it reuses it
 
 
 @pytest.fixture

@@ -31,6 +31,14 @@ def engine_parts():
     return smollm2(), ChatTokenizer.from_model("smollm2")
 
 
+def release_models() -> None:
+    """Forget the loaded models (tests/conftest.py calls it after each test file): a test process that
+    kept every precision, the reference and their engines for the whole session would hold several GB,
+    and two of them outgrow the machine."""
+    for cached in (smollm2, transformers_smollm2, engine_parts):
+        cached.cache_clear()
+
+
 def run_together(engine, handles: list) -> None:
     """Step `engine` until every handle is done, checking the cache's invariants after each step."""
     while not all(handle.done for handle in handles):

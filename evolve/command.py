@@ -197,7 +197,7 @@ def finished_already(store: Store, run: RunInfo, console: Console) -> EvolutionR
 
 def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: bool, revalidate: bool,
          console: Console) -> EvolutionResult:
-    run = None
+    run, notes = None, []
     if resume:
         run = find_resumable(store, config.run_name, include_finished=revalidate)
         if run.status == "finished" and not revalidate:
@@ -208,9 +208,7 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             chosen = chosen_defaults(config)
         except DefaultsError as err:
             raise EvolveError(str(err)) from None
-        config = chosen.config
-        for note in chosen.notes:
-            console.print(f"defaults: {note}", soft_wrap=True, markup=False, highlight=False)
+        config, notes = chosen.config, chosen.notes
     if run is None and config.run_name and config.run_name in store.run_names():
         # Checked before the (slow) suite and backend start; create_run still guards races.
         raise DuplicateRunName(f"--run-name: a run named {config.run_name!r} already exists; pass --resume to "
@@ -224,6 +222,8 @@ def _run(store: Store, config: EvolveConfig, overrides: dict[str, Any], resume: 
             raise EvolveError(f"{field}: {err}") from None
     display = TaskDisplay(console, task_lines=False)
     evaluator = open_evaluator(config, run, display, console)
+    for note in notes:  # said once the run is sure to start: a refusal stays one line
+        console.print(f"defaults: {note}", soft_wrap=True, markup=False, highlight=False)
     try:
         if run is None:
             run, config = new_run(store, config, evaluator.suite_version)
@@ -320,8 +320,8 @@ def print_comparison(console: Console, validations) -> None:
     if judged is not None:
         console.print(judged, soft_wrap=True, markup=False, highlight=False)
     chosen = describe_selection(validations)
-    if chosen is not None:
-        console.print(chosen, soft_wrap=True, markup=False, highlight=False)
+    if chosen is not None:  # a long line: wrapped at the terminal's width, as the verdict is
+        console.print(chosen, markup=False, highlight=False)
 
 
 def _print_table(console: Console, validations) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from evolve.candidate import Outcome
 from evolve.cascade import Cascade
-from evolve.config import EvolveConfig
+from evolve.config import EvolveConfig, ValidationConfig
 from evolve.context import TRAIN, ProposerContext, build_context
 from evolve.dedup import FINGERPRINT_TASKS, Fingerprints, Identity
 from evolve.fidelity import open_judge
@@ -24,8 +24,8 @@ from evolve.pareto import Point
 from evolve.proposers.base import BudgetExhausted, Proposer
 from evolve.schedule import next_proposer
 from evolve.scoring import Evaluator, code_version
-from evolve.validation import (HELDOUT, REFERENCE, left_out, outcome_digests, pick_finalists, train_verdicts, twins,
-                               validate, with_parents)
+from evolve.validation import (HELDOUT, REFERENCE, left_out, near_finalists, outcome_digests, pick_finalists,
+                               train_verdicts, twins, validate, with_parents)
 from evolve.workers import SharedEvaluation, Worker
 from sandbox.runs.cost import cents
 from sandbox.runs.progress import TaskDisplay
@@ -113,19 +113,30 @@ class Evolution:
         first (`validation.pick_finalists`), with their parents that beat it too; and what the round
         records of the choice (how many beat it, why the others were left out)."""
         rows = self.cascade.train_results()
+        judged = self.config.validation
+        if judged.fidelity == "likelihood":   # train scores are the model-free fidelity: its margin, not nats
+            judged = judged.model_copy(update={"margin": ValidationConfig.model_fields["margin"].default})
         verdicts = train_verdicts({p.policy_id: rows[p.policy_id] for p in points if p.policy_id not in excluded},
-                                  rows[expert], self.config.validation, self.config.seed)
+                                  rows[expert], judged, self.config.seed)
         expert_rows = rows[expert]
         dearer = {pid: sum(a.cost_usd > b.cost_usd for a, b in zip(rows[pid], expert_rows)) for pid in verdicts}
         finalists = pick_finalists(verdicts, self.config.validation.top_k, behaviours, dearer)
+        near = not finalists
+        if near:
+            finalists = near_finalists(verdicts, judged.top_k, judged.margin, behaviours, dearer)
         if self.config.validation.parents:
             beating = [p for p in points if p.policy_id in verdicts and verdicts[p.policy_id].eligible]
             parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}
             finalists = with_parents(finalists, beating, parents, behaviours)
-        outside = left_out(verdicts, finalists, self.config.validation.margin)
+        outside = left_out(verdicts, finalists, judged.margin)
         selection = {"candidates": len(verdicts), "beat_expert": sum(v.eligible for v in verdicts.values()),
-                     "finalists": finalists, "left_out": outside[:SHOWN_LEFT_OUT], "left_out_total": len(outside)}
-        if not finalists:
+                     "finalists": finalists, "left_out": outside[:SHOWN_LEFT_OUT], "left_out_total": len(outside),
+                     "near": near and bool(finalists)}
+        if near and finalists:
+            self.progress(f"no candidate beat the expert on train by the rule ({len(verdicts)} scored on the whole "
+                          "split): validating the cheaper there at a mean score within the margin",
+                          self.cascade.front())
+        elif not finalists:
             self.progress(f"no candidate beat the expert on train ({len(verdicts)} scored on the whole split): "
                           "only the baselines are validated", self.cascade.front())
         return finalists, selection

@@ -126,6 +126,8 @@ def describe_selection(validations: Sequence[ValidationRecord]) -> str | None:
     outside = selection.get("left_out") or []
     line = (f"finalists: {chosen}; {selection.get('beat_expert', 0)} of {selection.get('candidates', 0)} candidates "
             f"scored on the whole train split beat the expert there")
+    if selection.get("near"):
+        line += " (so the finalists are the cheaper there on average at a mean score within the margin)"
     if outside:
         line += "; left out, cheapest first: " + "; ".join(f"#{o['policy_id']} {o['why']}" for o in outside[:3])
     return line

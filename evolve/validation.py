@@ -49,8 +49,22 @@ def pick_finalists(verdicts: Mapping[int, Verdict], top_k: int, behaviours: Mapp
     Policies with the same train behaviour (`behaviours`: `outcome_digests`) count once, as the
     earliest of them; `twins` names the others.
     """
-    eligible = [(v.score_delta < 0, (dearer or {}).get(pid, 0) > 0, v.cost_delta, pid)
-                for pid, v in verdicts.items() if v.eligible]
+    return _ranked_finalists({pid: v for pid, v in verdicts.items() if v.eligible}, top_k, behaviours, dearer)
+
+
+def near_finalists(verdicts: Mapping[int, Verdict], top_k: int, margin: float,
+                   behaviours: Mapping[int, str] | None = None, dearer: Mapping[int, int] | None = None) -> list[int]:
+    """What goes to held-out when no policy beats the expert on train by the rule (`pick_finalists` finds
+    none: a train split too small for the paired cost test to reach its level, or savings too close to
+    call): the `top_k` cheaper than the expert there on average at a mean score within the margin, in
+    `pick_finalists`'s order. Never a policy that costs the expert's or more."""
+    near = {pid: v for pid, v in verdicts.items() if v.cost_delta < 0 and v.score_delta >= -margin}
+    return _ranked_finalists(near, top_k, behaviours, dearer)
+
+
+def _ranked_finalists(verdicts: Mapping[int, Verdict], top_k: int, behaviours: Mapping[int, str] | None,
+                      dearer: Mapping[int, int] | None) -> list[int]:
+    eligible = [(v.score_delta < 0, (dearer or {}).get(pid, 0) > 0, v.cost_delta, pid) for pid, v in verdicts.items()]
     ranked = [pid for *_order, pid in sorted(eligible)]
     seen: set[str] = set()
     finalists = []

@@ -11,7 +11,7 @@ from evolve.pareto import Point
 from evolve.proposers.base import Proposer
 from evolve.schedule import next_proposer, spent_at
 from evolve.scoring import HarnessEvaluator
-from evolve.validation import left_out, pick_finalists, train_verdicts, with_parents
+from evolve.validation import left_out, near_finalists, pick_finalists, train_verdicts, with_parents
 from store import Proposal, Store, TaskResult
 
 WINDOW = "mode kv\non each tool_response: drop role tool keep last {n} in 1..16\nreposition after each drop\n"
@@ -77,6 +77,23 @@ def test_only_points_that_beat_the_expert_on_train_are_finalists_the_safest_chea
     assert "+19.0% vs the expert on train" in reasons[1] and "score -15.0 points" in reasons[6]
     nothing = train_verdicts({1: rows[1], 2: rows[2]}, expert, config, 0)
     assert pick_finalists(nothing, 2) == []
+
+
+def test_when_none_beats_the_expert_by_the_rule_the_cheaper_at_a_score_within_the_margin_go_on():
+    """Three train tasks: the paired cost test cannot reach 5% (one-sided p is at least 1/8), so
+    nothing beats the expert by the rule; the cheaper on average at a mean score within the margin go
+    to held-out instead, never a dearer one nor one that lost more than the margin."""
+    config = ValidationConfig(resamples=300, permutations=300)
+    expert = _rows(0.95, [1.0] * 3)
+    rows = {1: _rows(0.95, [1.1] * 3),          # dearer
+            2: _rows(0.95, [0.9] * 3),          # 10% cheaper, no score lost
+            3: _rows(0.94, [0.7] * 3),          # 30% cheaper, a point lost (within 2)
+            4: _rows(0.80, [0.5] * 3)}          # half the cost, 15 points lost
+    verdicts = train_verdicts(rows, expert, config, 0)
+    assert pick_finalists(verdicts, 2) == []
+    assert near_finalists(verdicts, 2, config.margin) == [2, 3]
+    assert near_finalists(verdicts, 1, config.margin) == [2]
+    assert near_finalists({1: verdicts[1], 4: verdicts[4]}, 2, config.margin) == []
 
 
 def test_of_those_beating_the_expert_the_ones_never_dearer_on_a_task_come_first():

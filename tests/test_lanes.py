@@ -56,6 +56,7 @@ def test_bad_backends_and_concurrency_are_one_located_line(spec, concurrency, ex
 SMALL = """\
 max_candidates: 3
 seed: 3
+proposers: [mutate, optuna]  # no model: the default mix asks the embedded one too
 cascade:
   subset_size: 2
   train_limit: 4

@@ -21,6 +21,7 @@ BROKEN = 'ledger-broken = "akv_ledger_suite_missing:Nothing"\n'  # a second plug
 SMALL = """\
 max_candidates: 2
 seed: 1
+proposers: [mutate, optuna]  # no model: the default mix asks the embedded one too
 seed_policies: [expert-8k]
 cascade: {subset_size: 1, train_limit: 3, promote_margin: 0.5}
 validation: {heldout_limit: 4, top_k: 1}

@@ -25,28 +25,10 @@ def register(app: typer.Typer) -> None:
     app.add_typer(traces_app, name="traces")
 
 
-TRACE_SUFFIXES = (".json", ".jsonl", ".traj")  # what a folder given to `akv traces import` stands for
-
-
-def trace_files(paths: list[Path]) -> list[Path]:
-    """`paths` with each folder replaced by the trace files in it (sorted, at any depth; others, such as a
-    README, are not trace files); ValueError naming a folder that holds none."""
-    out: list[Path] = []
-    for path in paths:
-        if not path.is_dir():
-            out.append(path)
-            continue
-        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TRACE_SUFFIXES)
-        if not found:
-            raise ValueError(f"{path}: a folder without trace files: expected files ending in "
-                             f"{', '.join(TRACE_SUFFIXES)}")
-        out += found
-    return out
-
-
 @traces_app.command("import")
 def import_traces(files: list[Path] = typer.Argument(..., help="Files to read, any number; a folder stands for "
-                                                    "its trace files (.json, .jsonl, .traj), in order, at any depth."),
+                                                    "its trace files (.json, .jsonl, .ndjson, .traj), in order, at "
+                                                    "any depth."),
                   name: str = typer.Option(..., "--name", help="The trace set (created, or added to); "
                                            "it is a suite of that name."),
                   format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
@@ -59,13 +41,15 @@ def import_traces(files: list[Path] = typer.Argument(..., help="Files to read, a
                   id_prefix: str = typer.Option("", "--id-prefix", help="Put this before every imported id."),
                   db: Optional[str] = typer.Option(None, "--db", envvar="AKV_DB", help=DB_HELP)) -> None:
     """Add the traces of FILE... to a trace set, all or nothing (one transaction), one file at a time."""
-    try:
-        files = trace_files(files)
-    except ValueError as err:
-        fail(str(err))
     from sandbox.suites import suite_entries
     from sandbox.traces.importing import IdOptions, TraceImport
     from sandbox.traces.model import TraceError
+    from sandbox.traces.reading import trace_files
+
+    try:
+        files = trace_files(files)
+    except TraceError as err:
+        fail(str(err))
     from sandbox.traces.records import check_set_name
     from sandbox.traces.suite import split_of
 

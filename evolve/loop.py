@@ -120,11 +120,11 @@ class Evolution:
                                   rows[expert], judged, self.config.seed)
         expert_rows = rows[expert]
         dearer = {pid: sum(a.cost_usd > b.cost_usd for a, b in zip(rows[pid], expert_rows)) for pid in verdicts}
-        finalists = pick_finalists(verdicts, self.config.validation.top_k, behaviours, dearer)
+        finalists = pick_finalists(verdicts, judged.top_k, behaviours, dearer)
         near = not finalists
         if near:
             finalists = near_finalists(verdicts, judged.top_k, judged.margin, behaviours, dearer)
-        if self.config.validation.parents:
+        if judged.parents:
             beating = [p for p in points if p.policy_id in verdicts and verdicts[p.policy_id].eligible]
             parents = {pid: self.store.policy(pid).parent_ids for pid in finalists}
             finalists = with_parents(finalists, beating, parents, behaviours)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from akv_cli.main import app
 from evolve.pareto import Point
 from evolve.report import cost_range, edit_note, pareto_svg, proposer_tallies, tally_table
-from store import PolicyInfo, ValidationRecord
+from store import PolicyInfo, Store, ValidationRecord
 
 QUICK = Path(__file__).resolve().parents[1] / "examples" / "quick.yaml"
 
@@ -76,6 +76,13 @@ def test_compare_json_and_text_give_the_chosen_policys_lineage(quick_run):
     assert chosen["text"] and chosen["text"].startswith("mode ")
     assert nodes[-1]["parent_ids"] == [] and nodes[-1]["proposer"] in ("seed", "baseline", "random")
     assert all(n["note"] for n in nodes if n["proposer"] in ("mutate", "optuna"))  # a proposal says what it changed
+    store = Store.open(quick_run["url"])
+    try:
+        proposed = [p for p in store.policies(store.run(quick_run["name"]).id)
+                    if p.proposer in ("mutate", "optuna", "random") and p.status != "rejected"]
+    finally:
+        store.close()
+    assert proposed and all(edit_note(p.meta) for p in proposed)   # the chosen one may be the seed itself
     proposers = dict(rows(quick_run["db"], "SELECT id, proposer FROM akv_policies"))
     assert all(n["proposer"] == proposers[n["policy_id"]] for n in nodes)
     text = compared(quick_run, "--out", str(quick_run["folder"] / "r.html"), columns=80)

@@ -231,7 +231,9 @@ def test_refusals_name_the_format_assumed_and_how_to_force_another(env, tmp_path
 
 
 def test_a_folder_stands_for_its_trace_files(env, tmp_path) -> None:
-    files = sorted(p for p in (EXAMPLES / "traces").iterdir() if p.suffix in (".json", ".jsonl", ".traj"))
+    from sandbox.traces.reading import TRACE_SUFFIXES
+
+    files = sorted(p for p in (EXAMPLES / "traces").iterdir() if p.suffix in TRACE_SUFFIXES)
     one_by_one = akv(env, "traces", "import", *map(str, files), "--name", "by-file")
     whole = akv(env, "traces", "import", str(EXAMPLES / "traces"), "--name", "by-folder")   # its README is skipped
     assert one_by_one[0] == whole[0] == 0, whole[2]

@@ -16,6 +16,7 @@ OPENAI_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoni
 
 
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
+TRACE_SUFFIXES = (".json", *JSON_LINES_SUFFIXES, ".traj")   # the names trace files end in
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,25 @@ def _skip_space(text: str, position: int) -> int:
 def file_stem(path: Path) -> str:
     """The file name without its format suffixes: `x.traj.json`, `x.traj`, `x.jsonl` give `x`."""
     name = path.name
-    for suffix in (".json", ".jsonl", ".ndjson", ".traj"):
+    for suffix in TRACE_SUFFIXES:
         name = name.removesuffix(suffix)
     return name if name and name != path.name else path.stem
+
+
+def trace_files(paths: Sequence[Path]) -> list[Path]:
+    """`paths` with each folder replaced by the trace files in it (`TRACE_SUFFIXES`; sorted, at any depth;
+    others, such as a README, are not trace files); TraceError naming a folder that holds none."""
+    out: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            out.append(path)
+            continue
+        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TRACE_SUFFIXES)
+        if not found:
+            raise TraceError(f"{path}: a folder without trace files: expected files ending in "
+                             f"{', '.join(TRACE_SUFFIXES)}")
+        out += found
+    return out
 
 
 def json_lines(path: Path, text: str) -> Iterator[tuple[int, Any]]:
